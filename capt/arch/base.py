@@ -1,0 +1,73 @@
+"""`ArchSpec`: what `capt` needs to know about one model family, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# The three ways a family's outputs carry the capsule-bearing sequence axis.
+SEQUENCE = "sequence"  # (B, L, ...) -> slice dim 1
+ATTENTION = "attention"  # (B, H, L, L) -> slice dims 2 and 3
+CROSS_ATTENTION = "cross_attention"  # (B, H, T_dec, L) -> slice dim 3
+TOKEN_LOGITS = "token_logits"  # (B, L, C) when 3-D, untouched when (B, C)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one model family hosts capsules: where its layers are and which outputs carry the slot."""
+
+    family: str
+    """Family name: "t5" (encoder-decoder), "decoder" (decoder-only LM) or "encoder" (BERT-like)."""
+    model_types: frozenset[str]
+    """`config.model_type` values this spec serves."""
+    find_layers: Callable[[nn.Module], nn.ModuleList]
+    """Returns the layer stack that hosts capsules (T5: the encoder blocks)."""
+    output_axes: tuple[tuple[str, str], ...]
+    """(output field, axis kind) pairs from which the capsule slots are removed."""
+    slot_offset: int = 0
+    """Token position where the slots are inserted (BERT: 1, after [CLS], so the pooler still reads [CLS])."""
+    mean_over_prompt: bool = False
+    """True when the instance mean covers the prompt only (decoder-only: answers must never leak)."""
+    shifts_labels: bool = False
+    """True when `labels` are aligned with `input_ids` and shifted inside the model (causal LM loss)."""
+
+    def hidden_size(self, model: nn.Module) -> int:
+        """Width d of the hidden states (T5 maps `hidden_size` to `d_model`)."""
+        return int(model.config.hidden_size)
+
+
+def strip_slots(output, spec: ArchSpec, start: int, stop: int):
+    """Remove positions [start, stop) from every slot-bearing field of a model output, in place."""
+    keep = _keep_index(start, stop)
+    for name, axis in spec.output_axes:
+        value = getattr(output, name, None)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = tuple(_strip(v, axis, keep) for v in value)
+        else:
+            value = _strip(value, axis, keep)
+        output[name] = value
+    return output
+
+
+def _keep_index(start: int, stop: int) -> Callable[[int, torch.device], torch.Tensor]:
+    def index(length: int, device: torch.device) -> torch.Tensor:
+        positions = torch.arange(length, device=device)
+        return positions[(positions < start) | (positions >= stop)]
+
+    return index
+
+
+def _strip(tensor: torch.Tensor, axis: str, keep) -> torch.Tensor:
+    if axis == SEQUENCE or (axis == TOKEN_LOGITS and tensor.dim() == 3):
+        return tensor.index_select(1, keep(tensor.shape[1], tensor.device))
+    if axis == ATTENTION:
+        idx = keep(tensor.shape[-1], tensor.device)
+        return tensor.index_select(2, idx).index_select(3, idx)
+    if axis == CROSS_ATTENTION:
+        return tensor.index_select(3, keep(tensor.shape[-1], tensor.device))
+    return tensor

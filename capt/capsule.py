@@ -1,0 +1,95 @@
+"""`Capsule`: the trainable vectors p_i of one task and the fusion that turns them into slot states."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capt.config import CapsuleConfig
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over positions where `mask` is 1, in float32: (B, S, D), (B, S) -> (B, D); empty rows give 0."""
+    weights = mask.to(torch.float32).unsqueeze(-1)  # (B, S, 1)
+    total = (states.to(torch.float32) * weights).sum(dim=1)  # (B, D)
+    return total / weights.sum(dim=1).clamp_min(1.0)
+
+
+class Capsule(nn.Module):
+    """One task's capsule over its layers: S_i = fuse(p_i, Mean(states before layer i)).
+
+    Parameters are stacked over the capsule layers (row j belongs to `layers[j]`):
+    `vectors` (L, k, D) always when `task_vector`; `projection` (L, D, D) for fusion="project"
+    (S = p + W m, W initialised to the identity); `conv_weight` (L, D, K) for fusion="conv" (a depthwise
+    convolution over the sequence before the mean, initialised to the identity tap).
+    """
+
+    def __init__(self, config: CapsuleConfig, layers: tuple[int, ...], hidden_size: int,
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = tuple(layers)
+        self.hidden_size = hidden_size
+        self._row = {layer: row for row, layer in enumerate(self.layers)}
+        count, k, d = len(self.layers), config.length, hidden_size
+        factory = {"device": device, "dtype": torch.float32}
+        if config.task_vector:
+            self.vectors = nn.Parameter(torch.zeros(count, k, d, **factory))
+        if config.fusion == "project":
+            self.projection = nn.Parameter(torch.eye(d, **factory).repeat(count, 1, 1))
+        if config.fusion == "conv":
+            weight = torch.zeros(count, d, config.conv_kernel, **factory)
+            weight[:, :, config.conv_kernel // 2] = 1.0
+            self.conv_weight = nn.Parameter(weight)
+        self.reset_vectors()
+
+    def reset_vectors(self) -> None:
+        """(Re)initialise the task vectors as the config says."""
+        if not self.config.task_vector or self.vectors.is_meta:
+            return
+        with torch.no_grad():
+            if self.config.init == "normal":
+                self.vectors.normal_(0.0, self.config.init_std)
+            else:
+                self.vectors.zero_()
+
+    def covers(self, layer: int) -> bool:
+        """Whether layer `layer` of the stack has a capsule of this task."""
+        return layer in self._row
+
+    def fuse(self, layer: int, states: torch.Tensor, mean_mask: torch.Tensor) -> torch.Tensor:
+        """Slot states for `layer`: (b, S, D), (b, S) -> (b, num_slots, D) in the dtype of `states`."""
+        row = self._row[layer]
+        cfg = self.config
+        batch = states.shape[0]
+        task = self._task_part(row, batch, states.device)  # (b, k, D) or None
+        if not cfg.instance_mean:
+            return task.to(states.dtype)
+        mean = self._instance_mean(row, states, mean_mask)  # (b, D)
+        if cfg.fusion == "project":
+            mean = mean @ self.projection[row].T
+        if cfg.fusion == "prepend":
+            fused = torch.cat([task, mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
+        elif task is None:
+            fused = mean.unsqueeze(1).expand(batch, cfg.length, -1)
+        else:
+            fused = task + mean.unsqueeze(1)
+        return fused.to(states.dtype)
+
+    def _task_part(self, row: int, batch: int, device: torch.device) -> torch.Tensor | None:
+        if not self.config.task_vector:
+            return None
+        return self.vectors[row].to(device).unsqueeze(0).expand(batch, -1, -1)  # (b, k, D)
+
+    def _instance_mean(self, row: int, states: torch.Tensor, mean_mask: torch.Tensor) -> torch.Tensor:
+        if self.config.fusion != "conv":
+            return masked_mean(states, mean_mask)
+        # Padding is zeroed first so it never leaks into a real token's window.
+        masked = states.to(torch.float32) * mean_mask.to(torch.float32).unsqueeze(-1)  # (b, S, D)
+        kernel = self.conv_weight[row].unsqueeze(1)  # (D, 1, K)
+        mixed = nn.functional.conv1d(masked.transpose(1, 2), kernel, padding="same", groups=kernel.shape[0])
+        return masked_mean(mixed.transpose(1, 2), mean_mask)
+
+    def extra_repr(self) -> str:
+        return f"layers={list(self.layers)}, hidden_size={self.hidden_size}, config={self.config}"
+

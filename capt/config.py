@@ -1,0 +1,122 @@
+"""`CapsuleConfig`: the one typed, validated description of a capsule and all its ablations."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from capt.errors import CapsuleConfigError
+
+LAYER_PRESETS = ("all", "first_half", "odd")
+FUSIONS = ("add", "project", "prepend", "conv")
+INITS = ("zeros", "normal")
+
+
+@dataclass(frozen=True)
+class CapsuleConfig:
+    """How capsules are placed, initialised and fused; every ablation of the paper is a value here."""
+
+    layers: str | tuple[int, ...] = "all"
+    """Capsule layers: "all", "first_half", "odd" (0-based even indices = the 1st, 3rd, ... layers) or indices."""
+    fusion: str = "add"
+    """How the task vector p_i and the instance mean combine: "add", "project", "prepend" or "conv"."""
+    init: str = "zeros"
+    """Initial task vectors: "zeros" (step 0 is the pure instance mean) or "normal"."""
+    init_std: float = 0.02
+    """Standard deviation of the "normal" initialisation."""
+    instance_mean: bool = True
+    """Fuse the masked mean of the previous layer's states (the instance-aware part)."""
+    task_vector: bool = True
+    """Train one vector p_i per capsule layer (False: the training-free instance-only anchor)."""
+    length: int = 1
+    """Number of capsule tokens k per layer."""
+    conv_kernel: int = 3
+    """Kernel width of the depthwise convolution used by fusion="conv"."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, list):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        problems = _problems(self)
+        if problems:
+            raise CapsuleConfigError("Invalid CapsuleConfig: " + "; ".join(problems) + ".")
+
+    @property
+    def num_slots(self) -> int:
+        """Sequence positions the capsule occupies: k, plus one mean slot for "prepend" fusion."""
+        return self.length + 1 if self.fusion == "prepend" else self.length
+
+    def resolve_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The 0-based capsule layer indices for a stack of `num_layers` layers."""
+        if self.layers == "all":
+            return tuple(range(num_layers))
+        if self.layers == "first_half":
+            return tuple(range(max(1, num_layers // 2)))
+        if self.layers == "odd":
+            return tuple(range(0, num_layers, 2))
+        bad = [i for i in self.layers if not 0 <= i < num_layers]
+        if bad:
+            raise CapsuleConfigError(
+                f"CapsuleConfig.layers={list(self.layers)} names layers {bad} but the model has "
+                f"{num_layers} layers (allowed: 0..{num_layers - 1})."
+            )
+        return tuple(sorted(set(self.layers)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (layers as a list when explicit)."""
+        data = dataclasses.asdict(self)
+        if isinstance(self.layers, tuple):
+            data["layers"] = list(self.layers)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CapsuleConfig:
+        """Build from a dict, rejecting unknown keys by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CapsuleConfigError(
+                f"Unknown CapsuleConfig keys {unknown}; allowed keys: {sorted(known)}."
+            )
+        return cls(**data)
+
+
+def _problems(cfg: CapsuleConfig) -> list[str]:
+    """Every invalid field of `cfg`, each as 'key=value (allowed: ...)'."""
+    problems: list[str] = []
+    layers = cfg.layers
+    if isinstance(layers, str):
+        if layers not in LAYER_PRESETS:
+            problems.append(f"layers={layers!r} (allowed: {', '.join(LAYER_PRESETS)} or a list of layer indices)")
+    elif not layers or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+        problems.append(f"layers={list(layers)!r} (allowed: a non-empty list of non-negative ints)")
+    if cfg.fusion not in FUSIONS:
+        problems.append(f"fusion={cfg.fusion!r} (allowed: {', '.join(FUSIONS)})")
+    if cfg.init not in INITS:
+        problems.append(f"init={cfg.init!r} (allowed: {', '.join(INITS)})")
+    if not isinstance(cfg.init_std, int | float) or isinstance(cfg.init_std, bool) or cfg.init_std <= 0:
+        problems.append(f"init_std={cfg.init_std!r} (allowed: a float > 0)")
+    for name in ("instance_mean", "task_vector"):
+        if not isinstance(getattr(cfg, name), bool):
+            problems.append(f"{name}={getattr(cfg, name)!r} (allowed: true or false)")
+    for name in ("length", "conv_kernel"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name}={value!r} (allowed: an int >= 1)")
+    problems.extend(_combination_problems(cfg))
+    return problems
+
+
+def _combination_problems(cfg: CapsuleConfig) -> list[str]:
+    """Field combinations that describe no capsule."""
+    problems: list[str] = []
+    if cfg.instance_mean is False and cfg.task_vector is False:
+        problems.append("instance_mean=False with task_vector=False (allowed: at least one of them true)")
+    if cfg.task_vector is False and cfg.fusion != "add":
+        problems.append(
+            f"fusion={cfg.fusion!r} with task_vector=False (allowed: 'add'; the instance-only anchor has no weights)"
+        )
+    if cfg.instance_mean is False and cfg.fusion in ("project", "conv", "prepend"):
+        problems.append(f"fusion={cfg.fusion!r} with instance_mean=False (allowed: 'add'; there is no mean to fuse)")
+    return problems
+

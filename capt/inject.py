@@ -1,0 +1,237 @@
+"""`attach` / `CapsuleModel`: the capsule slot, the per-layer overwrite hooks, masks and generation.
+
+The slot design: zero vectors are inserted into `inputs_embeds` (and ones into the attention mask) so the
+model itself computes positions, rotary embeddings, relative position bias and masks for length n+k; a
+forward pre-hook on each capsule layer overwrites the slot states with the fused capsule. Cached decode
+steps are shorter than the prefill and are left alone: the slot's keys and values were cached at prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from capt.arch import ArchSpec, spec_for, strip_slots
+from capt.capsule import Capsule
+from capt.config import CapsuleConfig
+from capt.errors import CaptError, CapsuleConfigError
+from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
+
+_ATTACHED = "_capt_capsule_model_attached"
+
+
+@dataclass
+class _Pass:
+    """What the hooks need during one forward or generate call."""
+
+    total_len: int
+    """Sequence length of the prefill, slots included; shorter hidden states are cached decode steps."""
+    first_mask: torch.Tensor
+    """(B, S) mean mask for the first layer of the stack: tokens only (the slot holds no state yet)."""
+    rest_mask: torch.Tensor
+    """(B, S) mean mask for later layers: tokens and slots."""
+    row_capsule: torch.Tensor | None
+    """(B,) capsule index per row, or None when every row uses capsule 0."""
+
+
+class CapsuleModel(nn.Module):
+    """A frozen base model with one or more capsules; `forward`/`generate` mirror the base model's."""
+
+    def __init__(self, base_model: nn.Module, capsules: Sequence[Capsule], names: Sequence[str] | None = None,
+                 spec: ArchSpec | None = None) -> None:
+        super().__init__()
+        if getattr(base_model, _ATTACHED, False):
+            raise CaptError("This base model already has capsules attached; call detach() on that CapsuleModel first.")
+        slot_counts = sorted({c.config.num_slots for c in capsules})
+        if len(slot_counts) != 1:
+            raise CapsuleConfigError(
+                f"Capsules sharing one model must occupy the same number of slots; got {slot_counts}."
+            )
+        self.spec = spec or spec_for(base_model)
+        self.base_model = base_model
+        self.capsules = nn.ModuleList(capsules)
+        self.selector = CapsuleSelector(list(names) if names is not None else ["default"] * len(capsules))
+        self.num_slots = slot_counts[0]
+        self._requires_grad = {name: p.requires_grad for name, p in base_model.named_parameters()}
+        base_model.requires_grad_(False)
+        self._pass: _Pass | None = None
+        self._handles = self._register_hooks()
+        setattr(base_model, _ATTACHED, True)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in ("base_model", "_modules"):
+                raise
+            return getattr(self.base_model, name)
+
+    def _register_hooks(self) -> list:
+        layers = self.spec.find_layers(self.base_model)
+        capsule_layers = sorted({i for c in self.capsules for i in c.layers})
+        return [
+            layers[i].register_forward_pre_hook(partial(self._pre_hook, i), with_kwargs=True)
+            for i in capsule_layers
+        ]
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        """The capsule parameters, and nothing of the base model."""
+        return (p for p in self.capsules.parameters() if p.requires_grad)
+
+    @property
+    def slot_span(self) -> tuple[int, int]:
+        """[start, stop) positions of the capsule slots in the sequence the base model sees."""
+        return self.spec.slot_offset, self.spec.slot_offset + self.num_slots
+
+    def detach(self) -> nn.Module:
+        """Remove every hook, restore `requires_grad`, and return the untouched base model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for name, param in self.base_model.named_parameters():
+            param.requires_grad_(self._requires_grad.get(name, param.requires_grad))
+        if hasattr(self.base_model, _ATTACHED):
+            delattr(self.base_model, _ATTACHED)
+        return self.base_model
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
+                prompt_mask=None, capsule=None, **kwargs):
+        """The base model's forward with the capsule in place; slots are removed from the outputs.
+
+        `prompt_mask` (B, T) (decoder-only) marks the tokens the instance mean may see; by default the
+        attended tokens whose label is -100, i.e. the prompt when `labels` supervise the answer only.
+        `capsule` picks a capsule per row (names or indices) when several share the model.
+        """
+        if kwargs.get("return_dict") is False:
+            raise CaptError("CapsuleModel.forward needs return_dict=True to remove the capsule slots.")
+        for key in ("past_key_values", "cache", "position_ids"):
+            if kwargs.get(key) is not None:
+                raise CaptError(f"CapsuleModel.forward does not take {key}=...: use generate() for cached "
+                                "decoding; positions are derived from the attention mask.")
+        model_kwargs, ctx = self._prepare(input_ids, attention_mask, inputs_embeds, prompt_mask, labels, capsule,
+                                          kwargs)
+        with self._active(ctx):
+            output = self.base_model(**model_kwargs)
+        return strip_slots(output, self.spec, *self.slot_span)
+
+    @torch.no_grad()
+    def generate(self, input_ids=None, attention_mask=None, inputs_embeds=None, prompt_mask=None, capsule=None,
+                 **kwargs):
+        """`base_model.generate` with the capsule; the KV cache holds the slot from the prefill on.
+
+        Decoder-only models return prompt + new tokens, as `generate(input_ids=...)` does on the base model.
+        """
+        model_kwargs, ctx = self._prepare(input_ids, attention_mask, inputs_embeds, prompt_mask, None, capsule,
+                                          kwargs)
+        with self._active(ctx):
+            result = self.base_model.generate(**model_kwargs)
+        if self.spec.family != "decoder" or input_ids is None:
+            return result
+        sequences = result if isinstance(result, torch.Tensor) else result.sequences
+        sequences = torch.cat([match_batch(input_ids, sequences.shape[0]), sequences], dim=1)
+        if isinstance(result, torch.Tensor):
+            return sequences
+        result["sequences"] = sequences
+        return result
+
+    def _prepare(self, input_ids, attention_mask, inputs_embeds, prompt_mask, labels, capsule, kwargs):
+        """Model kwargs with the slots inserted, and the hook context for this call."""
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise CaptError("Pass input_ids or inputs_embeds.")
+            inputs_embeds = self.base_model.get_input_embeddings()(input_ids)  # (B, T, D)
+        batch, length, _ = inputs_embeds.shape
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, length, dtype=torch.long, device=inputs_embeds.device)
+        start, stop = self.slot_span
+        mean_tokens = self._mean_tokens(attention_mask, prompt_mask, labels)
+        model_kwargs = dict(kwargs)
+        model_kwargs["inputs_embeds"] = insert_slots(inputs_embeds, start, stop, 0.0)  # (B, T+k, D)
+        model_kwargs["attention_mask"] = insert_slots(attention_mask, start, stop, 1)
+        if kwargs.get("token_type_ids") is not None:
+            model_kwargs["token_type_ids"] = insert_slots(kwargs["token_type_ids"], start, stop, 0)
+        if labels is not None:
+            model_kwargs["labels"] = self._slot_labels(labels, length)
+        ctx = _Pass(
+            total_len=length + self.num_slots,
+            first_mask=insert_slots(mean_tokens, start, stop, 0),
+            rest_mask=insert_slots(mean_tokens, start, stop, 1),
+            row_capsule=self.selector.rows(capsule, batch, len(self.capsules), inputs_embeds.device),
+        )
+        return model_kwargs, ctx
+
+    def _mean_tokens(self, attention_mask, prompt_mask, labels) -> torch.Tensor:
+        """(B, T) tokens the instance mean covers: padding never; answers never in decoder-only models."""
+        if not self.spec.mean_over_prompt:
+            return attention_mask
+        if prompt_mask is not None:
+            return attention_mask * prompt_mask.to(attention_mask.dtype)
+        if labels is not None:
+            return attention_mask * (labels == -100).to(attention_mask.dtype)
+        return attention_mask
+
+    def _slot_labels(self, labels: torch.Tensor, length: int) -> torch.Tensor:
+        start, stop = self.slot_span
+        if self.spec.shifts_labels:
+            return shift_causal_labels(labels, start, stop)
+        if labels.dim() == 2 and labels.dtype == torch.long and labels.shape[1] == length and self.spec.family == "encoder":
+            return insert_slots(labels, start, stop, -100)  # token classification
+        return labels
+
+    @contextmanager
+    def _active(self, ctx: _Pass):
+        if self._pass is not None:
+            raise CaptError("CapsuleModel calls cannot be nested.")
+        self._pass = ctx
+        try:
+            yield
+        finally:
+            self._pass = None
+
+    def _pre_hook(self, layer: int, module: nn.Module, args: tuple, kwargs: dict):
+        ctx = self._pass
+        if ctx is None:
+            return None
+        states = args[0] if args else kwargs["hidden_states"]  # (B, S, D)
+        if states.shape[1] != ctx.total_len:
+            return None  # cached decode step
+        states = self._overwrite(layer, states, ctx)
+        if args:
+            return (states, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": states}
+
+    def _overwrite(self, layer: int, states: torch.Tensor, ctx: _Pass) -> torch.Tensor:
+        """Replace the slot states before `layer` with each row's fused capsule."""
+        start, stop = self.slot_span
+        batch = states.shape[0]
+        mask = match_batch(ctx.first_mask if layer == 0 else ctx.rest_mask, batch)  # (B, S)
+        slots = states[:, start:stop]  # (B, k, D)
+        row_capsule = None if ctx.row_capsule is None else match_batch(ctx.row_capsule, batch)
+        for index, capsule in enumerate(self.capsules):
+            if not capsule.covers(layer):
+                continue
+            if row_capsule is None:
+                slots = capsule.fuse(layer, states, mask)
+                continue
+            rows = (row_capsule == index).nonzero().squeeze(1)
+            if rows.numel():
+                slots = slots.index_copy(0, rows, capsule.fuse(layer, states[rows], mask[rows]))
+        return torch.cat([states[:, :start], slots, states[:, stop:]], dim=1)  # (B, S, D)
+
+
+def attach(model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleModel:
+    """Freeze `model` and give it one capsule described by `config` (default: CaPT as in the paper)."""
+    config = config or CapsuleConfig()
+    spec = spec_for(model)
+    num_layers = len(spec.find_layers(model))
+    capsule = Capsule(config, config.resolve_layers(num_layers), spec.hidden_size(model), device=_device_of(model))
+    return CapsuleModel(model, [capsule], spec=spec)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,75 @@
+"""Tensor helpers for the capsule slots: insertion, label alignment, batch expansion, row routing."""
+
+from __future__ import annotations
+
+import torch
+
+from capt.errors import CaptError
+
+
+def insert_slots(tensor: torch.Tensor, start: int, stop: int, fill: float | int) -> torch.Tensor:
+    """Insert `stop - start` positions filled with `fill` at position `start` of dim 1.
+
+    (B, T) -> (B, T+k) and (B, T, D) -> (B, T+k, D).
+    """
+    shape = list(tensor.shape)
+    shape[1] = stop - start
+    filler = torch.full(shape, fill, dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([tensor[:, :start], filler, tensor[:, start:]], dim=1)
+
+
+def shift_causal_labels(labels: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """(B, T) -> (B, T+k) labels for a causal LM with slots at [start, stop).
+
+    The slots are never targets, and neither is the first token after them: the base model never predicts
+    its own first token either, so the loss covers exactly the same targets with and without the capsule.
+    """
+    full = insert_slots(labels, start, stop, -100)
+    if stop < full.shape[1]:
+        full[:, stop] = -100
+    return full
+
+
+def match_batch(tensor: torch.Tensor, batch: int) -> torch.Tensor:
+    """Repeat rows when `generate` expanded the batch (beams, num_return_sequences): (B, ...) -> (batch, ...)."""
+    if tensor.shape[0] == batch:
+        return tensor
+    if batch % tensor.shape[0]:
+        raise CaptError(f"Cannot match a batch of {tensor.shape[0]} rows to {batch} rows.")
+    return tensor.repeat_interleave(batch // tensor.shape[0], dim=0)
+
+
+class CapsuleSelector:
+    """Turns a per-row capsule choice (names, indices or a tensor) into a (B,) index tensor."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def rows(self, capsule, batch: int, count: int, device: torch.device) -> torch.Tensor | None:
+        """(B,) capsule index per row, or None when every row uses the only capsule."""
+        if capsule is None:
+            if count > 1:
+                raise CaptError(f"This model holds {count} capsules {self.names}: pass capsule=[...] per row.")
+            return None
+        if isinstance(capsule, str | int):
+            capsule = [capsule] * batch
+        if isinstance(capsule, torch.Tensor):
+            index = capsule.to(device=device, dtype=torch.long)
+        else:
+            index = torch.tensor([self._index(c, count) for c in capsule], dtype=torch.long, device=device)
+        if index.shape != (batch,):
+            raise CaptError(f"capsule= must give one capsule per row: got {tuple(index.shape)} for {batch} rows.")
+        if index.numel() and (index.min() < 0 or index.max() >= count):
+            raise CaptError(f"capsule indices must be in 0..{count - 1}; got {index.tolist()}.")
+        return index
+
+    def _index(self, choice: str | int, count: int) -> int:
+        if isinstance(choice, int) and not isinstance(choice, bool):
+            return choice
+        if choice in self.names:
+            return self.names.index(choice)
+        raise CaptError(f"Unknown capsule {choice!r}; this model holds {self.names} (or indices 0..{count - 1}).")
+
+    def __repr__(self) -> str:
+        return f"CapsuleSelector({self.names})"
+
