@@ -2,9 +2,9 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from capt.config import CapsuleConfig
-from capt.errors import CaptError, CapsuleArtifactError, CapsuleConfigError, UnsupportedModelError
 from capt.bank import CapsuleBank
+from capt.config import CapsuleConfig
+from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError, UnsupportedModelError
 from capt.inject import CapsuleModel, attach
 from capt.io import CapsuleMetadata, load_capsule, read_metadata, save_capsule
 

@@ -19,7 +19,7 @@ from torch import nn
 from capt.arch import ArchSpec, spec_for, strip_slots
 from capt.capsule import Capsule
 from capt.config import CapsuleConfig
-from capt.errors import CaptError, CapsuleConfigError
+from capt.errors import CapsuleConfigError, CaptError
 from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
 
 _ATTACHED = "_capt_capsule_model_attached"

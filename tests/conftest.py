@@ -8,7 +8,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
-
 from tiny_models import BUILDERS  # noqa: E402
 
 
