@@ -1,0 +1,111 @@
+"""Resumable state with Accelerate's `save_state`/`load_state`, keeping only the trainable weights.
+
+Accelerate would write the whole frozen backbone at every checkpoint (gigabytes for a few KB of
+capsule); its save/load pre-hooks let us store the trainable tensors ourselves as safetensors and skip
+the rest, while Accelerate keeps the optimiser, scheduler, sampler and RNG states.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+TRAINABLE_FILE = "trainable_{index}.safetensors"
+LOOP_FILE = "loop_state.json"
+
+
+@dataclass
+class LoopState:
+    """Where the loop is: steps, epochs, the best validation so far and the curve."""
+
+    step: int = 0
+    """Optimiser steps taken."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    batches_in_epoch: int = 0
+    """Batches of the current epoch already consumed."""
+    best_score: float = -math.inf
+    """Best validation score so far."""
+    best_step: int = 0
+    """Step of the best validation."""
+    bad_evals: int = 0
+    """Validations since the last improvement (for early stopping)."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One record per validation."""
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["best_score"] = None if math.isinf(self.best_score) else self.best_score
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> LoopState:
+        data = json.loads(text)
+        data["best_score"] = -math.inf if data["best_score"] is None else data["best_score"]
+        return cls(**data)
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of every parameter that requires grad, by name."""
+    return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def restore_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` back into the model's trainable parameters (names must match exactly)."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if set(params) != set(state):
+        raise RuntimeError(f"Checkpoint holds {sorted(state)[:5]}..., the model trains {sorted(params)[:5]}...")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name].to(param.device, param.dtype))
+
+
+def install_hooks(accelerator) -> None:
+    """Make `save_state`/`load_state` store only the trainable weights of each prepared model."""
+
+    def save_hook(models: list, weights: list, output_dir: str) -> None:
+        for index, model in enumerate(models):
+            save_file(trainable_state(accelerator.unwrap_model(model)), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
+        weights.clear()  # Accelerate then skips writing the full model weights
+
+    def load_hook(models: list, input_dir: str) -> None:
+        for index, model in enumerate(models):
+            state = load_file(str(Path(input_dir) / TRAINABLE_FILE.format(index=index)))
+            restore_trainable(accelerator.unwrap_model(model), state)
+        models.clear()  # Accelerate then skips loading full model weights
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[str, torch.Tensor] | None) -> None:
+    """Write the resumable state to `directory` atomically (a crash never leaves a half checkpoint)."""
+    staging = directory.with_name(directory.name + ".partial")
+    if accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    if accelerator.is_main_process:
+        (staging / LOOP_FILE).write_text(loop.to_json())
+        if best is not None:
+            save_file(best, str(staging / "best_trainable.safetensors"))
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.rename(directory)
+    accelerator.wait_for_everyone()
+
+
+def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, torch.Tensor] | None]:
+    """Restore optimiser, scheduler, RNG and trainable weights; return the loop state and best weights."""
+    accelerator.load_state(str(directory))
+    loop = LoopState.from_json((directory / LOOP_FILE).read_text())
+    best_file = directory / "best_trainable.safetensors"
+    return loop, (load_file(str(best_file)) if best_file.is_file() else None)

@@ -1,0 +1,236 @@
+"""The job config: typed sections, YAML + `key.sub=value` overrides, every problem reported at once.
+
+OmegaConf parses and merges YAML and dot-list overrides; pydantic dataclasses check types, ranges and
+unknown keys and report all problems together; the cross-field rules (method options, data location,
+model name) are checked here before any model or data is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
+METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
+PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class JobConfigError(ValueError):
+    """A job config is invalid; the message lists every problem (key, value given, what is allowed)."""
+
+
+@dataclass(config=_STRICT)
+class ModelSection:
+    """Which frozen base model to adapt."""
+
+    name: str = "tiny-t5"
+    """Built-in offline model (tiny-t5, tiny-llama, tiny-qwen2, tiny-bert, minilm), a hub id or a local path."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the frozen weights are loaded in (trainable weights stay float32)."""
+    max_length: PositiveInt = 256
+    """Input tokens per example, capsule slots or virtual tokens included."""
+    max_new_tokens: PositiveInt = 10
+    """Tokens generated per example by the paper's evaluation protocol."""
+
+
+@dataclass(config=_STRICT)
+class TaskSection:
+    """Which task, and where its data comes from."""
+
+    name: Literal["boolq", "cb", "copa", "multirc", "rte", "wic", "csqa"] = "rte"
+    """Task name."""
+    source: Literal["hub", "local", "generated"] = "local"
+    """Data source: the hub (datasets), a local directory, or small data the project generates."""
+    data_dir: str | None = None
+    """Local data directory in the official jsonl layout (default: env CAPT_DATA_DIR)."""
+    validation_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    """Share of the official train split held out (stratified) for validation."""
+    max_train_examples: PositiveInt | None = None
+    """Optional seeded subsample of the training split."""
+    max_eval_examples: PositiveInt | None = None
+    """Optional seeded subsample of the validation and test splits."""
+    generated_size: PositiveInt = 200
+    """Rows per generated train split (source=generated)."""
+
+
+@dataclass(config=_STRICT)
+class MethodSection:
+    """The adaptation method and its own options."""
+
+    name: Literal["capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune"] = "capt"
+    """Method: CaPT or one of the paper's baselines."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of that method only (capt: CapsuleConfig fields; baselines: their config fields)."""
+
+
+@dataclass(config=_STRICT)
+class OptimSection:
+    """Optimiser and schedule."""
+
+    name: Literal["adafactor", "adamw"] | None = None
+    """Optimiser; None picks Adafactor for prompt methods (the paper's) and AdamW otherwise."""
+    lr: PositiveFloat | None = None
+    """Learning rate; None picks 0.3 for prompt methods, 5e-4 for LoRA and 5e-5 for full fine-tuning."""
+    head_lr: PositiveFloat = 1e-3
+    """Learning rate of the linear head of encoder-only classifiers."""
+    weight_decay: NonNegativeFloat = 0.0
+    """Decoupled weight decay."""
+    warmup_ratio: float = Field(0.06, ge=0.0, lt=1.0)
+    """Share of the total steps spent in linear warm-up."""
+    max_grad_norm: PositiveFloat | None = 1.0
+    """Gradient clipping norm (None: no clipping)."""
+
+
+@dataclass(config=_STRICT)
+class TrainSection:
+    """Loop, evaluation, precision and checkpointing."""
+
+    batch_size: PositiveInt = 32
+    """Global batch size (split across processes)."""
+    eval_batch_size: PositiveInt = 64
+    """Global batch size for evaluation."""
+    grad_accum_steps: PositiveInt = 1
+    """Gradient accumulation steps per optimiser step."""
+    max_epochs: PositiveInt = 50
+    """Upper bound on epochs."""
+    max_steps: PositiveInt | None = None
+    """Upper bound on optimiser steps (None: epochs decide)."""
+    eval_every_steps: PositiveInt | None = None
+    """Validate every N optimiser steps (None: after every epoch)."""
+    patience: PositiveInt | None = 10
+    """Stop after this many validations without improvement (None: never stop early)."""
+    eval_mode: Literal["generate", "rank"] = "generate"
+    """Paper protocol (generate, normalise, map to a label) or rank classification."""
+    precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """Mixed precision; auto is bf16 on GPUs and none on CPUs."""
+    checkpoint_every_steps: PositiveInt | None = None
+    """Save resumable state every N steps (None: at every validation)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in output_dir."""
+    log_every_steps: PositiveInt = 10
+    """Report the running training loss every N steps."""
+    cpu: bool = False
+    """Run on CPU even when GPUs are visible."""
+    eval_test_each_validation: bool = True
+    """Also score the test split at each new best validation (so the test score is the best checkpoint's)."""
+
+
+@dataclass(config=_STRICT)
+class JobConfig:
+    """One training job: (task, model, method, seed, hyper-parameters)."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    """Base model."""
+    task: TaskSection = Field(default_factory=TaskSection)
+    """Task and data."""
+    method: MethodSection = Field(default_factory=MethodSection)
+    """Method and its options."""
+    optim: OptimSection = Field(default_factory=OptimSection)
+    """Optimiser and schedule."""
+    train: TrainSection = Field(default_factory=TrainSection)
+    """Training loop."""
+    seed: int = 0
+    """Seed of everything: data split, initialisation, shuffling, dropout."""
+    output_dir: str | None = None
+    """Where checkpoints, the artifact and result.json go (default: outputs/<task>/<model>/<method>/s<seed>)."""
+
+    def resolved_output_dir(self) -> Path:
+        """`output_dir`, or the default derived from task, model, method and seed."""
+        if self.output_dir:
+            return Path(self.output_dir)
+        return Path("outputs") / self.task.name / model_slug(self.model.name) / self.method.name / f"s{self.seed}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (JSON/YAML ready)."""
+        return dataclasses.asdict(self)
+
+
+def model_slug(name: str) -> str:
+    """A registry-safe short name: `google-t5/t5-base` -> `t5-base`, `/data/my model` -> `my-model`."""
+    tail = name.rstrip("/").split("/")[-1]
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in tail).lower()
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (for MLflow params and override lists)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                    base: dict[str, Any] | None = None) -> JobConfig:
+    """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated `JobConfig`."""
+    raw = merge_sources(path, overrides, base)
+    return validate_job_config(raw)
+
+
+def merge_sources(path, overrides: Sequence[str], base: dict[str, Any] | None) -> dict[str, Any]:
+    """Merge a YAML file, a dict and dot-list overrides with OmegaConf (later wins)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    problems = [f"override {o!r} is not key=value" for o in overrides if "=" not in o]
+    if problems:
+        raise JobConfigError("Invalid overrides: " + "; ".join(problems) + ".")
+    try:
+        parts = [OmegaConf.load(path)] if path else []
+        parts += [OmegaConf.create(base or {}), OmegaConf.from_dotlist(list(overrides))]
+        merged = OmegaConf.to_container(OmegaConf.merge(*parts), resolve=True)
+    except (OSError, OmegaConfBaseException) as err:
+        raise JobConfigError(f"Cannot read the config {path or ''}: {err}") from err
+    if not isinstance(merged, dict):
+        raise JobConfigError(f"The config {path} must be a mapping of sections, got {type(merged).__name__}.")
+    return merged
+
+
+def validate_job_config(raw: dict[str, Any]) -> JobConfig:
+    """Check types, ranges and unknown keys, then the cross-field rules; raise once with every problem."""
+    try:
+        config = TypeAdapter(JobConfig).validate_python(raw)
+    except ValidationError as err:
+        raise JobConfigError(_format_problems(_pydantic_problems(err))) from None
+    problems = _cross_field_problems(config)
+    if problems:
+        raise JobConfigError(_format_problems(problems))
+    return config
+
+
+def _pydantic_problems(err: ValidationError) -> list[str]:
+    problems = []
+    for item in err.errors(include_url=False):
+        key = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            problems.append(f"{key}: unknown key (value {item['input']!r})")
+        else:
+            problems.append(f"{key}={item['input']!r}: {item['msg']}")
+    return problems
+
+
+def _cross_field_problems(config: JobConfig) -> list[str]:
+    from pipelines.methods import method_option_problems
+    from pipelines.models import model_name_problems
+
+    problems = method_option_problems(config.method.name, config.method.options)
+    problems += model_name_problems(config.model.name)
+    if config.task.source == "local" and not (config.task.data_dir or os.environ.get("CAPT_DATA_DIR")):
+        problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
+                        "or use task.source=generated (or hub)")
+    return problems
+
+
+def _format_problems(problems: list[str]) -> str:
+    count = len(problems)
+    return f"Invalid job config ({count} problem{'s' if count > 1 else ''}): " + "; ".join(problems) + "."

@@ -1,0 +1,143 @@
+"""Everything a job needs before its first step: Accelerator, data, model, method, optimiser, schedule."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from capt import tasks
+from pipelines.checkpoint import install_hooks
+from pipelines.config import JobConfig
+from pipelines.methods import adapt, default_lr, default_optimizer, parameter_groups, sequence_overhead
+from pipelines.models import load_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """A job ready to train (model, optimiser, scheduler and loader prepared by Accelerate)."""
+
+    config: JobConfig
+    accelerator: Any
+    model: nn.Module
+    base_model: nn.Module
+    tokenizer: Any
+    family: str
+    collator: Any
+    splits: tasks.Splits
+    train_loader: Any
+    optimizer: Any
+    scheduler: Any
+    trainable: list[nn.Parameter]
+    total_steps: int
+    output_dir: Path
+
+
+def make_accelerator(config: JobConfig):
+    """Accelerator for CPU (gloo across processes) or GPUs (NCCL, bf16 by default)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    use_cpu = config.train.cpu or not torch.cuda.is_available()
+    precision = config.train.precision
+    if precision == "auto":
+        precision = "no" if use_cpu else "bf16"
+    # cpu=True is what makes Accelerate set up gloo DDP across CPU processes (torchrun or Ray Train).
+    return Accelerator(
+        cpu=use_cpu,
+        mixed_precision=precision,
+        gradient_accumulation_steps=config.train.grad_accum_steps,
+        dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True),
+    )
+
+
+def load_data(config: JobConfig) -> tasks.Splits:
+    """The paper's splits of the configured task (train 90 %, validation 10 %, official validation = test)."""
+    section = config.task
+    data = tasks.DataConfig(
+        source=section.source, data_dir=section.data_dir or tasks.DataConfig().data_dir, seed=config.seed,
+        validation_fraction=section.validation_fraction, max_train_examples=section.max_train_examples,
+        max_eval_examples=section.max_eval_examples, generated_size=section.generated_size,
+    )
+    return tasks.load_splits(section.name, data)
+
+
+def build_job(config: JobConfig) -> Job:
+    """Build and prepare every piece of the job described by `config`."""
+    from accelerate.utils import set_seed
+
+    accelerator = make_accelerator(config)
+    _check_batch(config, accelerator.num_processes)
+    set_seed(config.seed)
+    splits = load_data(config)
+    loaded = load_model(config.model.name, tasks.get(config.task.name).num_labels, config.model.dtype)
+    model = adapt(loaded.model, config.method.name, config.method.options)
+    collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
+                              capsule_slots=sequence_overhead(config.method.name, config.method.options))
+    loader = torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, shuffle=True,
+                                         collate_fn=collator)
+    install_hooks(accelerator)
+    optimizer = make_optimizer(config, model, loaded.model)
+    if optimizer is None:  # a training-free method (the instance-only capsule): evaluate only
+        total_steps, scheduler = 0, None
+        model, loader = accelerator.prepare(model, loader)
+    else:
+        total_steps = _total_steps(config, len(loader))
+        scheduler = _schedule(config, optimizer, total_steps)
+        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    model.train()
+    output_dir = config.resolved_output_dir()
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    logger.info("%s: %d trainable parameters, %d train / %d validation / %d test examples, %d steps",
+                config.method.name, sum(p.numel() for p in trainable), len(splits.train), len(splits.validation),
+                len(splits.test), total_steps)
+    return Job(config, accelerator, model, loaded.model, loaded.tokenizer, loaded.family, collator, splits,
+               loader, optimizer, scheduler, trainable, total_steps, output_dir)
+
+
+def _check_batch(config: JobConfig, processes: int) -> None:
+    for key in ("batch_size", "eval_batch_size"):
+        value = getattr(config.train, key)
+        if value % processes:
+            raise ValueError(f"train.{key}={value} is a global batch and must divide evenly across the "
+                             f"{processes} processes (allowed: a multiple of {processes}).")
+
+
+def make_optimizer(config: JobConfig, adapted: nn.Module, base: nn.Module) -> torch.optim.Optimizer | None:
+    """Adafactor (the paper's, fixed lr) or AdamW over the method's parameters and any classifier head.
+
+    None when nothing is trainable (the training-free instance-only capsule on a generative model).
+    """
+    method = config.method.name
+    name = config.optim.name or default_optimizer(method)
+    groups = parameter_groups(adapted, base, config.optim.lr or default_lr(method), config.optim.head_lr,
+                              config.optim.weight_decay)
+    if not groups:
+        return None
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(groups, lr=groups[0]["lr"], relative_step=False, scale_parameter=False, warmup_init=False)
+    return torch.optim.AdamW(groups)
+
+
+def _total_steps(config: JobConfig, batches_per_epoch: int) -> int:
+    per_epoch = max(1, math.ceil(batches_per_epoch / config.train.grad_accum_steps))
+    total = per_epoch * config.train.max_epochs
+    return min(total, config.train.max_steps) if config.train.max_steps else total
+
+
+def _schedule(config: JobConfig, optimizer, total_steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    warmup = int(config.optim.warmup_ratio * total_steps)
+    return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)

@@ -1,0 +1,128 @@
+"""CaPT and the paper's baselines behind one interface: build, adapt, optimise, save and load."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import capt
+from capt.arch import head_parameters
+
+PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
+HEAD_WEIGHTS = "head.safetensors"
+METHOD_FILE = "method.json"
+
+
+def build_method_config(name: str, options: dict[str, Any]):
+    """The typed config of method `name` from its options (raises with every bad option named)."""
+    if name == "capt":
+        return capt.CapsuleConfig.from_dict(dict(options))
+    from capt.baselines import METHODS
+
+    return METHODS[name].from_dict(dict(options))
+
+
+def method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    """Problems of `method.options` for method `name`, e.g. a prompt-tuning option given to LoRA."""
+    try:
+        build_method_config(name, options)
+    except KeyError:
+        return []  # the method name itself is reported by the schema
+    except (ValueError, TypeError) as err:
+        return [f"method.options for method {name!r}: {err}"]
+    return []
+
+
+def default_optimizer(method: str) -> str:
+    """The paper's optimiser: Adafactor for prompt methods, AdamW for LoRA and full fine-tuning."""
+    return "adafactor" if method in PROMPT_METHODS else "adamw"
+
+
+def default_lr(method: str) -> float:
+    """Learning rates in the ranges the paper and PEFT's docs use for each method."""
+    return {"lora": 5e-4, "full_finetune": 5e-5}.get(method, 0.3)
+
+
+def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> nn.Module:
+    """Wrap the frozen `model` with `method`; encoder classifier heads are trainable for every method."""
+    config = build_method_config(method, options)
+    if method == "capt":
+        adapted = capt.attach(model, config)
+    else:
+        from capt.baselines import apply
+
+        adapted = apply(model, config)
+    for param in head_parameters(model):
+        param.requires_grad_(True)
+    return adapted
+
+
+def parameter_groups(adapted: nn.Module, model: nn.Module, lr: float, head_lr: float,
+                     weight_decay: float) -> list[dict[str, Any]]:
+    """Optimiser groups: the method's parameters at `lr`, a classifier head (if any) at `head_lr`."""
+    head = head_parameters(model)
+    head_ids = {id(p) for p in head}
+    method_params = [p for p in adapted.trainable_parameters() if id(p) not in head_ids]
+    groups = [{"params": method_params, "lr": lr, "weight_decay": weight_decay}]
+    if head:
+        groups.append({"params": head, "lr": head_lr, "weight_decay": weight_decay})
+    return [g for g in groups if g["params"]]
+
+
+def save_artifact(adapted: nn.Module, model: nn.Module, method: str, directory: str | os.PathLike,
+                  task: str, metrics: dict[str, float]) -> Path:
+    """Write the capsule (capt format) or the baseline's adapter, plus a trained head, to `directory`."""
+    directory = Path(directory)
+    if method == "capt":
+        capt.save_capsule(adapted, directory, task=task, metrics=metrics, overwrite=True)
+    else:
+        adapted.save_adapter(directory)
+    head = _named_head(model)
+    if head:
+        save_file({n: p.detach().cpu().contiguous() for n, p in head.items()}, str(directory / HEAD_WEIGHTS))
+    (directory / METHOD_FILE).write_text(json.dumps({"method": method, "task": task, "metrics": metrics}, indent=2))
+    return directory
+
+
+def load_artifact(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model."""
+    directory = Path(directory)
+    info = json.loads((directory / METHOD_FILE).read_text())
+    if (directory / HEAD_WEIGHTS).is_file():
+        head = _named_head(model)
+        weights = load_file(str(directory / HEAD_WEIGHTS))
+        if set(weights) != set(head):
+            raise capt.CapsuleArtifactError(f"{directory / HEAD_WEIGHTS} holds {sorted(weights)}, the model's "
+                                            f"head is {sorted(head)}.")
+        for name, param in head.items():
+            param.data.copy_(weights[name])
+    if info["method"] == "capt":
+        return capt.load_capsule(model, directory)
+    from capt.baselines import load_adapter
+
+    return load_adapter(model, directory)
+
+
+def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
+    head_ids = {id(p) for p in head_parameters(model)}
+    return {name: p for name, p in model.named_parameters() if id(p) in head_ids}
+
+
+def sequence_overhead(method: str, options: dict[str, Any]) -> int:
+    """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
+    config = build_method_config(method, options)
+    if method == "capt":
+        return config.num_slots
+    if method == "prompt_tuning":
+        return config.num_tokens + int(config.instance_token)
+    return 0
+
+
+def model_inputs(batch: dict, keys=("input_ids", "attention_mask", "token_type_ids", "prompt_mask")) -> dict:
+    """The batch entries every adapted model's `forward` takes (each method accepts `prompt_mask`)."""
+    return {k: batch[k] for k in keys if k in batch}

@@ -1,0 +1,135 @@
+"""Base models and tokenizers by name: built-in offline models, the MiniLM package, or Hugging Face checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from capt.arch import family_of_model_type, supported_model_types
+
+logger = logging.getLogger(__name__)
+
+TINY_MODELS = ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert")
+BUILTIN_MODELS = (*TINY_MODELS, "minilm")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_TINY_WEIGHTS_SEED = 1234  # tiny base models are the same frozen "checkpoint" in every job and process
+
+
+@dataclass
+class LoadedModel:
+    """A base model with its tokenizer and family."""
+
+    model: nn.Module
+    """The frozen base model."""
+    tokenizer: Any
+    """Its tokenizer."""
+    family: str
+    """"t5", "decoder" or "encoder"."""
+
+
+def model_name_problems(name: str) -> list[str]:
+    """Why `name` cannot be loaded, checked without loading anything (empty when fine)."""
+    if name in BUILTIN_MODELS:
+        return []
+    path = Path(name).expanduser()
+    if path.exists():
+        return [] if (path / "config.json").is_file() else [f"model.name={name!r}: {path} has no config.json"]
+    if not _HUB_ID.match(name):
+        return [f"model.name={name!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), an existing "
+                "directory, or a hub id like 'google-t5/t5-base'"]
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and not _in_hub_cache(name):
+        return [f"model.name={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1 (built-in "
+                f"offline models: {', '.join(BUILTIN_MODELS)})"]
+    return []
+
+
+def _in_hub_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def load_model(name: str, num_labels: int, dtype: str = "float32") -> LoadedModel:
+    """Load (or build) the base model `name`; encoder-only models get a `num_labels`-way linear head."""
+    torch_dtype = getattr(torch, dtype)
+    if name in TINY_MODELS:
+        loaded = _tiny(name, num_labels)
+    elif name == "minilm":
+        loaded = _minilm(num_labels)
+    else:
+        loaded = _pretrained(name, num_labels)
+    loaded.model.to(torch_dtype)
+    return loaded
+
+
+def _tiny(name: str, num_labels: int) -> LoadedModel:
+    from capt.tasks import test_tokenizer
+    from pipelines import tiny_models
+
+    family = {"tiny-t5": "t5", "tiny-bert": "encoder"}.get(name, "decoder")
+    tokenizer = test_tokenizer(family)
+    with _seeded(_TINY_WEIGHTS_SEED):
+        model = tiny_models.build(name, tokenizer, num_labels)
+    model.config._name_or_path = name
+    return LoadedModel(model.eval(), tokenizer, family)
+
+
+def _minilm(num_labels: int) -> LoadedModel:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from capt.tasks.tokenizers import minilm_model_path
+
+    path = minilm_model_path()
+    with _seeded(_TINY_WEIGHTS_SEED):  # the classifier head is new: make it the same in every process
+        model = BertForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+    model.config._name_or_path = "minilm"
+    return LoadedModel(model.eval(), AutoTokenizer.from_pretrained(path), "encoder")
+
+
+def _pretrained(name: str, num_labels: int) -> LoadedModel:
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    config = AutoConfig.from_pretrained(name)
+    family = family_of_model_type(config.model_type)
+    if family is None:
+        raise ValueError(f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
+                         f"{', '.join(supported_model_types())}.")
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if family == "t5":
+        model = AutoModelForSeq2SeqLM.from_pretrained(name)
+    elif family == "decoder":
+        model = AutoModelForCausalLM.from_pretrained(name)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    else:
+        with _seeded(_TINY_WEIGHTS_SEED):
+            model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=num_labels)
+    return LoadedModel(model.eval(), tokenizer, family)
+
+
+class _seeded:
+    """Fork the torch RNG with a fixed seed, leaving the caller's RNG stream untouched."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self._fork = torch.random.fork_rng(devices=[])
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc) -> None:
+        self._fork.__exit__(*exc)

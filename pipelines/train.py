@@ -1,0 +1,215 @@
+"""One training job: train -> validate -> early stop -> test at the best checkpoint -> artifact.
+
+    python -m pipelines.train --config pipelines/configs/job/smoke.yaml [key.sub=value ...]
+    torchrun --standalone --nproc_per_node 2 -m pipelines.train --config FILE      # 2 processes (gloo on CPU)
+
+`run(config, report=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from pipelines.checkpoint import LoopState, install_hooks, load_checkpoint, restore_trainable, save_checkpoint, trainable_state
+from pipelines.config import JobConfig, JobConfigError, load_job_config, model_slug
+from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.job_setup import Job, build_job
+from pipelines.methods import model_inputs, save_artifact
+
+logger = logging.getLogger(__name__)
+Report = Callable[[dict[str, Any]], None]
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclass
+class _Meter:
+    """Running loss and throughput."""
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    tokens: int = 0
+    started: float = 0.0
+
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(1, self.loss_count)
+
+
+def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
+    """Run the job described by `config`; `report(metrics)` is called on every rank at each validation."""
+    job = build_job(config)
+    accelerator = job.accelerator
+    loop, best = _start_or_resume(job)
+    meter = _Meter(started=time.perf_counter())
+    progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
+                    desc=f"{config.task.name}/{config.method.name}")
+    if job.optimizer is None:  # training-free method: validate and test only
+        stopped_early = _validate(job, loop, meter, best, report)
+    else:
+        stopped_early = _train(job, loop, meter, progress, best, report)
+    progress.close()
+    return _finish(job, loop, meter, best, stopped_early)
+
+
+def _start_or_resume(job: Job) -> tuple[LoopState, dict]:
+    latest = job.output_dir / "checkpoints" / "latest"
+    if job.config.train.resume and latest.is_dir():
+        loop, best = load_checkpoint(job.accelerator, latest)
+        logger.info("Resumed from %s at step %d", latest, loop.step)
+        return loop, best or trainable_state(job.accelerator.unwrap_model(job.model))
+    return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model))
+
+
+def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, report: Report | None) -> bool:
+    """The epoch loop; returns True when early stopping ended it. `best` is updated in place."""
+    cfg = job.config.train
+    while loop.epoch < cfg.max_epochs and loop.step < job.total_steps:
+        job.train_loader.set_epoch(loop.epoch)
+        for batch in job.accelerator.skip_first_batches(job.train_loader, loop.batches_in_epoch):
+            _train_step(job, batch, loop, meter)
+            loop.batches_in_epoch += 1
+            if not job.accelerator.sync_gradients:
+                continue
+            progress.update(1)
+            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(job, loop, meter, best, report):
+                return True
+            if cfg.checkpoint_every_steps and loop.step % cfg.checkpoint_every_steps == 0:
+                save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
+            if loop.step >= job.total_steps:
+                break
+        else:
+            loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
+            if not cfg.eval_every_steps and _validate(job, loop, meter, best, report):
+                return True
+    if not loop.history or loop.history[-1]["step"] != loop.step:
+        return _validate(job, loop, meter, best, report)  # the final state is always validated
+    return False
+
+
+def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
+    accelerator = job.accelerator
+    with accelerator.accumulate(job.model):
+        outputs = job.model(**model_inputs(batch), **_label_kwargs(job, batch))
+        loss = _loss(job, outputs, batch)
+        if not torch.isfinite(loss.detach()).all():
+            raise TrainingDivergedError(
+                f"The training loss became {loss.item()} at step {loop.step} (epoch {loop.epoch}); the last good "
+                f"checkpoint is kept in {job.output_dir / 'checkpoints'}. Lower optim.lr or check the data.")
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and job.config.optim.max_grad_norm:
+            accelerator.clip_grad_norm_(job.trainable, job.config.optim.max_grad_norm)
+        job.optimizer.step()
+        job.scheduler.step()
+        job.optimizer.zero_grad()
+    meter.loss_sum += loss.item()
+    meter.loss_count += 1
+    meter.tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+    if accelerator.sync_gradients:
+        loop.step += 1
+
+
+def _label_kwargs(job: Job, batch: dict) -> dict:
+    # T5 needs labels to build decoder inputs; decoder-only capsules derive the prompt from them.
+    return {"labels": batch["labels"]} if job.family != "encoder" else {}
+
+
+def _loss(job: Job, outputs, batch: dict) -> torch.Tensor:
+    if job.family == "encoder":
+        return torch.nn.functional.cross_entropy(outputs.logits.float(), batch["labels"])
+    return per_example_nll(outputs.logits, batch["labels"], shift=job.family == "decoder").mean()
+
+
+def _validate(job: Job, loop: LoopState, meter: _Meter, best: dict, report: Report | None) -> bool:
+    """Score validation, keep the best trainable state, report; True when patience ran out."""
+    metrics = _evaluate(job, job.splits.validation)
+    record = {"step": loop.step, "epoch": loop.epoch, "train_loss": meter.mean_loss(),
+              **{f"validation_{k}": v for k, v in metrics.items()}}
+    meter.loss_sum, meter.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
+    loop.history.append(record)
+    if metrics["score"] > loop.best_score:
+        loop.best_score, loop.best_step, loop.bad_evals = metrics["score"], loop.step, 0
+        best.clear()
+        best.update(trainable_state(job.accelerator.unwrap_model(job.model)))
+    else:
+        loop.bad_evals += 1
+    record["best_validation_score"] = loop.best_score
+    if job.config.train.checkpoint_every_steps is None:
+        save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
+    if report is not None:
+        report(dict(record))
+    job.model.train()
+    patience = job.config.train.patience
+    return patience is not None and loop.bad_evals >= patience
+
+
+def _evaluate(job: Job, examples) -> dict[str, float]:
+    cfg = job.config
+    return evaluate(job.accelerator, job.model, examples, job.collator, job.family, cfg.train.eval_mode,
+                    cfg.train.eval_batch_size, cfg.model.max_new_tokens, job.tokenizer)
+
+
+def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early: bool) -> dict[str, Any]:
+    """Test at the best checkpoint, write the artifact and result.json (rank 0), return the result."""
+    accelerator = job.accelerator
+    restore_trainable(accelerator.unwrap_model(job.model), best)
+    test = _evaluate(job, job.splits.test)
+    wall = time.perf_counter() - meter.started
+    result = {
+        "task": job.config.task.name, "model": job.config.model.name, "model_slug": model_slug(job.config.model.name),
+        "method": job.config.method.name, "seed": job.config.seed, "family": job.family,
+        "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
+                    **{f"test_{k}": v for k, v in test.items()}},
+        "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
+        "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
+        "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
+        "generated_data": job.config.task.source == "generated",
+        "artifact_dir": str(job.output_dir / "artifact"), "config": job.config.to_dict(),
+    }
+    if accelerator.is_main_process:
+        save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
+                      job.output_dir / "artifact", job.config.task.name, result["metrics"])
+        (job.output_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: validate the config (every problem at once), then run the job."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_job_config(args.config, args.overrides)
+    except JobConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result = run(config)
+    print(json.dumps({"output_dir": str(Path(result["artifact_dir"]).parent), **result["metrics"]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
