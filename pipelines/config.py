@@ -197,12 +197,14 @@ def merge_sources(path, overrides: Sequence[str], base: dict[str, Any] | None) -
 
 
 def validate_job_config(raw: dict[str, Any]) -> JobConfig:
-    """Check types, ranges and unknown keys, then the cross-field rules; raise once with every problem."""
+    """Check types, ranges, unknown keys and the cross-field rules; raise once with every problem."""
+    problems: list[str] = []
+    config = None
     try:
         config = TypeAdapter(JobConfig).validate_python(raw)
     except ValidationError as err:
-        raise JobConfigError(_format_problems(_pydantic_problems(err))) from None
-    problems = _cross_field_problems(config)
+        problems += _pydantic_problems(err)
+    problems += _cross_field_problems(raw)
     if problems:
         raise JobConfigError(_format_problems(problems))
     return config
@@ -212,20 +214,38 @@ def _pydantic_problems(err: ValidationError) -> list[str]:
     problems = []
     for item in err.errors(include_url=False):
         key = ".".join(str(part) for part in item["loc"])
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{key}: unknown key (value {item['input']!r})")
+        if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            allowed = ", ".join(_section_keys(item["loc"][:-1]))
+            problems.append(f"{key}: unknown key (value {item['input']!r}; allowed keys: {allowed})")
         else:
             problems.append(f"{key}={item['input']!r}: {item['msg']}")
     return problems
 
 
-def _cross_field_problems(config: JobConfig) -> list[str]:
+def _section_keys(path: tuple) -> list[str]:
+    """Field names of the config section at `path` (e.g. ("train",))."""
+    section: Any = JobConfig
+    for part in path:
+        section = {f.name: f.type for f in dataclasses.fields(section)}.get(part)
+        section = globals().get(section) if isinstance(section, str) else section
+        if section is None or not dataclasses.is_dataclass(section):
+            return []
+    return [f.name for f in dataclasses.fields(section)]
+
+
+def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
+    """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
     from pipelines.methods import method_option_problems
     from pipelines.models import model_name_problems
 
-    problems = method_option_problems(config.method.name, config.method.options)
-    problems += model_name_problems(config.model.name)
-    if config.task.source == "local" and not (config.task.data_dir or os.environ.get("CAPT_DATA_DIR")):
+    method, model, task = (raw.get(k) if isinstance(raw.get(k), dict) else {} for k in ("method", "model", "task"))
+    problems: list[str] = []
+    name, options = method.get("name", "capt"), method.get("options", {})
+    if name in METHOD_NAMES and isinstance(options, dict):
+        problems += method_option_problems(name, options)
+    if isinstance(model.get("name", "tiny-t5"), str):
+        problems += model_name_problems(model.get("name", "tiny-t5"))
+    if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems

@@ -81,8 +81,10 @@ def build_job(config: JobConfig) -> Job:
     model = adapt(loaded.model, config.method.name, config.method.options)
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
                               capsule_slots=sequence_overhead(config.method.name, config.method.options))
+    # Full batches only, so every process sees an equal share and DDP matches one process exactly;
+    # the dropped remainder changes from epoch to epoch because the order is reshuffled.
     loader = torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, shuffle=True,
-                                         collate_fn=collator)
+                                         collate_fn=collator, drop_last=len(splits.train) > config.train.batch_size)
     install_hooks(accelerator)
     optimizer = make_optimizer(config, model, loaded.model)
     if optimizer is None:  # a training-free method (the instance-only capsule): evaluate only

@@ -1,13 +1,8 @@
-"""Local MLflow and Ray services run as subprocesses, and an early reachability probe.
+"""Local MLflow and Ray services as subprocesses, and an early reachability probe for entry points.
 
-Nothing here imports mlflow or ray: both are started through the command-line tools installed next
-to the running interpreter (``sys.executable -m mlflow`` and the ``ray`` script), so importing this
-module is cheap and the services live in their own process groups.
-
-- :class:`LocalMlflowServer`: a lean MLflow tracking server on SQLite with proxied artifacts, for a
-  laptop and for tests; restartable on the same root and port (tests use this to simulate an outage).
-- :class:`LocalRayHead`: a single-node Ray head bound to 127.0.0.1 with its dashboard (job API).
-- :func:`check_reachable`: the one-paragraph error entry points raise when an address is wrong.
+Nothing here imports mlflow or ray: the services start through the command-line tools next to this
+interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own process group, so
+that stopping one never touches another MLflow or Ray on the same machine.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
@@ -34,11 +29,11 @@ _POLL_S = 0.25
 
 
 class ServiceError(RuntimeError):
-    """A local service could not be started, stopped or reached; the message says what to do."""
+    """A local service could not be started or reached; the message says what to do."""
 
 
 def free_port(host: str = LOCALHOST) -> int:
-    """Return a TCP port that is free on ``host`` right now (the OS picks it)."""
+    """A TCP port free on ``host`` right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -55,25 +50,31 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """HTTP status of a GET on ``url``, or None when nothing answers (refused, timeout, DNS)."""
+def _http_get(url: str, timeout: float) -> tuple[int | None, str]:
+    """(HTTP status, "") of a GET on ``url``, or (None, why nothing answered)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http only)
-            return int(response.status)
+            return int(response.status), ""
     except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return None
+        return int(exc.code), ""
+    except urllib.error.URLError as exc:
+        return None, str(getattr(exc.reason, "strerror", None) or exc.reason)
+    except OSError as exc:
+        return None, str(exc.strerror or exc)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET on ``url``, or None when nothing answers (refused, timeout, DNS)."""
+    return _http_get(url, timeout)[0]
 
 
 def log_tail(path: Path, offset: int = 0, lines: int = 30) -> str:
-    """The last ``lines`` lines of a log file from byte ``offset`` on ("" when it does not exist)."""
+    """The last ``lines`` lines of a log file from byte ``offset`` on ("" when there is none)."""
     if not path.is_file():
         return ""
     with path.open("rb") as handle:
         handle.seek(offset)
-        text = handle.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(handle.read().decode("utf-8", errors="replace").splitlines()[-lines:])
 
 
 def _tcp_target(url: str) -> tuple[str, int] | None:
@@ -85,94 +86,109 @@ def _tcp_target(url: str) -> tuple[str, int] | None:
     return (parts.hostname, parts.port) if parts.hostname and parts.port else None
 
 
-def _unreachable_message(url: str, what: str, reason: str, fix: str | None) -> str:
-    """Compose the one-paragraph error of :func:`check_reachable`."""
-    default_fix = (
-        "Start it, or correct the address (scheme, host and port). If it runs on another machine, "
-        "forward its port first (for example `ssh -N -L PORT:127.0.0.1:PORT user@head` or "
-        "`kubectl port-forward`) and use the forwarded 127.0.0.1 address."
-    )
-    return f"Cannot reach the {what} at {url} ({reason}). {fix or default_fix}"
-
-
 def check_reachable(url: str, what: str, fix: str | None = None, timeout: float = 3.0) -> None:
-    """Probe ``url`` quickly and raise :class:`ServiceError` naming it, ``what`` it is and the fix.
+    """Probe ``url`` quickly; raise :class:`ServiceError` naming it, ``what`` it is and how to fix it.
 
-    ``http(s)://`` URLs get a GET: any HTTP answer, including 401/403/404, counts as reachable.
-    ``host:port`` and other ``scheme://host:port`` addresses get a TCP connect. Addresses with no
-    network location (``sqlite:///...``, ``file:...``, ``auto``, ``local``) are not probed.
-    ``what`` reads like "MLflow tracking server (MLFLOW_TRACKING_URI)".
+    ``http(s)://`` URLs get a GET (any HTTP answer, 401 and 404 included, counts as reachable);
+    ``host:port`` and other ``scheme://host:port`` addresses a TCP connect. Addresses without a
+    network location (``sqlite:///...``, ``file:...``, ``auto``) are not probed. ``what`` reads like
+    "MLflow tracking server (MLFLOW_TRACKING_URI)". Credentials in ``url`` never reach the message.
     """
-    if urlsplit(url).scheme in ("http", "https"):
-        if http_status(url, timeout=timeout) is None:
-            raise ServiceError(_unreachable_message(url, what, "no HTTP answer", fix))
+    parts = urlsplit(url)
+    shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "://" in url else url
+    if parts.scheme in ("http", "https"):
+        status, why = _http_get(url, timeout)
+        reachable, reason = status is not None, f"no HTTP answer: {why}"
+    elif (target := _tcp_target(url)) is not None:
+        try:
+            with socket.create_connection(target, timeout=timeout):
+                reachable, reason = True, ""
+        except OSError as exc:
+            reachable, reason = False, f"TCP connect failed: {exc.strerror or exc}"
+    else:
+        logger.debug("%s address %s has no network location; not probed", what, shown)
         return
-    target = _tcp_target(url)
-    if target is None:
-        logger.debug("%s address %s has no network location; not probed", what, url)
-        return
+    if not reachable:
+        fix = fix or (
+            "Start it, or correct the address (scheme, host and port). If it runs on another machine, "
+            "forward its port first (`ssh -N -L PORT:127.0.0.1:PORT user@head` or `kubectl port-forward`) "
+            "and use the forwarded 127.0.0.1 address."
+        )
+        raise ServiceError(f"Cannot reach the {what} at {shown} ({reason}). {fix}")
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists."""
     try:
-        with socket.create_connection(target, timeout=timeout):
-            return
-    except OSError as exc:
-        raise ServiceError(_unreachable_message(url, what, f"TCP connect failed: {exc}", fix)) from None
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
-def _ray_executable() -> str:
-    """The ``ray`` script of this interpreter's environment (falls back to PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("ray")
-    if found is None:
-        raise ServiceError("The `ray` command is not installed: pip install 'ray[default,train,tune]'.")
-    return found
+def stop_process_group(pgid: int, grace: float, child: subprocess.Popen[Any] | None = None) -> None:
+    """SIGTERM process group ``pgid``, SIGKILL what is left after ``grace`` s, wait until it is gone.
 
-
-def _stop_process_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM ``proc``'s process group, wait for every member, SIGKILL after ``timeout``."""
-    pgid = proc.pid
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    ``child``, the group leader when it is our child, is reaped meanwhile (a zombie keeps a group).
+    """
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            proc.poll()
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                proc.wait()
-                return
+        deadline = time.monotonic() + wait_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            if child is not None:
+                child.poll()
             time.sleep(_POLL_S)
-        logger.warning("process group %d ignored %s; escalating", pgid, sig.name)
-    proc.wait()
+        if not _group_alive(pgid):
+            break
+    if child is not None:
+        child.wait(timeout=10.0)
 
 
-class LocalMlflowServer:
+class _Service:
+    """Context-manager protocol shared by the services: ``with Service(...) as s:`` starts and stops."""
+
+    def start(self) -> Self:
+        """Start the service and wait until it answers."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the service; a no-op when it is not running."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class LocalMlflowServer(_Service):
     """A lean MLflow tracking server on SQLite, bound to ``host`` (127.0.0.1 by default).
 
-    Layout under ``root_dir``: ``mlflow.db`` (runs and Model Registry), ``artifacts/`` (artifact
-    store) and ``mlflow-server.log`` (appended to across restarts). Artifacts are proxied by the
-    server (``--serve-artifacts --artifacts-destination``), so clients upload over HTTP and never
-    need the server's filesystem, as Ray workers on other nodes or containers do not have it.
-    Lean mode (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``, one worker) starts in seconds and
-    uses about 0.5 GB. The port is fixed at construction, so ``stop()`` then ``start()`` serves
-    the same URI and the same data.
+    Under ``root_dir``: ``mlflow.db`` (runs and Model Registry), ``artifacts/`` and
+    ``mlflow-server.log`` (appended to across restarts). Artifacts are proxied by the server
+    (``--serve-artifacts --artifacts-destination``): clients upload over HTTP and never need the
+    server's filesystem, which Ray workers in other containers or nodes do not share. Lean mode
+    (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``, one worker) starts in seconds in about 0.5 GB.
+    The port is fixed at construction: ``stop()`` then ``start()`` serves the same URI and data.
     """
 
     def __init__(
-        self,
-        root_dir: str | os.PathLike[str],
-        host: str = LOCALHOST,
-        port: int | None = None,
+        self, root_dir: str | os.PathLike[str], host: str = LOCALHOST, port: int | None = None,
         startup_timeout: float = 120.0,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.root_dir = Path(root_dir).resolve()
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.startup_timeout = startup_timeout
+        self.db_path = self.root_dir / "mlflow.db"
+        self.artifacts_dir = self.root_dir / "artifacts"
+        self.log_path = self.root_dir / "mlflow-server.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -180,21 +196,6 @@ class LocalMlflowServer:
     def uri(self) -> str:
         """Tracking URI for ``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``."""
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def db_path(self) -> Path:
-        """The SQLite file that holds runs and the Model Registry."""
-        return self.root_dir / "mlflow.db"
-
-    @property
-    def artifacts_dir(self) -> Path:
-        """Where the server stores proxied artifacts."""
-        return self.root_dir / "artifacts"
-
-    @property
-    def log_path(self) -> Path:
-        """The server's combined stdout and stderr."""
-        return self.root_dir / "mlflow-server.log"
 
     @property
     def running(self) -> bool:
@@ -211,7 +212,7 @@ class LocalMlflowServer:
         ]  # fmt: skip
 
     def start(self) -> Self:
-        """Start the server and wait until ``GET /health`` answers; raise ServiceError otherwise."""
+        """Start the server and wait until ``GET /health`` answers 200; raise ServiceError otherwise."""
         if self.running:
             return self
         if not port_is_free(self.host, self.port):
@@ -233,64 +234,84 @@ class LocalMlflowServer:
         return self
 
     def _wait_healthy(self, log_offset: int) -> None:
-        """Poll ``/health`` until it answers 200; on death or timeout stop and raise with the log."""
+        """Poll ``/health``; on the server's death or a timeout, stop it and raise with the log tail."""
         assert self._proc is not None
         deadline = time.monotonic() + self.startup_timeout
+        problem = f"did not answer /health within {self.startup_timeout:.0f} s"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self.stop()
-                raise ServiceError(
-                    f"The MLflow server at {self.uri} exited with code {code} during start-up. "
-                    f"Last lines of {self.log_path}:\n{log_tail(self.log_path, log_offset)}"
-                )
+                problem = f"exited with code {self._proc.returncode} during start-up"
+                break
             if http_status(f"{self.uri}/health", timeout=1.0) == 200:
                 return
             time.sleep(_POLL_S)
         self.stop()
         raise ServiceError(
-            f"The MLflow server at {self.uri} did not answer /health within {self.startup_timeout:.0f} s. "
+            f"The MLflow server at {self.uri} {problem}. "
             f"Last lines of {self.log_path}:\n{log_tail(self.log_path, log_offset)}"
         )
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the server's process group and wait for it (SIGKILL after ``timeout``)."""
         if self._proc is not None:
-            _stop_process_group(self._proc, timeout)
+            stop_process_group(self._proc.pid, timeout, child=self._proc)
             logger.info("MLflow server at %s stopped", self.uri)
         self._proc = None
         if self._log is not None:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+def ray_cluster_stragglers(gcs_port: int) -> list[int]:
+    """Pids outside the head's group that use the Ray cluster on ``gcs_port`` (Linux; [] elsewhere).
+
+    Ray starts job drivers in sessions of their own; they carry ``RAY_ADDRESS=<ip>:<gcs_port>``.
+    Daemons name the GCS in ``--gcs-address=``/``--address=``. This process and its parent are skipped.
+    """
+    if not Path("/proc").is_dir():
+        return []
+    suffix, skip, found = f":{gcs_port}".encode(), {os.getpid(), os.getppid()}, []
+    keys = (b"RAY_ADDRESS=", b"--gcs-address=", b"--address=")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            items = [
+                *(entry / "environ").read_bytes().split(b"\0"),
+                *(entry / "cmdline").read_bytes().split(b"\0"),
+            ]
+        except OSError:
+            continue
+        if any(item.startswith(keys) and item.endswith(suffix) for item in items):
+            found.append(int(entry.name))
+    return found
 
 
-class LocalRayHead:
-    """A single-node Ray head on 127.0.0.1, started with ``ray start --head``.
+def _ray_executable() -> str:
+    """The ``ray`` script of this interpreter's environment (else the one on PATH)."""
+    beside = Path(sys.executable).with_name("ray")
+    found = str(beside) if beside.is_file() else shutil.which("ray")
+    if found is None:
+        raise ServiceError("The `ray` command is not installed: pip install 'ray[default,train,tune]'.")
+    return found
 
-    ``address`` is the GCS address (``RAY_ADDRESS`` / ``ray.init(address=...)``); ``dashboard_url``
-    is the job API for ``ray job submit --address``. Unset ports are picked free, so a head can
-    start beside another Ray; the dashboard keeps 8265 when that port is free.
 
-    Caution: :meth:`stop` runs ``ray stop --force``, which kills EVERY Ray process of this user on
-    the machine (Ray has no per-cluster stop). Fine on a laptop and in tests; never on a shared host.
+class LocalRayHead(_Service):
+    """A single-node Ray head (``ray start --head``) with its dashboard and job API on 127.0.0.1.
+
+    ``address`` is the GCS address (``RAY_ADDRESS``, ``ray.init(address=...)``); ``dashboard_url``
+    the job API (``ray job submit --address``). Unset ports are picked free (the dashboard keeps 8265
+    when free), so a head can start beside another Ray. ``python`` in job entrypoints is this venv's.
+    :meth:`stop` stops only THIS head: its daemons share the process group of ``ray start`` (run in a
+    new session), and its job drivers are found by ``RAY_ADDRESS``; ``ray stop --force`` would kill
+    every Ray on the machine. Ray resolves ``--node-ip-address 127.0.0.1`` to the machine's address
+    and its GCS listens on all interfaces: on a shared network, firewall it.
     """
 
     def __init__(
-        self,
-        num_cpus: int | None = None,
-        port: int | None = None,
-        dashboard_port: int | None = None,
-        temp_dir: str | os.PathLike[str] | None = None,
-        startup_timeout: float = 120.0,
-    ) -> None:
+        self, num_cpus: int | None = None, port: int | None = None, dashboard_port: int | None = None,
+        temp_dir: str | os.PathLike[str] | None = None, startup_timeout: float = 120.0,
+    ) -> None:  # fmt: skip
         self.num_cpus = num_cpus
         self.port = port if port is not None else free_port()
         if dashboard_port is None:
@@ -298,7 +319,7 @@ class LocalRayHead:
         self.dashboard_port = dashboard_port
         self.temp_dir = Path(temp_dir).resolve() if temp_dir is not None else None
         self.startup_timeout = startup_timeout
-        self._started = False
+        self._pgid: int | None = None
 
     @property
     def address(self) -> str:
@@ -311,46 +332,46 @@ class LocalRayHead:
         return f"http://{LOCALHOST}:{self.dashboard_port}"
 
     @property
-    def started(self) -> bool:
-        """True between a successful :meth:`start` and :meth:`stop`."""
-        return self._started
+    def running(self) -> bool:
+        """True after :meth:`start` while the head's daemons live."""
+        return self._pgid is not None and _group_alive(self._pgid)
 
     def command(self) -> list[str]:
         """The ``ray start --head`` command line."""
         cmd = [
-            _ray_executable(), "start", "--head",
+            _ray_executable(), "start", "--head", "--disable-usage-stats",
             "--node-ip-address", LOCALHOST, "--port", str(self.port),
             "--dashboard-host", LOCALHOST, "--dashboard-port", str(self.dashboard_port),
-            "--include-dashboard", "true", "--disable-usage-stats",
-            "--ray-client-server-port", str(free_port()),
+            "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
             "--dashboard-agent-listen-port", str(free_port()),
         ]  # fmt: skip
         if self.num_cpus is not None:
             cmd += ["--num-cpus", str(self.num_cpus)]
-        if self.temp_dir is not None:
-            cmd += ["--temp-dir", str(self.temp_dir)]
-        return cmd
+        return cmd + (["--temp-dir", str(self.temp_dir)] if self.temp_dir is not None else [])
 
     def start(self) -> Self:
         """Start the head and wait until the job API answers; raise ServiceError otherwise."""
-        if self._started:
+        if self._pgid is not None:
             return self
+        for port in (self.port, self.dashboard_port):
+            if not port_is_free(LOCALHOST, port):
+                raise ServiceError(f"Cannot start a Ray head: port {port} is in use; pick another one.")
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        # Job entrypoints (`python ...`) must find this environment's interpreter first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         logger.info("starting Ray head at %s (dashboard %s)", self.address, self.dashboard_url)
+        proc = subprocess.Popen(
+            self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self._pgid = proc.pid
         try:
-            done = subprocess.run(
-                self.command(), env=env, capture_output=True, text=True, timeout=self.startup_timeout
-            )
-        except subprocess.TimeoutExpired as exc:
-            self._force_stop()
-            raise ServiceError(f"`ray start --head` did not return within {exc.timeout:.0f} s.") from None
-        if done.returncode != 0:
-            self._force_stop()
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
-            raise ServiceError(f"`ray start --head` failed with code {done.returncode}:\n{tail}")
-        self._started = True
+            output, _ = proc.communicate(timeout=self.startup_timeout)
+        except subprocess.TimeoutExpired:
+            output = f"(no answer within {self.startup_timeout:.0f} s)"
+        if proc.returncode != 0:
+            self.stop()
+            tail = "\n".join(output.splitlines()[-30:])
+            raise ServiceError(f"`ray start --head` failed (exit code {proc.returncode}):\n{tail}")
         self._wait_job_api()
         logger.info("Ray head ready at %s", self.address)
         return self
@@ -364,30 +385,21 @@ class LocalRayHead:
             time.sleep(_POLL_S)
         self.stop()
         raise ServiceError(
-            f"The Ray dashboard at {self.dashboard_url} did not answer within {self.startup_timeout:.0f} s; "
-            "is ray[default] installed (the dashboard needs it)? See the logs under the Ray temp dir."
+            f"The Ray dashboard at {self.dashboard_url} did not answer within {self.startup_timeout:.0f} s. "
+            "Is ray[default] installed (the dashboard and job API need it)? See the logs in the Ray temp dir."
         )
 
-    def stop(self) -> None:
-        """Run ``ray stop --force`` (stops every Ray process on this machine, see the class doc)."""
-        if not self._started:
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop this head's daemons (SIGTERM, SIGKILL after ``grace`` s), then its job drivers."""
+        if self._pgid is None:
             return
-        self._force_stop()
-        self._started = False
+        stop_process_group(self._pgid, grace)
+        for pid in ray_cluster_stragglers(self.port):
+            try:
+                pgid = os.getpgid(pid)
+                os.killpg(pgid, signal.SIGKILL) if pgid != os.getpgrp() else os.kill(pid, signal.SIGKILL)
+                logger.info("killed process %d left over from the Ray head on port %d", pid, self.port)
+            except ProcessLookupError:
+                continue
+        self._pgid = None
         logger.info("Ray head at %s stopped", self.address)
-
-    @staticmethod
-    def _force_stop() -> None:
-        """``ray stop --force``; a failure is logged, never raised (it runs in clean-up paths)."""
-        try:
-            subprocess.run([_ray_executable(), "stop", "--force"], capture_output=True, timeout=120)
-        except (subprocess.TimeoutExpired, OSError, ServiceError) as exc:
-            logger.warning("`ray stop --force` failed: %s", exc)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

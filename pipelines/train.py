@@ -50,7 +50,12 @@ class _Meter:
 
 def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
     """Run the job described by `config`; `report(metrics)` is called on every rank at each validation."""
-    job = build_job(config)
+    return fit(build_job(config), report)
+
+
+def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
+    """Train a built job to the end; the model keeps the best-validation weights afterwards."""
+    config = job.config
     accelerator = job.accelerator
     loop, best = _start_or_resume(job)
     meter = _Meter(started=time.perf_counter())

@@ -1,0 +1,74 @@
+"""Job configs: YAML + overrides, and every problem reported at once before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import JobConfigError, flatten, load_job_config, model_slug
+
+ROOT = Path(__file__).resolve().parents[3]
+JOB_CONFIGS = sorted((ROOT / "pipelines" / "configs" / "job").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", JOB_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_job_config_parses_and_names_its_command(path):
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("# python -m pipelines.train --config pipelines/configs/job/")
+    assert first_line.endswith(path.name)
+    load_job_config(path)
+
+
+def test_overrides_win_and_are_typed(tmp_path):
+    config = load_job_config(JOB_CONFIGS[0], ["train.batch_size=4", "method.options.layers=[0]", "seed=3",
+                                              "task.source=generated"])
+    assert config.train.batch_size == 4 and config.seed == 3
+    assert config.method.options == {"layers": [0]}
+    assert flatten(config.to_dict())["train.batch_size"] == 4
+
+
+def test_every_problem_is_listed_at_once():
+    with pytest.raises(JobConfigError) as err:
+        load_job_config(None, ["method.name=dora", "task.name=squad", "train.batch_size=-2", "train.warp=9",
+                               "model.dtype=int3", "task.source=generated"])
+    message = str(err.value)
+    assert "5 problems" in message
+    for fragment in ("method.name='dora'", "'capt'", "task.name='squad'", "'rte'", "train.batch_size=-2",
+                     "greater than 0", "train.warp: unknown key", "model.dtype='int3'"):
+        assert fragment in message
+
+
+def test_an_option_of_another_method_is_refused():
+    with pytest.raises(JobConfigError, match=r"method.options for method 'lora'.*num_tokens"):
+        load_job_config(None, ["method.name=lora", "method.options.num_tokens=20", "task.source=generated"])
+    with pytest.raises(JobConfigError, match=r"method.options for method 'capt'.*fusion='glue'"):
+        load_job_config(None, ["method.options.fusion=glue", "task.source=generated"])
+
+
+def test_unknown_model_and_missing_data_dir(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
+    with pytest.raises(JobConfigError) as err:
+        load_job_config(None, ["model.name=nobody/no-such-model", "task.source=local"])
+    message = str(err.value)
+    assert "model.name='nobody/no-such-model'" in message and "not in the local Hugging Face cache" in message
+    assert "CAPT_DATA_DIR" in message
+
+
+def test_cli_fails_before_loading_a_model(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method:\n  name: capt\n  options: {length: 0}\ntrain:\n  batch_size: 0\n")
+    proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(bad), "task.source=generated",
+                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "length=0" in proc.stderr and "train.batch_size=0" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_slug():
+    assert model_slug("google-t5/t5-base") == "t5-base"
+    assert model_slug("meta-llama/Llama-3.2-1B") == "llama-3.2-1b"
+    assert model_slug("/data/my model/") == "my-model"
