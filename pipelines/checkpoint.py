@@ -40,6 +40,14 @@ class LoopState:
     """Validations since the last improvement (for early stopping)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """One record per validation."""
+    loss_sum: float = 0.0
+    """Sum of the training losses since the last validation."""
+    loss_count: int = 0
+    """Number of losses in `loss_sum`."""
+
+    def mean_loss(self) -> float:
+        """Mean training loss since the last validation."""
+        return self.loss_sum / max(1, self.loss_count)
 
     def to_json(self) -> str:
         data = asdict(self)

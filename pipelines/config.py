@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, TypeAdapter, ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.dataclasses import dataclass
 
 TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")

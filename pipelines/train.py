@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.checkpoint import LoopState, install_hooks, load_checkpoint, restore_trainable, save_checkpoint, trainable_state
+from pipelines.checkpoint import (
+    LoopState,
+    load_checkpoint,
+    restore_trainable,
+    save_checkpoint,
+    trainable_state,
+)
 from pipelines.config import JobConfig, JobConfigError, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_setup import Job, build_job
@@ -37,15 +43,10 @@ class TrainingDivergedError(RuntimeError):
 
 @dataclass
 class _Meter:
-    """Running loss and throughput."""
+    """Throughput of this process's run (not part of the resumable state)."""
 
-    loss_sum: float = 0.0
-    loss_count: int = 0
     tokens: int = 0
     started: float = 0.0
-
-    def mean_loss(self) -> float:
-        return self.loss_sum / max(1, self.loss_count)
 
 
 def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
     progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
                     desc=f"{config.task.name}/{config.method.name}")
     if job.optimizer is None:  # training-free method: validate and test only
-        stopped_early = _validate(job, loop, meter, best, report)
+        stopped_early = _validate(job, loop, best, report)
     else:
         stopped_early = _train(job, loop, meter, progress, best, report)
     progress.close()
@@ -89,7 +90,7 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, repor
             if not job.accelerator.sync_gradients:
                 continue
             progress.update(1)
-            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(job, loop, meter, best, report):
+            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(job, loop, best, report):
                 return True
             if cfg.checkpoint_every_steps and loop.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
@@ -97,10 +98,10 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, repor
                 break
         else:
             loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
-            if not cfg.eval_every_steps and _validate(job, loop, meter, best, report):
+            if not cfg.eval_every_steps and _validate(job, loop, best, report):
                 return True
     if not loop.history or loop.history[-1]["step"] != loop.step:
-        return _validate(job, loop, meter, best, report)  # the final state is always validated
+        return _validate(job, loop, best, report)  # the final state is always validated
     return False
 
 
@@ -119,8 +120,8 @@ def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
         job.optimizer.step()
         job.scheduler.step()
         job.optimizer.zero_grad()
-    meter.loss_sum += loss.item()
-    meter.loss_count += 1
+    loop.loss_sum += loss.item()
+    loop.loss_count += 1
     meter.tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
     if accelerator.sync_gradients:
         loop.step += 1
@@ -137,12 +138,12 @@ def _loss(job: Job, outputs, batch: dict) -> torch.Tensor:
     return per_example_nll(outputs.logits, batch["labels"], shift=job.family == "decoder").mean()
 
 
-def _validate(job: Job, loop: LoopState, meter: _Meter, best: dict, report: Report | None) -> bool:
+def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> bool:
     """Score validation, keep the best trainable state, report; True when patience ran out."""
     metrics = _evaluate(job, job.splits.validation)
-    record = {"step": loop.step, "epoch": loop.epoch, "train_loss": meter.mean_loss(),
+    record = {"step": loop.step, "epoch": loop.epoch, "train_loss": loop.mean_loss(),
               **{f"validation_{k}": v for k, v in metrics.items()}}
-    meter.loss_sum, meter.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
+    loop.loss_sum, loop.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
     loop.history.append(record)
     if metrics["score"] > loop.best_score:
         loop.best_score, loop.best_step, loop.bad_evals = metrics["score"], loop.step, 0

@@ -28,4 +28,21 @@ def spec_for(model: nn.Module) -> ArchSpec:
     )
 
 
-__all__ = ["ArchSpec", "REGISTRY", "spec_for", "strip_slots", "supported_model_types"]
+def family_of_model_type(model_type: str) -> str | None:
+    """"t5", "decoder" or "encoder" for a `config.model_type`, None when unsupported."""
+    return next((spec.family for spec in REGISTRY if model_type in spec.model_types), None)
+
+
+def head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Task-head parameters outside the backbone (BERT classifiers' `classifier`); empty for LMs.
+
+    Encoder-only classifiers train a linear head with every method; language-model heads stay frozen.
+    """
+    if spec_for(model).family != "encoder" or model.base_model is model:
+        return []
+    backbone = {id(p) for p in model.base_model.parameters()}
+    return [p for p in model.parameters() if id(p) not in backbone]
+
+
+__all__ = ["ArchSpec", "REGISTRY", "family_of_model_type", "head_parameters", "spec_for", "strip_slots",
+           "supported_model_types"]

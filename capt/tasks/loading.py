@@ -1,0 +1,146 @@
+"""Load a task's official splits from the hub, a local directory or the generator, then cut the splits.
+
+Every source yields raw rows that go through `capt.tasks.normalise.examples_from_rows`, so the records
+(and the validation) are the same whichever source is used. Local layout::
+
+    <data_dir>/<task>/train.jsonl   (or train.parquet)   official train split
+    <data_dir>/<task>/val.jsonl     (or val.parquet)     official validation split (our test set)
+
+Jsonl is read with the standard library (so errors carry line numbers); parquet with pyarrow (installed
+with `datasets`). The hub path imports `datasets` lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from capt.tasks.config import DATA_DIR_ENV, DataConfig
+from capt.tasks.errors import TaskDataError
+from capt.tasks.generated import generate_rows
+from capt.tasks.normalise import examples_from_rows
+from capt.tasks.records import Example, Splits
+from capt.tasks.registry import get
+from capt.tasks.splits import split_train_validation, subsample
+
+logger = logging.getLogger(__name__)
+
+OFFICIAL_SPLITS: tuple[str, ...] = ("train", "val")
+"""Official split names, as in the local file names."""
+HUB_SPLITS: dict[str, str] = {"train": "train", "val": "validation"}
+"""Official split name -> split name on the hub."""
+EXTENSIONS: tuple[str, ...] = (".jsonl", ".parquet")
+"""Local file types, in the order they are looked for."""
+
+RawRows = Iterator[tuple[int, Any]]
+
+
+def read_jsonl(path: str | Path) -> RawRows:
+    """(line number, object) for each non-blank line; a bad line raises `TaskDataError` naming it."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TaskDataError(f"invalid JSON: {err.msg} (column {err.colno})", path=str(path),
+                                    row=number) from None
+
+
+def read_parquet(path: str | Path) -> RawRows:
+    """(row number, row dict) for each row of a parquet file (needs pyarrow)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:  # pragma: no cover - pyarrow comes with datasets
+        raise ImportError("Reading parquet needs pyarrow: pip install 'capt[pipeline]'.") from err
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise TaskDataError(f"unreadable parquet file: {err}", path=str(path)) from None
+    yield from enumerate(table.to_pylist(), start=1)
+
+
+def find_split_file(data_dir: str | Path | None, task: str, split: str) -> Path:
+    """The local file of one official split; `TaskDataError` names what is missing and the layout."""
+    layout = "expected layout <data_dir>/<task>/{train,val}.jsonl (or .parquet)"
+    if data_dir is None:
+        raise TaskDataError(f"no local data directory: set {DATA_DIR_ENV} or DataConfig.data_dir "
+                            f"({layout}), or use source='generated' or 'hub'", field="data_dir")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise TaskDataError(f"data directory does not exist or is not a directory ({layout})",
+                            path=str(root), field="data_dir")
+    folder = root / task
+    if not folder.is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise TaskDataError(f"missing task folder {task!r} ({layout}; folders found: {found})",
+                            path=str(folder))
+    for ext in EXTENSIONS:
+        if (folder / f"{split}{ext}").is_file():
+            return folder / f"{split}{ext}"
+    hint = " (BoolQ's official train split is not in this directory)" if task == "boolq" else ""
+    found = sorted(p.name for p in folder.iterdir())
+    raise TaskDataError(f"missing file {split}.jsonl or {split}.parquet{hint}; {layout}; files found: "
+                        f"{found}", path=str(folder / f"{split}.jsonl"))
+
+
+def _local_rows(task: str, split: str, config: DataConfig) -> tuple[str, RawRows]:
+    path = find_split_file(config.data_dir, task, split)
+    reader = read_parquet if path.suffix == ".parquet" else read_jsonl
+    return str(path), reader(path)
+
+
+def _generated_rows(task: str, split: str, config: DataConfig) -> tuple[str, RawRows]:
+    size = config.generated_size if split == "train" else config.generated_eval_size
+    rows = generate_rows(task, split, size, config.generated_seed)
+    return f"generated:{task}/{split}", enumerate(rows, start=1)
+
+
+def _hub_rows(task: str, split: str, config: DataConfig) -> tuple[str, RawRows]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("source='hub' needs the `datasets` package: pip install 'capt[pipeline]'.") from err
+    spec = get(task)
+    args = (spec.hub_path,) if spec.hub_config is None else (spec.hub_path, spec.hub_config)
+    source = f"hub:{spec.hub_path}/{spec.hub_config or 'default'}[{HUB_SPLITS[split]}]"
+    try:
+        dataset = datasets.load_dataset(*args, split=HUB_SPLITS[split], cache_dir=config.hub_cache_dir)
+    except Exception as err:  # network, offline mode without a cache, unknown config, ...
+        raise TaskDataError(f"could not load from the Hugging Face hub ({type(err).__name__}: {err}); "
+                            "offline, use source='local' or 'generated'", path=source) from err
+    return source, enumerate(dataset, start=1)
+
+
+_READERS = {"local": _local_rows, "generated": _generated_rows, "hub": _hub_rows}
+
+
+def load_split(task: str, split: str, config: DataConfig | None = None) -> list[Example]:
+    """All normalised examples of one official split (``train`` or ``val``) from `config.source`."""
+    get(task)
+    if split not in OFFICIAL_SPLITS:
+        raise ValueError(f"Unknown official split {split!r}; valid splits: {', '.join(OFFICIAL_SPLITS)}.")
+    config = config or DataConfig()
+    source, rows = _READERS[config.source](task, split, config)
+    examples = examples_from_rows(task, split, rows, source)
+    logger.info("loaded %d %s/%s examples from %s", len(examples), task, split, source)
+    return examples
+
+
+def load_splits(task: str, config: DataConfig | None = None) -> Splits:
+    """The paper's splits: official train cut 90/10 (stratified, seeded); official validation = test."""
+    config = config or DataConfig()
+    official_train = load_split(task, "train", config)
+    test = load_split(task, "val", config)
+    train, validation = split_train_validation(official_train, config.validation_fraction, config.seed)
+    splits = Splits(
+        train=subsample(train, config.max_train_examples, config.seed),
+        validation=subsample(validation, config.max_eval_examples, config.seed),
+        test=subsample(test, config.max_eval_examples, config.seed),
+    )
+    logger.info("%s splits (seed %d, source %s): %s", task, config.seed, config.source, splits.sizes())
+    return splits

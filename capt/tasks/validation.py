@@ -1,0 +1,117 @@
+"""Checks on raw rows and normalised splits; each failure is a `TaskDataError` naming file, row, field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capt.tasks.errors import TaskDataError
+from capt.tasks.records import Example
+from capt.tasks.registry import TaskSpec
+
+
+@dataclass(frozen=True)
+class Where:
+    """Location of one raw row: its file (or source description) and 1-based row number."""
+
+    path: str
+    """File path or a source description such as ``hub:aps/super_glue/rte[train]``."""
+    row: int
+    """1-based line number (jsonl) or row number (parquet, hub, generated)."""
+
+    def error(self, problem: str, field: str | None = None) -> TaskDataError:
+        """A `TaskDataError` at this location."""
+        return TaskDataError(problem, path=self.path, row=self.row, field=field)
+
+
+def _get(row: Mapping[str, Any], key: str, where: Where, name: str) -> Any:
+    if not isinstance(row, Mapping):
+        raise where.error(f"expected an object, got {type(row).__name__}", name.rpartition(".")[0] or None)
+    if key not in row or row[key] is None:
+        raise where.error("missing field", name)
+    return row[key]
+
+
+def require_text(row: Mapping[str, Any], key: str, where: Where, name: str | None = None,
+                 allow_empty: bool = False) -> str:
+    """`row[key]` as a string (surrounding whitespace stripped), non-empty unless `allow_empty`."""
+    name = name or key
+    value = _get(row, key, where, name)
+    if not isinstance(value, str):
+        raise where.error(f"expected a string, got {type(value).__name__} {value!r}", name)
+    if not value.strip() and not allow_empty:
+        raise where.error("empty string", name)
+    return value.strip()
+
+
+def require_id(row: Mapping[str, Any], key: str, where: Where, name: str | None = None) -> str:
+    """`row[key]` as an id string: a non-negative int or a non-empty string."""
+    name = name or key
+    value = _get(row, key, where, name)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise where.error(f"expected an int or string id, got {type(value).__name__}", name)
+    if isinstance(value, int) and value < 0 or isinstance(value, str) and not value.strip():
+        raise where.error(f"invalid id {value!r}", name)
+    return str(value).strip()
+
+
+def require_list(row: Mapping[str, Any], key: str, where: Where, name: str | None = None) -> list[Any]:
+    """`row[key]` as a non-empty list."""
+    name = name or key
+    value = _get(row, key, where, name)
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise where.error(f"expected a list, got {type(value).__name__}", name)
+    if len(value) == 0:
+        raise where.error("empty list", name)
+    return list(value)
+
+
+def require_mapping(row: Mapping[str, Any], key: str, where: Where,
+                    name: str | None = None) -> Mapping[str, Any]:
+    """`row[key]` as an object (dict)."""
+    name = name or key
+    value = _get(row, key, where, name)
+    if not isinstance(value, Mapping):
+        raise where.error(f"expected an object, got {type(value).__name__}", name)
+    return value
+
+
+def parse_label(spec: TaskSpec, value: Any, where: Where, name: str = "label") -> int:
+    """A raw label as a label id.
+
+    Accepted: a label name (``"entailment"``, ``"B"``), an int id in range (the hub's encoding; -1, the
+    hub's unlabelled test marker, is rejected), or a bool for tasks labelled False/True.
+    """
+    if value is None:
+        raise where.error("missing field", name)
+    if isinstance(value, bool):
+        if spec.label_names == ("False", "True"):
+            return int(value)
+    elif isinstance(value, int):
+        if 0 <= value < spec.num_labels:
+            return value
+    elif isinstance(value, str) and value in spec.label_names:
+        return spec.label_names.index(value)
+    allowed = ", ".join(repr(n) for n in spec.label_names)
+    raise where.error(f"unknown label {value!r} for task {spec.name!r}; allowed: {allowed} "
+                      f"or ids 0..{spec.num_labels - 1}", name)
+
+
+def require_span(row: Mapping[str, Any], start_key: str, end_key: str, text: str, where: Where) -> None:
+    """If the row has the span fields, check they are ints with 0 <= start < end <= len(text)."""
+    if start_key not in row and end_key not in row:
+        return
+    for key in (start_key, end_key):
+        value = _get(row, key, where, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise where.error(f"expected an int, got {type(value).__name__}", key)
+    if not 0 <= row[start_key] < row[end_key] <= len(text):
+        raise where.error(f"span [{row[start_key]}, {row[end_key]}) outside the sentence "
+                          f"of length {len(text)}", start_key)
+
+
+def check_split(task: str, examples: Sequence[Example], source: str) -> None:
+    """Reject an empty split (the message names the source)."""
+    if not examples:
+        raise TaskDataError(f"no examples for task {task!r}: the split is empty", path=source)

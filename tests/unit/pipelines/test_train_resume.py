@@ -1,0 +1,63 @@
+"""A job killed after a checkpoint and resumed ends exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[3]
+JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=48", "task.max_eval_examples=8",
+       "train.batch_size=8", "train.eval_batch_size=8", "train.max_steps=24", "train.eval_every_steps=8",
+       "train.checkpoint_every_steps=2", "train.eval_mode=rank", "model.max_length=96", "method.options.init=normal",
+       "train.patience=null"]
+
+
+def _command(output_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.train", *JOB, f"output_dir={output_dir}", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _kill_after_checkpoint(output_dir: Path, min_step: int) -> int:
+    """Start the job, SIGKILL it once a checkpoint at `min_step` or later exists; return the killed step."""
+    proc = subprocess.Popen(_command(output_dir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    state = output_dir / "checkpoints" / "latest" / "loop_state.json"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if state.is_file() and (step := json.loads(state.read_text())["step"]) >= min_step:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return step
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"the job ended (rc={proc.returncode}) before a checkpoint at step {min_step} could be killed")
+
+
+@pytest.mark.slow
+def test_killed_job_resumes_to_the_same_result(tmp_path):
+    killed_at = _kill_after_checkpoint(tmp_path / "resumed", min_step=10)
+    assert not (tmp_path / "resumed" / "result.json").exists()
+    subprocess.run(_command(tmp_path / "resumed", "train.resume=true"), cwd=ROOT, env=_env(), check=True,
+                   capture_output=True, timeout=300)
+    subprocess.run(_command(tmp_path / "straight"), cwd=ROOT, env=_env(), check=True, capture_output=True,
+                   timeout=300)
+    resumed = json.loads((tmp_path / "resumed" / "result.json").read_text())
+    straight = json.loads((tmp_path / "straight" / "result.json").read_text())
+    assert 10 <= killed_at < 24 and resumed["steps"] == straight["steps"] == 24
+    assert resumed["metrics"] == straight["metrics"]
+    assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in straight["history"]]
+    capsule = "artifact/capsule.safetensors"
+    assert torch.equal(load_file(str(tmp_path / "resumed" / capsule))["vectors"],
+                       load_file(str(tmp_path / "straight" / capsule))["vectors"])

@@ -1,0 +1,157 @@
+"""Every bad-data case raises `TaskDataError` naming the file, the row (line) and the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capt.tasks import DataConfig, TaskDataError, load_split, load_splits
+
+GOOD_RTE = {"premise": "A cat sat.", "hypothesis": "A cat.", "label": "entailment", "idx": 0}
+
+
+def _write(root: Path, task: str, split: str, rows: list) -> Path:
+    folder = root / task
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{split}.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _load(root: Path, task: str, split: str = "val"):
+    return load_split(task, split, DataConfig(source="local", data_dir=str(root)))
+
+
+def _error(root: Path, task: str, split: str = "val") -> TaskDataError:
+    with pytest.raises(TaskDataError) as err:
+        _load(root, task, split)
+    return err.value
+
+
+def test_good_file_loads(tmp_path):
+    _write(tmp_path, "rte", "val", [GOOD_RTE])
+    assert _load(tmp_path, "rte")[0].label == 0
+
+
+def test_no_data_dir():
+    with pytest.raises(TaskDataError, match="CAPT_DATA_DIR") as err:
+        load_split("rte", "val", DataConfig(source="local", data_dir=None))
+    assert err.value.field == "data_dir"
+
+
+def test_data_dir_does_not_exist(tmp_path):
+    err = _error(tmp_path / "nope", "rte")
+    assert err.path == str(tmp_path / "nope") and "does not exist" in str(err)
+
+
+def test_missing_task_folder(tmp_path):
+    (tmp_path / "RTE").mkdir()
+    err = _error(tmp_path, "rte")
+    assert err.path == str(tmp_path / "rte") and "missing task folder 'rte'" in str(err) and "RTE" in str(err)
+
+
+def test_missing_split_file(tmp_path):
+    _write(tmp_path, "rte", "val", [GOOD_RTE])
+    with pytest.raises(TaskDataError) as err:
+        load_splits("rte", DataConfig(source="local", data_dir=str(tmp_path)))
+    assert err.value.path == str(tmp_path / "rte" / "train.jsonl")
+    assert str(tmp_path / "rte" / "train.jsonl") in str(err.value) and "val.jsonl" in str(err.value)
+
+
+def test_invalid_json_names_the_line(tmp_path):
+    path = _write(tmp_path, "rte", "val", [GOOD_RTE, "", '{"premise": "x", '])
+    err = _error(tmp_path, "rte")
+    assert (err.path, err.row) == (str(path), 3) and "invalid JSON" in str(err) and "row 3" in str(err)
+
+
+def test_missing_field(tmp_path):
+    bad = dict(GOOD_RTE, idx=1)
+    del bad["hypothesis"]
+    path = _write(tmp_path, "rte", "val", [GOOD_RTE, bad])
+    err = _error(tmp_path, "rte")
+    assert (err.path, err.row, err.field) == (str(path), 2, "hypothesis")
+    assert str(err) == f"{path}: row 2: field 'hypothesis': missing field"
+
+
+@pytest.mark.parametrize(("label", "task"), [("maybe", "rte"), (2, "rte"), (-1, "rte"), (True, "rte"),
+                                             ("yes", "boolq"), (5, "copa")])
+def test_unknown_label(tmp_path, label, task):
+    rows = {"rte": dict(GOOD_RTE, label=label),
+            "boolq": {"question": "q", "passage": "p", "idx": 0, "label": label},
+            "copa": {"premise": "p", "choice1": "a", "choice2": "b", "question": "cause", "idx": 0,
+                     "label": label}}
+    _write(tmp_path, task, "val", [rows[task]])
+    err = _error(tmp_path, task)
+    assert (err.row, err.field) == (1, "label") and "unknown label" in str(err)
+
+
+@pytest.mark.parametrize(("value", "problem"), [("   ", "empty string"), (3, "expected a string")])
+def test_bad_text_field(tmp_path, value, problem):
+    _write(tmp_path, "rte", "val", [dict(GOOD_RTE, premise=value)])
+    err = _error(tmp_path, "rte")
+    assert err.field == "premise" and problem in str(err)
+
+
+def test_empty_split(tmp_path):
+    path = _write(tmp_path, "rte", "val", [])
+    err = _error(tmp_path, "rte")
+    assert err.path == str(path) and "empty" in str(err)
+
+
+def test_duplicate_idx(tmp_path):
+    _write(tmp_path, "rte", "val", [GOOD_RTE, GOOD_RTE])
+    err = _error(tmp_path, "rte")
+    assert (err.row, err.field) == (2, "idx") and "duplicate" in str(err)
+
+
+def test_row_not_an_object(tmp_path):
+    _write(tmp_path, "rte", "val", [[1, 2]])
+    assert "expected a JSON object" in str(_error(tmp_path, "rte"))
+
+
+def test_multirc_nested_field_path(tmp_path):
+    row = {"idx": 0, "passage": {"text": "P.", "questions": [
+        {"question": "Q?", "idx": 0, "answers": [{"text": "a", "idx": 0, "label": 1}, {"text": "b", "idx": 1}]}]}}
+    _write(tmp_path, "multirc", "val", [row])
+    err = _error(tmp_path, "multirc")
+    assert err.field == "passage.questions[0].answers[1].label"
+    row["passage"]["questions"] = []
+    _write(tmp_path, "multirc", "val", [row])
+    assert _error(tmp_path, "multirc").field == "passage.questions"
+
+
+def test_csqa_bad_choices_and_key(tmp_path):
+    choices = [{"label": lab, "text": t} for lab, t in zip("ABCD", "wxyz", strict=True)]
+    row = {"id": "q", "answerKey": "A", "question": {"stem": "S?", "question_concept": "c", "choices": choices}}
+    _write(tmp_path, "csqa", "val", [row])
+    assert _error(tmp_path, "csqa").field == "question.choices"
+    row["question"]["choices"] = choices + [{"label": "E", "text": "v"}]
+    row["answerKey"] = "F"
+    _write(tmp_path, "csqa", "val", [row])
+    assert _error(tmp_path, "csqa").field == "answerKey"
+
+
+def test_copa_question_and_wic_span(tmp_path):
+    _write(tmp_path, "copa", "val", [{"premise": "p", "choice1": "a", "choice2": "b", "question": "why",
+                                      "idx": 0, "label": 0}])
+    assert _error(tmp_path, "copa").field == "question"
+    wic = {"word": "w", "sentence1": "a w", "sentence2": "w b", "idx": 0, "label": False,
+           "start1": 2, "end1": 9, "start2": 0, "end2": 1}
+    _write(tmp_path, "wic", "val", [wic])
+    err = _error(tmp_path, "wic")
+    assert err.field == "start1" and "outside" in str(err)
+
+
+def test_unknown_split_name(tmp_path):
+    with pytest.raises(ValueError, match="train, val"):
+        load_split("rte", "test", DataConfig(source="local", data_dir=str(tmp_path)))
+
+
+def test_error_pickles():
+    import pickle
+
+    err = TaskDataError("bad", path="f.jsonl", row=3, field="label")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.path, again.row, again.field, str(again)) == ("f.jsonl", 3, "label", str(err))
