@@ -1,0 +1,68 @@
+"""Baselines of the CaPT paper behind one interface: prompt tuning, P-Tuning v2, LoRA, full fine-tuning.
+
+    from capt.baselines import METHODS, apply, load_adapter
+    adapted = apply(model, METHODS["ptuning_v2"](num_tokens=20))
+    loss = adapted(input_ids=..., attention_mask=..., labels=...).loss
+    optimizer = torch.optim.AdamW(adapted.trainable_parameters())
+    adapted.save_adapter("out/adapter"); model = adapted.detach()
+    adapted = load_adapter(model, "out/adapter")
+
+Supported families: T5 (t5, mt5), decoder-only (llama, qwen2, qwen3, mistral, gemma, gemma2) and BERT
+family classifiers (bert, roberta). ``apply`` freezes the base model except the method's parameters (full
+fine-tuning freezes nothing); classification heads are left to the caller. Every wrapper's forward and
+generate accept an optional ``prompt_mask`` (B, n) marking the prompt tokens of decoder-only inputs; only
+prompt tuning's instance token uses it (else it falls back to labels == -100, then the attention mask).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from capt.baselines.adapted import AdaptedModel
+from capt.baselines.config import (
+    BaselineConfig,
+    FullFinetuneConfig,
+    LoraConfig,
+    PromptTuningConfig,
+    PTuningV2Config,
+)
+from capt.baselines.family import detect_family, model_info, supported_types
+from capt.baselines.full import FullFinetuneModel
+from capt.baselines.io import AdapterError, load_adapter
+from capt.baselines.lora import LoraModel
+from capt.baselines.prefix import PTuningV2Model
+from capt.baselines.prompt import PromptTuningModel
+
+METHODS: dict[str, type[BaselineConfig]] = {
+    "prompt_tuning": PromptTuningConfig,
+    "ptuning_v2": PTuningV2Config,
+    "lora": LoraConfig,
+    "full_finetune": FullFinetuneConfig,
+}
+"""Method name -> config class."""
+
+_WRAPPERS: dict[type[BaselineConfig], type[AdaptedModel]] = {
+    PromptTuningConfig: PromptTuningModel,
+    PTuningV2Config: PTuningV2Model,
+    LoraConfig: LoraModel,
+    FullFinetuneConfig: FullFinetuneModel,
+}
+
+
+def apply(model: nn.Module, config: BaselineConfig) -> AdaptedModel:
+    """Wrap ``model`` with the method that ``config``'s type selects."""
+    wrapper = _WRAPPERS.get(type(config))
+    if wrapper is None:
+        raise TypeError(
+            f"unknown baseline config {type(config).__name__}; expected one of "
+            f"{[c.__name__ for c in _WRAPPERS]}"
+        )
+    detect_family(model)  # clear error for unsupported models before anything is changed
+    return wrapper(model, config)
+
+
+__all__ = [
+    "METHODS", "AdaptedModel", "AdapterError", "BaselineConfig", "FullFinetuneConfig", "LoraConfig",
+    "PTuningV2Config", "PromptTuningConfig", "apply", "detect_family", "load_adapter", "model_info",
+    "supported_types",
+]

@@ -1,0 +1,128 @@
+"""``AdaptedModel``: the one interface every baseline method implements."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from capt.baselines.config import BaselineConfig
+from capt.baselines.family import ModelInfo, model_info
+
+logger = logging.getLogger(__name__)
+
+_MARKER = "_capt_baseline_attached"
+
+
+class AdaptedModel(nn.Module):
+    """A base model plus one baseline method.
+
+    ``forward(**kwargs)`` takes the base model's arguments and returns the base model's output type;
+    ``generate(input_ids, attention_mask, **kw)`` returns what ``base.generate`` returns for the same
+    inputs; ``trainable_parameters()`` yields only the method's parameters. The base model is available
+    as ``self.base``; ``detach()`` hands it back with the method removed.
+    """
+
+    def __init__(self, base: nn.Module, config: BaselineConfig) -> None:
+        super().__init__()
+        if getattr(base, _MARKER, False):
+            raise ValueError("this model already carries a baseline adapter; detach() it first")
+        self.info: ModelInfo = model_info(base)
+        self.adapter_config = config
+        """The method's config (``self.base.config`` stays the Hugging Face model config)."""
+        self.base = base
+        object.__setattr__(base, _MARKER, True)
+        self._detached = False
+        self._grad_flags = [(p, p.requires_grad) for p in base.parameters()]
+
+    @property
+    def method(self) -> str:
+        """Name of the method (a key of ``capt.baselines.METHODS``)."""
+        return self.adapter_config.method
+
+    @property
+    def family(self) -> str:
+        """``"t5"``, ``"decoder"`` or ``"encoder"``."""
+        return self.info.family
+
+    def freeze_base(self) -> None:
+        """Set ``requires_grad=False`` on every base-model parameter."""
+        for param in self.base.parameters():
+            param.requires_grad_(False)
+
+    def adapter_parameters(self) -> dict[str, nn.Parameter]:
+        """Named parameters that make up this method's artifact (overridden per method)."""
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        """The method's trainable parameters (full fine-tuning: all base parameters)."""
+        yield from self.adapter_parameters().values()
+
+    def num_trainable_parameters(self) -> int:
+        """Number of scalars in ``trainable_parameters()``."""
+        return sum(p.numel() for p in self.trainable_parameters())
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """Detached, contiguous CPU copies of the adapter tensors, keyed as in ``adapter_parameters``."""
+        return {k: p.detach().to("cpu").contiguous().clone() for k, p in self.adapter_parameters().items()}
+
+    @torch.no_grad()
+    def load_adapter_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``state`` into the adapter parameters; names and shapes must match exactly."""
+        params = self.adapter_parameters()
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        wrong = sorted(k for k in set(params) & set(state) if tuple(state[k].shape) != tuple(params[k].shape))
+        if missing or unexpected or wrong:
+            shapes = {k: (tuple(state[k].shape), tuple(params[k].shape)) for k in wrong}
+            raise ValueError(
+                f"adapter tensors do not fit this model: missing={missing}, unexpected={unexpected}, "
+                f"shape (file, model)={shapes}"
+            )
+        for key, param in params.items():
+            param.copy_(state[key].to(dtype=param.dtype, device=param.device))
+
+    def save_adapter(self, directory: str | Path, overwrite: bool = False) -> Path:
+        """Write the adapter (safetensors + JSON metadata) to ``directory``; see ``capt.baselines.io``."""
+        from capt.baselines.io import save_adapter
+
+        return save_adapter(self, directory, overwrite=overwrite)
+
+    def forward(self, **kwargs: Any) -> Any:
+        """Run the base model with the method applied.
+
+        ``prompt_mask`` (B, n), marking the prompt tokens of decoder-only inputs, is accepted by every
+        method so callers can treat them alike; only prompt tuning's instance token uses it.
+        """
+        kwargs.pop("prompt_mask", None)
+        return self.base(**kwargs)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``base.generate`` with the method applied (decoder-only: prompt + new tokens)."""
+        self._require_generate()
+        kwargs.pop("prompt_mask", None)
+        return self.base.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def _require_generate(self) -> None:
+        if not hasattr(self.base, "generate") or self.family == "encoder":
+            raise TypeError(f"{type(self.base).__name__} ({self.family} family) does not generate text")
+
+    def _release(self) -> None:
+        """Undo the method's changes to the base model (overridden per method)."""
+
+    def detach(self) -> nn.Module:
+        """Remove the method and return the base model, with its parameters' ``requires_grad`` as before."""
+        if self._detached:
+            raise RuntimeError("adapter already detached")
+        self._release()
+        base = self.base
+        for param, flag in self._grad_flags:
+            param.requires_grad_(flag)
+        object.__setattr__(base, _MARKER, False)
+        self._detached = True
+        logger.info("detached %s from %s", self.method, type(base).__name__)
+        return base

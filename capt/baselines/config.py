@@ -1,0 +1,164 @@
+"""Typed, validated configurations of the baseline methods.
+
+Every config is a frozen dataclass. Construction validates all fields at once and raises ``ValueError``
+naming every bad key, its value and what is allowed. ``from_dict`` additionally rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Checker:
+    """Collects every validation problem of one config before raising."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.problems: list[str] = []
+
+    def require(self, ok: bool, key: str, value: Any, allowed: str) -> None:
+        """Record ``key=value`` as invalid unless ``ok``; ``allowed`` says what would be accepted."""
+        if not ok:
+            self.problems.append(f"{key}={value!r} (allowed: {allowed})")
+
+    def raise_if_any(self) -> None:
+        """Raise one ``ValueError`` listing every recorded problem."""
+        if self.problems:
+            raise ValueError(f"invalid {self.owner}: " + "; ".join(self.problems))
+
+
+class BaselineConfig:
+    """Shared behaviour of the baseline configs (serialisation, unknown-key checks)."""
+
+    method: ClassVar[str] = ""
+
+    def _validate(self, check: _Checker) -> None:
+        """Record problems of this config's fields (overridden per method)."""
+
+    def __post_init__(self) -> None:
+        check = _Checker(type(self).__name__)
+        self._validate(check)
+        check.raise_if_any()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict of the fields."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Build from a dict, rejecting unknown keys (listed with the allowed ones) and invalid values."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
+        allowed = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"invalid {cls.__name__}: unknown keys {unknown} (allowed: {allowed or 'none'})"
+            )
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PromptTuningConfig(BaselineConfig):
+    """Prompt tuning: ``num_tokens`` trainable vectors prepended at the input embeddings."""
+
+    method: ClassVar[str] = "prompt_tuning"
+
+    num_tokens: int = 100
+    """Number of soft-prompt vectors (each of width d)."""
+    init: str = "normal"
+    """Initialisation: "normal" (N(0, init_std)) or "vocab" (copies of randomly drawn token embeddings)."""
+    init_std: float = 0.02
+    """Standard deviation of the "normal" initialisation."""
+    instance_token: bool = False
+    """Add one training-free token whose embedding is the masked mean of the input token embeddings."""
+
+    def _validate(self, check: _Checker) -> None:
+        check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
+                      "integer >= 1")
+        check.require(self.init in ("normal", "vocab"), "init", self.init, "'normal' or 'vocab'")
+        check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
+                      "finite number > 0")
+        check.require(isinstance(self.instance_token, bool), "instance_token", self.instance_token,
+                      "true or false")
+
+
+@dataclass(frozen=True)
+class PTuningV2Config(BaselineConfig):
+    """P-Tuning v2: learned key/value prefixes in every self-attention layer."""
+
+    method: ClassVar[str] = "ptuning_v2"
+
+    num_tokens: int = 20
+    """Prefix length (keys/values added to every self-attention layer)."""
+    reparameterize: bool = False
+    """Produce the prefixes from an embedding through a 2-layer MLP instead of learning them directly."""
+    reparam_hidden: int = 512
+    """Hidden width of the reparameterisation MLP (used only when reparameterize is true)."""
+    dropout: float = 0.0
+    """Dropout applied to the prefix keys/values during training."""
+    init_std: float = 1.0
+    """Standard deviation of the normal initialisation of the prefixes (or of the MLP input embedding)."""
+
+    def _validate(self, check: _Checker) -> None:
+        check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
+                      "integer >= 1")
+        check.require(isinstance(self.reparameterize, bool), "reparameterize", self.reparameterize,
+                      "true or false")
+        check.require(_is_int(self.reparam_hidden) and self.reparam_hidden >= 1, "reparam_hidden",
+                      self.reparam_hidden, "integer >= 1")
+        check.require(_is_real(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", self.dropout,
+                      "number in [0, 1)")
+        check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
+                      "finite number > 0")
+
+
+@dataclass(frozen=True)
+class LoraConfig(BaselineConfig):
+    """LoRA (through PEFT): low-rank updates of the targeted linear layers."""
+
+    method: ClassVar[str] = "lora"
+
+    r: int = 8
+    """Rank of the update."""
+    alpha: float = 16
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA branch input."""
+    target_modules: list[str] | None = field(default=None)
+    """Names of the linear modules to adapt; None picks the family default (T5: q,v; Llama/Qwen: q_proj,v_proj; BERT: query,value)."""
+
+    def _validate(self, check: _Checker) -> None:
+        check.require(_is_int(self.r) and self.r >= 1, "r", self.r, "integer >= 1")
+        check.require(_is_real(self.alpha) and self.alpha > 0, "alpha", self.alpha, "finite number > 0")
+        check.require(_is_real(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", self.dropout,
+                      "number in [0, 1)")
+        targets = self.target_modules
+        ok = targets is None or (
+            isinstance(targets, list | tuple) and len(targets) > 0
+            and all(isinstance(t, str) and t.strip() for t in targets)
+        )
+        check.require(ok, "target_modules", targets, "null or a non-empty list of module names")
+
+
+@dataclass(frozen=True)
+class FullFinetuneConfig(BaselineConfig):
+    """Full fine-tuning: every parameter of the base model trains (no extra parameters)."""
+
+    method: ClassVar[str] = "full_finetune"
+
+
+CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
+    PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
+)
