@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -148,10 +150,15 @@ def stop_process_group(pgid: int, grace: float, child: subprocess.Popen[Any] | N
 
 
 class _Service:
-    """Context-manager protocol shared by the services: ``with Service(...) as s:`` starts and stops."""
+    """What both services share: ``start(wait=False)`` then ``wait_ready()`` lets several start at
+    once; ``with Service(...) as s:`` starts, waits and stops."""
 
-    def start(self) -> Self:
-        """Start the service and wait until it answers."""
+    def start(self, wait: bool = True) -> Self:
+        """Launch the service; with ``wait``, also :meth:`wait_ready`."""
+        raise NotImplementedError
+
+    def wait_ready(self) -> Self:
+        """Block until the launched service answers; stop it and raise ServiceError if it cannot."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -191,6 +198,8 @@ class LocalMlflowServer(_Service):
         self.log_path = self.root_dir / "mlflow-server.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._log_offset = 0
+        self._ready = False
 
     @property
     def uri(self) -> str:
@@ -211,17 +220,17 @@ class LocalMlflowServer(_Service):
             "--host", self.host, "--port", str(self.port), "--workers", "1",
         ]  # fmt: skip
 
-    def start(self) -> Self:
-        """Start the server and wait until ``GET /health`` answers 200; raise ServiceError otherwise."""
+    def start(self, wait: bool = True) -> Self:
+        """Launch the server; with ``wait``, block until ``GET /health`` answers 200."""
         if self.running:
-            return self
+            return self.wait_ready() if wait else self
         if not port_is_free(self.host, self.port):
             raise ServiceError(
                 f"Cannot start the MLflow server on {self.host}:{self.port}: the port is in use. "
                 "Stop whatever listens there or pick another port."
             )
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
@@ -229,13 +238,14 @@ class LocalMlflowServer(_Service):
             cwd=self.root_dir, start_new_session=True,
         )  # fmt: skip
         logger.info("starting MLflow server at %s (log %s)", self.uri, self.log_path)
-        self._wait_healthy(offset)
-        logger.info("MLflow server ready at %s", self.uri)
-        return self
+        return self.wait_ready() if wait else self
 
-    def _wait_healthy(self, log_offset: int) -> None:
+    def wait_ready(self) -> Self:
         """Poll ``/health``; on the server's death or a timeout, stop it and raise with the log tail."""
-        assert self._proc is not None
+        if self._ready:
+            return self
+        if self._proc is None:
+            raise ServiceError(f"The MLflow server at {self.uri} was not started: call start() first.")
         deadline = time.monotonic() + self.startup_timeout
         problem = f"did not answer /health within {self.startup_timeout:.0f} s"
         while time.monotonic() < deadline:
@@ -243,12 +253,14 @@ class LocalMlflowServer(_Service):
                 problem = f"exited with code {self._proc.returncode} during start-up"
                 break
             if http_status(f"{self.uri}/health", timeout=1.0) == 200:
-                return
+                self._ready = True
+                logger.info("MLflow server ready at %s", self.uri)
+                return self
             time.sleep(_POLL_S)
         self.stop()
         raise ServiceError(
             f"The MLflow server at {self.uri} {problem}. "
-            f"Last lines of {self.log_path}:\n{log_tail(self.log_path, log_offset)}"
+            f"Last lines of {self.log_path}:\n{log_tail(self.log_path, self._log_offset)}"
         )
 
     def stop(self, timeout: float = 20.0) -> None:
@@ -256,7 +268,7 @@ class LocalMlflowServer(_Service):
         if self._proc is not None:
             stop_process_group(self._proc.pid, timeout, child=self._proc)
             logger.info("MLflow server at %s stopped", self.uri)
-        self._proc = None
+        self._proc, self._ready = None, False
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -300,26 +312,36 @@ class LocalRayHead(_Service):
     """A single-node Ray head (``ray start --head``) with its dashboard and job API on 127.0.0.1.
 
     ``address`` is the GCS address (``RAY_ADDRESS``, ``ray.init(address=...)``); ``dashboard_url``
-    the job API (``ray job submit --address``). Unset ports are picked free (the dashboard keeps 8265
-    when free), so a head can start beside another Ray. ``python`` in job entrypoints is this venv's.
+    the job API (``ray job submit --address``). Unset ports are picked free (pass ``dashboard_port=8265``
+    for Ray's usual one), so heads can start side by side. ``python`` in job entrypoints is this venv's.
     :meth:`stop` stops only THIS head: its daemons share the process group of ``ray start`` (run in a
     new session), and its job drivers are found by ``RAY_ADDRESS``; ``ray stop --force`` would kill
     every Ray on the machine. Ray resolves ``--node-ip-address 127.0.0.1`` to the machine's address
     and its GCS listens on all interfaces: on a shared network, firewall it.
+
+    ``auth_mode`` is always explicit, because Ray 2.60 silently turns token auth on when
+    ``~/.ray/auth_token`` exists (any local ``ray.init()`` creates one) and clients then fail with 401.
+    ``"token"`` writes a fresh token to a private file; give clients :meth:`client_env`.
     """
 
     def __init__(
         self, num_cpus: int | None = None, port: int | None = None, dashboard_port: int | None = None,
         temp_dir: str | os.PathLike[str] | None = None, startup_timeout: float = 120.0,
+        auth_mode: str = "disabled",
     ) -> None:  # fmt: skip
+        if auth_mode not in ("disabled", "token"):
+            raise ValueError(f"auth_mode must be 'disabled' or 'token', got {auth_mode!r}")
+        self.auth_mode = auth_mode
+        self.token_path: Path | None = None
         self.num_cpus = num_cpus
         self.port = port if port is not None else free_port()
-        if dashboard_port is None:
-            dashboard_port = 8265 if port_is_free(LOCALHOST, 8265) else free_port()
-        self.dashboard_port = dashboard_port
+        self.dashboard_port = dashboard_port if dashboard_port is not None else free_port()
         self.temp_dir = Path(temp_dir).resolve() if temp_dir is not None else None
+        self._own_temp_dir = temp_dir is None
         self.startup_timeout = startup_timeout
         self._pgid: int | None = None
+        self._launcher: subprocess.Popen[str] | None = None
+        self._ready = False
 
     @property
     def address(self) -> str:
@@ -330,6 +352,17 @@ class LocalRayHead(_Service):
     def dashboard_url(self) -> str:
         """Dashboard and job API, e.g. ``http://127.0.0.1:8265``."""
         return f"http://{LOCALHOST}:{self.dashboard_port}"
+
+    def client_env(self) -> dict[str, str]:
+        """Auth variables for this head's clients (``ray job submit``, ``ray.init``): merge into their env."""
+        env = {"RAY_AUTH_MODE": self.auth_mode}
+        return env | ({"RAY_AUTH_TOKEN_PATH": str(self.token_path)} if self.token_path is not None else {})
+
+    def _write_token(self) -> None:
+        """Create a random cluster token in a private directory (token mode only)."""
+        self.token_path = Path(tempfile.mkdtemp(prefix="capt-ray-auth-")) / "auth_token"
+        self.token_path.write_text(secrets.token_hex(32))
+        self.token_path.chmod(0o600)
 
     @property
     def running(self) -> bool:
@@ -349,39 +382,56 @@ class LocalRayHead(_Service):
             cmd += ["--num-cpus", str(self.num_cpus)]
         return cmd + (["--temp-dir", str(self.temp_dir)] if self.temp_dir is not None else [])
 
-    def start(self) -> Self:
-        """Start the head and wait until the job API answers; raise ServiceError otherwise."""
+    def _make_temp_dir(self) -> None:
+        """A temp dir of this head's own: Ray's job supervisor resolves the driver's RAY_ADDRESS from
+        ``<temp dir>/ray_current_cluster``, so heads sharing /tmp/ray would send drivers to the wrong one.
+        Kept short: Ray's unix sockets live below it (107-byte path limit)."""
+        base = "/tmp" if Path("/tmp").is_dir() else None
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="capt-ray-", dir=base))
+
+    def start(self, wait: bool = True) -> Self:
+        """Launch ``ray start --head``; with ``wait``, block until the job API answers."""
         if self._pgid is not None:
-            return self
+            return self.wait_ready() if wait else self
         for port in (self.port, self.dashboard_port):
             if not port_is_free(LOCALHOST, port):
                 raise ServiceError(f"Cannot start a Ray head: port {port} is in use; pick another one.")
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        if self.auth_mode == "token" and self.token_path is None:
+            self._write_token()
+        if self._own_temp_dir and self.temp_dir is None:
+            self._make_temp_dir()
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env |= self.client_env()
         logger.info("starting Ray head at %s (dashboard %s)", self.address, self.dashboard_url)
-        proc = subprocess.Popen(
+        self._launcher = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )  # fmt: skip
-        self._pgid = proc.pid
+        self._pgid = self._launcher.pid
+        return self.wait_ready() if wait else self
+
+    def wait_ready(self) -> Self:
+        """Wait for ``ray start`` to succeed, then for ``/api/version`` to answer (401: token auth on)."""
+        if self._ready:
+            return self
+        if self._launcher is None:
+            raise ServiceError(f"The Ray head at {self.address} was not started: call start() first.")
+        launcher, self._launcher = self._launcher, None
         try:
-            output, _ = proc.communicate(timeout=self.startup_timeout)
+            output, _ = launcher.communicate(timeout=self.startup_timeout)
         except subprocess.TimeoutExpired:
             output = f"(no answer within {self.startup_timeout:.0f} s)"
-        if proc.returncode != 0:
+        if launcher.returncode != 0:
             self.stop()
             tail = "\n".join(output.splitlines()[-30:])
-            raise ServiceError(f"`ray start --head` failed (exit code {proc.returncode}):\n{tail}")
-        self._wait_job_api()
-        logger.info("Ray head ready at %s", self.address)
-        return self
-
-    def _wait_job_api(self) -> None:
-        """Poll the dashboard's ``/api/version`` until it answers (401 counts: token auth is on)."""
+            raise ServiceError(f"`ray start --head` failed (exit code {launcher.returncode}):\n{tail}")
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if http_status(f"{self.dashboard_url}/api/version", timeout=1.0) in (200, 401, 403):
-                return
+                self._ready = True
+                logger.info("Ray head ready at %s", self.address)
+                return self
             time.sleep(_POLL_S)
         self.stop()
         raise ServiceError(
@@ -389,17 +439,26 @@ class LocalRayHead(_Service):
             "Is ray[default] installed (the dashboard and job API need it)? See the logs in the Ray temp dir."
         )
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 2.0) -> None:
         """Stop this head's daemons (SIGTERM, SIGKILL after ``grace`` s), then its job drivers."""
-        if self._pgid is None:
-            return
-        stop_process_group(self._pgid, grace)
-        for pid in ray_cluster_stragglers(self.port):
-            try:
-                pgid = os.getpgid(pid)
-                os.killpg(pgid, signal.SIGKILL) if pgid != os.getpgrp() else os.kill(pid, signal.SIGKILL)
-                logger.info("killed process %d left over from the Ray head on port %d", pid, self.port)
-            except ProcessLookupError:
-                continue
-        self._pgid = None
-        logger.info("Ray head at %s stopped", self.address)
+        if self._pgid is not None:
+            stop_process_group(self._pgid, grace, child=self._launcher)
+            for pid in ray_cluster_stragglers(self.port):
+                try:
+                    pgid = os.getpgid(pid)
+                    os.killpg(pgid, signal.SIGKILL) if pgid != os.getpgrp() else os.kill(pid, signal.SIGKILL)
+                    logger.info("killed process %d left over from the Ray head on port %d", pid, self.port)
+                except ProcessLookupError:
+                    continue
+            logger.info("Ray head at %s stopped", self.address)
+        self._pgid, self._launcher, self._ready = None, None, False
+        self._remove_private_files()
+
+    def _remove_private_files(self) -> None:
+        """Delete the token and the temp dir this head created (not a temp dir the caller gave)."""
+        if self.token_path is not None:
+            shutil.rmtree(self.token_path.parent, ignore_errors=True)
+            self.token_path = None
+        if self._own_temp_dir and self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None

@@ -1,0 +1,116 @@
+"""What a registered capsule does when loaded: rebuild the adapted model and predict label names.
+
+`pipelines.tracking.CapsulePyfunc` (the MLflow pyfunc wrapper) delegates here, so this module needs no
+MLflow. Inputs are raw task rows in the official jsonl field layout (RTE: ``premise``, ``hypothesis``;
+BoolQ: ``question``, ``passage``; ...); ids and labels are optional. Rows go through the same
+normalisation and validation as training data (`capt.tasks.normalise.examples_from_rows`), so a
+malformed row fails with the row number and field named. MultiRC rows expand to one prediction per
+answer, as in its official evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capt import tasks
+from capt.tasks.normalise import examples_from_rows
+from pipelines.evaluation import predict
+from pipelines.methods import load_artifact, sequence_overhead
+from pipelines.models import load_model
+
+logger = logging.getLogger(__name__)
+
+INVALID_LABEL = "<invalid>"
+"""Label name returned when a generated answer matches no verbalizer (generation mode only)."""
+_ID_KEY = {"csqa": "id"}
+_LABEL_KEY = {"csqa": "answerKey"}
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars -> Python values; NaN (a missing cell) -> None."""
+    if hasattr(value, "item") and not isinstance(value, list | dict | str):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            return value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _prepared(task: str, row: Mapping[str, Any], position: int) -> dict[str, Any]:
+    """A copy of `row` with a positional id and, when unlabelled, a placeholder label (never used)."""
+    spec = tasks.get(task)
+    out = {key: _plain(value) for key, value in row.items()}
+    out.pop("generated", None)
+    out[_ID_KEY.get(task, "idx")] = position
+    if task == "multirc":
+        for question in (out.get("passage") or {}).get("questions", []) or []:
+            for answer in question.get("answers", []) or []:
+                answer.setdefault("label", 0)
+    else:
+        key = _LABEL_KEY.get(task, "label")
+        if out.get(key) is None:
+            out[key] = spec.label_names[0]
+    return out
+
+
+def example_rows(task: str, count: int = 2) -> list[dict[str, Any]]:
+    """Unlabelled raw rows in the official layout (schema-valid generated data): an input example."""
+    rows = []
+    for row in tasks.generate_rows(task, "val", count, seed=0):
+        row = {k: v for k, v in row.items() if k not in ("generated", "idx", "id", "label", "answerKey")}
+        rows.append(row)
+    return rows
+
+
+class CapsulePredictor:
+    """A base model with a trained artifact loaded, predicting label names for raw task rows."""
+
+    def __init__(self, artifact_dir: str | os.PathLike[str], result: Mapping[str, Any],
+                 device: str | None = None) -> None:
+        config = result["config"]
+        self.task = result["task"]
+        self.family = result["family"]
+        self.label_names = tasks.get(self.task).label_names
+        self.mode = config["train"]["eval_mode"]
+        self.batch_size = config["train"]["eval_batch_size"]
+        self.max_new_tokens = config["model"]["max_new_tokens"]
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        loaded = load_model(result["model"], len(self.label_names), config["model"]["dtype"])
+        self.tokenizer = loaded.tokenizer
+        self.model = load_artifact(loaded.model, artifact_dir).to(self.device).eval()
+        method = config["method"]
+        self.collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config["model"]["max_length"],
+                                       capsule_slots=sequence_overhead(method["name"], method["options"]))
+        logger.info("Loaded %s capsule for %s on %s (%s)", method["name"], self.task, result["model"], self.device)
+
+    @classmethod
+    def from_paths(cls, artifact_dir: str | os.PathLike[str], result_path: str | os.PathLike[str],
+                   device: str | None = None) -> CapsulePredictor:
+        """Build from an artifact directory and the job's `result.json`."""
+        result = json.loads(Path(result_path).read_text(encoding="utf-8"))
+        return cls(artifact_dir, result, device)
+
+    def predict_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Label names for raw rows (one per row; one per answer for MultiRC)."""
+        if not rows:
+            return []
+        numbered = [(i + 1, _prepared(self.task, row, i)) for i, row in enumerate(rows)]
+        examples = examples_from_rows(self.task, "predict", numbered, source="model input")
+        ids = predict(self.model, examples, self.collator, self.family, self.mode, self.batch_size,
+                      self.max_new_tokens, self.tokenizer, self.device)
+        return [self.label_names[i] if 0 <= i < len(self.label_names) else INVALID_LABEL for i in ids]
+
+    def predict_frame(self, frame: Any) -> list[str]:
+        """Label names for a pandas DataFrame (one raw row per line) or a list of row dicts."""
+        rows = frame.to_dict(orient="records") if hasattr(frame, "to_dict") else list(frame)
+        return self.predict_rows(rows)

@@ -1,0 +1,179 @@
+"""The paper's results table from MLflow runs: tasks as columns, methods as rows, mean ± std over seeds.
+
+    python -m pipelines.report --experiment capt-t5-base [--tracking-uri URI] [--out reports]
+                               [--metric test_score] [--sweep NAME]
+
+One table per base model (run tag ``model``) plus an Average column (the mean of the task means), as
+Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). Runs count when
+FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. When several runs share (model, task,
+method, seed), e.g. a hyper-parameter grid, the one with the best validation score is kept: selection
+on validation, never on the reported test metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipelines.config import TASKS
+
+logger = logging.getLogger(__name__)
+
+AVERAGE = "Average"
+SELECTION_METRIC = "best_validation_score"
+_KEYS = ("model", "task", "method", "seed")
+METHOD_ORDER = ("full_finetune", "prompt_tuning", "ptuning_v2", "lora", "capt")
+"""Row order of the paper's tables: baselines first, CaPT last; other methods (ablations) follow, sorted."""
+
+
+class ReportError(RuntimeError):
+    """No report can be built; the message says why."""
+
+
+def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None = None) -> pd.DataFrame:
+    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records."""
+    rows = []
+    for run in runs:
+        tags, metrics = run.get("tags", {}), run.get("metrics", {})
+        if run.get("status") != "FINISHED" or any(k not in tags for k in _KEYS) or metric not in metrics:
+            continue
+        if sweep is not None and tags.get("sweep") != sweep:
+            continue
+        rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
+                     "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "selection"])
+    frame = frame.sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
+    return frame.reset_index(drop=True)
+
+
+def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
+    values, preferred = set(values), list(preferred)
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per base model: a frame indexed by method with columns (task or Average) x (mean, std, n)."""
+    tables = {}
+    for model, part in frame.groupby("model", sort=True):
+        stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
+        table = stats.unstack("task").swaplevel(axis=1)
+        tasks = _ordered(part["task"], TASKS)
+        methods = _ordered(part["method"], METHOD_ORDER)
+        table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
+        means = table.xs("mean", axis=1, level=1)
+        table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
+        table[(AVERAGE, "std")] = float("nan")
+        table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # tasks covered
+        tables[str(model)] = table
+    return tables
+
+
+def format_cell(mean: float, std: float) -> str:
+    """`mean ± std` with two decimals; the mean alone for one seed; `-` when missing."""
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
+    """The Markdown report: one table per base model."""
+    lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
+             f"{AVERAGE}: the mean of a method's task means (* when it misses tasks).", ""]
+    for model, table in tables.items():
+        tasks = [t for t in table.columns.get_level_values(0).unique() if t != AVERAGE]
+        lines += [f"## {model}", "", "| method | " + " | ".join([*tasks, AVERAGE]) + " |",
+                  "|---|" + "---:|" * (len(tasks) + 1)]
+        for method, row in table.iterrows():
+            cells = [format_cell(row[(t, "mean")], row[(t, "std")]) for t in tasks]
+            average = format_cell(row[(AVERAGE, "mean")], float("nan"))
+            if average != "-" and row[(AVERAGE, "n")] < len(tasks):
+                average += "*"
+            lines.append(f"| {method} | " + " | ".join([*cells, average]) + " |")
+        seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
+        lines += ["", f"Seeds per cell: {int(seeds.min())}-{int(seeds.max())}.", ""]
+    return "\n".join(lines)
+
+
+def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str]) -> Path:
+    """A grouped bar chart per base model (tasks and Average on x, one bar per method, std as error bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(tables), 1, figsize=(10, 3.6 * len(tables)), squeeze=False)
+    for ax, (model, table) in zip(axes[:, 0], tables.items(), strict=True):
+        columns = list(table.columns.get_level_values(0).unique())
+        width = 0.8 / max(1, len(table.index))
+        for i, (method, row) in enumerate(table.iterrows()):
+            xs = [j + (i - (len(table.index) - 1) / 2) * width for j in range(len(columns))]
+            means = [row[(c, "mean")] for c in columns]
+            stds = [0.0 if math.isnan(row[(c, "std")]) else row[(c, "std")] for c in columns]
+            ax.bar(xs, means, width, yerr=stds, capsize=2, label=str(method))
+        ax.set_xticks(range(len(columns)), columns)
+        ax.set_ylabel(metric)
+        ax.set_title(model)
+        ax.legend(fontsize="small", ncols=min(5, len(table.index)))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.PathLike[str],
+                 metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
+    """Fetch the runs, write report.md and report.png to `out_dir`; returns (markdown, md path, png path)."""
+    from pipelines.services import ServiceError, check_reachable
+    from pipelines.tracking import TrackingError, experiment_runs
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        if uri:
+            check_reachable(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        runs = experiment_runs(experiment, uri)
+    except (ServiceError, TrackingError) as err:
+        raise ReportError(str(err)) from err
+    frame = run_frame(runs, metric, sweep)
+    if frame.empty:
+        raise ReportError(f"Experiment {experiment!r} has {len(runs)} run(s) but none FINISHED with tags "
+                          f"{', '.join(_KEYS)} and metric {metric!r}" + (f" in sweep {sweep!r}" if sweep else "") + ".")
+    tables = build_tables(frame)
+    text = markdown(tables, metric, f"{experiment}: {metric}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path = out / "report.md"
+    md_path.write_text(text + "\n", encoding="utf-8")
+    return text, md_path, plot(tables, metric, out / "report.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the Markdown tables; exit 2 with a clear message when no report can be built."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--experiment", required=True, help="MLflow experiment name")
+    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    parser.add_argument("--out", default="reports", help="output directory (default: reports)")
+    parser.add_argument("--metric", default="test_score", help="run metric to tabulate (default: test_score)")
+    parser.add_argument("--sweep", default=None, help="only runs tagged with this sweep")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        text, md_path, png_path = build_report(args.experiment, args.tracking_uri, args.out, args.metric, args.sweep)
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"Wrote {md_path} and {png_path}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

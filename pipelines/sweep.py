@@ -1,0 +1,206 @@
+"""Sweep tasks x models x methods x seeds with Ray Tune; each trial trains with Ray Train + Accelerate.
+
+    ray job submit --working-dir . -- python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
+    python pipelines/sweep.py                      # laptop: local Ray + local MLflow, embedded smoke sweep
+    python pipelines/sweep.py --config FILE --resume   # finish an interrupted sweep, no trial twice
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, as `ray job submit` does)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.config import JobConfigError, model_slug  # noqa: E402
+from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
+
+logger = logging.getLogger("pipelines.sweep")
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
+TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a non-zero request
+_PASSED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAPT_DATA_DIR", "MLFLOW_TRACKING_USERNAME",
+               "MLFLOW_TRACKING_PASSWORD", "OMP_NUM_THREADS")
+
+
+def param_space(sweep: SweepConfig) -> dict:
+    """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search."""
+    from ray import tune
+
+    points = [{"task": t.task, "model": t.model, "method": t.method, "seed": t.seed} for t in trials(sweep)]
+    space = {"point": tune.grid_search(points)}
+    for key, spec in sweep.search.items():
+        kind, values = next(iter(spec.items()))
+        space[key] = tune.grid_search(values) if kind == "grid" else getattr(tune, kind)(*(
+            [values] if kind == "choice" else values))
+    return space
+
+
+def _trial_name(trial) -> str:
+    point = trial.config["point"]
+    name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
+    extra = sorted((k, v) for k, v in trial.config.items() if k != "point")
+    return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
+
+
+def max_concurrent(sweep: SweepConfig, cluster: dict[str, float]) -> int:
+    """Trials the cluster holds at once, from its CPUs (or GPUs) and each trial's request."""
+    res = sweep.resources
+    if res.gpus_per_worker > 0:
+        fits = math.floor(cluster.get("GPU", 0) / (res.num_workers * res.gpus_per_worker))
+    else:
+        fits = math.floor((cluster.get("CPU", 1) + 1e-9) / (res.num_workers * res.cpus_per_worker + TRIAL_CPU))
+    return max(1, min(fits, res.max_concurrent_trials or fits))
+
+
+def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
+    """Fit (or restore and finish) the Tune experiment of `sweep`; returns Tune's ResultGrid."""
+    import ray
+    from ray import tune
+
+    from pipelines.sweep_trial import run_trial
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), {"cpu": TRIAL_CPU})
+    path = sweep.storage_root() / sweep.name
+    if resume and tune.Tuner.can_restore(str(path)):
+        logger.info("Resuming sweep %s from %s", sweep.name, path)
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    else:
+        scheduler = tune.schedulers.ASHAScheduler(grace_period=1) if sweep.scheduler == "asha" else None
+        tuner = tune.Tuner(
+            trainable, param_space=param_space(sweep),
+            tune_config=tune.TuneConfig(
+                metric="validation_score", mode="max", num_samples=sweep.num_samples, scheduler=scheduler,
+                max_concurrent_trials=max_concurrent(sweep, ray.cluster_resources()),
+                trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+            run_config=tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
+                                      failure_config=tune.FailureConfig(max_failures=sweep.failure.trial_max_failures)),
+        )
+    return tuner.fit()
+
+
+@contextlib.contextmanager
+def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
+    """The MLflow URI to use: the configured one (checked now), or a local server started and stopped here."""
+    from pipelines.services import LocalMlflowServer, check_reachable
+
+    uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not sweep.tracking.enabled:
+        yield None
+        return
+    if uri:
+        check_reachable(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
+        yield uri
+        return
+    with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
+        yield server.uri
+
+
+@contextlib.contextmanager
+def ray_cluster(num_cpus: int | None) -> Iterator[None]:
+    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1."""
+    import ray
+
+    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
+    address = os.environ.get("RAY_ADDRESS")
+    try:
+        if address:
+            ray.init(address=address, runtime_env={"env_vars": env})
+        else:
+            # No dashboard, so no job API on a laptop (CVE-2023-48022): nothing to submit code to.
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env},
+                     logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
+        raise SystemExit(f"error: cannot start or reach {where} ({err}). Check `ray status`, start a head with "
+                         "`ray start --head`, or unset RAY_ADDRESS to run on a local Ray.") from err
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def results_table(grid) -> tuple[str, list[dict]]:
+    """A plain-text table of every trial (task, model, method, seed, validation, test, status)."""
+    rows = []
+    for result in grid:
+        point, metrics = result.config["point"], result.metrics or {}
+        rows.append({"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
+                     "seed": point["seed"], "validation": metrics.get("best_validation_score"),
+                     "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
+    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["seed"]))
+    header = f"{'task':<8} {'model':<16} {'method':<22} {'seed':>4} {'valid':>7} {'test':>7}  status"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['seed']:>4} {_fmt(r['validation']):>7} "
+                     f"{_fmt(r['test']):>7}  {r['status']}")
+    return "\n".join(lines), rows
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
+    """Promote the best capsule of every (model, task) this sweep registered; returns the model names."""
+    from pipelines.promote import PromotionError, promote
+
+    capsule_rows = {e.key for e in sweep.methods if e.name == "capt"}
+    names = []
+    for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
+        try:
+            promote(tracking_uri=tracking_uri, model=model, task=task)
+            names.append(f"capt-{model}-{task}")
+        except PromotionError as err:
+            logger.warning("Not promoted: %s", err)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (also the `ray job submit` entrypoint)."""
+    parser = argparse.ArgumentParser(prog="python pipelines/sweep.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sweep YAML (default: the smoke sweep)")
+    parser.add_argument("--resume", action="store_true", help="restore an interrupted sweep (Tuner.restore)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the sweep config")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sweep = load_sweep_config(args.config, args.overrides)
+    except JobConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
+        grid = run_sweep(sweep, uri, args.resume)
+        table, rows = results_table(grid)
+        promoting = uri and sweep.tracking.register and sweep.tracking.promote
+        champions = promote_champions(sweep, uri, rows) if promoting else []
+    print(f"\n{table}\n")
+    _print_where_to_look(sweep, uri, champions)
+    return 0 if all(r["status"] == "done" for r in rows) else 1
+
+
+def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str]) -> None:
+    print(f"Trial outputs: {sweep.storage_root() / sweep.name / 'jobs'}")
+    if uri is None:
+        return
+    local = not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    print(f"MLflow experiment: {sweep.experiment_name()}  ({uri})")
+    if local:
+        db = Path(sweep.tracking.local_dir).resolve()
+        print(f"The local MLflow server has stopped; browse the runs with:\n  mlflow server --backend-store-uri "
+              f"sqlite:///{db}/mlflow.db --artifacts-destination {db}/artifacts --host 127.0.0.1 --port 5000")
+    for name in champions:
+        print(f"Registry: {name}@champion   (mlflow.pyfunc.load_model('models:/{name}@champion'))")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The sweep config: a grid of tasks x models x methods x seeds over a base job, plus Tune search options.
+
+Every trial's job config is built and validated on the driver before Ray starts, so a bad sweep fails
+at once with every problem listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, TypeAdapter
+from pydantic import ValidationError
+from pydantic.dataclasses import dataclass
+
+from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
+
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
+
+
+@dataclass(config=_STRICT)
+class MethodEntry:
+    """One row of the method axis: a method, its options and any job overrides it needs."""
+
+    name: str
+    """Method name (capt, prompt_tuning, ptuning_v2, lora, full_finetune)."""
+    label: str | None = None
+    """Row label in tables and run names (default: the method name); ablations need distinct labels."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The method's own options (capt: CapsuleConfig fields)."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Job config overrides for this method, as nested sections or dotted keys (e.g. {"optim.lr": 1e-4})."""
+    models: list[str] | None = None
+    """Restrict this row to these models (default: every model of the sweep)."""
+
+    @property
+    def key(self) -> str:
+        """The label used in trial names and tags."""
+        return self.label or self.name
+
+
+@dataclass(config=_STRICT)
+class ResourcesSection:
+    """Resources of one trial: Ray Train workers, each running one Accelerate process."""
+
+    num_workers: PositiveInt = 1
+    """Ray Train workers (processes) per trial."""
+    gpus_per_worker: NonNegativeFloat = 0.0
+    """GPUs per worker (0: CPU training with gloo)."""
+    cpus_per_worker: PositiveFloat = 1.0
+    """CPUs per worker."""
+    max_concurrent_trials: PositiveInt | None = None
+    """Upper bound on trials at once (default: as many as the cluster's CPUs/GPUs hold)."""
+
+
+@dataclass(config=_STRICT)
+class FailureSection:
+    """How often a failed trial or worker group is retried."""
+
+    trial_max_failures: NonNegativeInt = 1
+    """Tune retries of a failed trial (it resumes from its own checkpoint)."""
+    worker_max_failures: NonNegativeInt = 1
+    """Ray Train restarts of a trial's worker group."""
+
+
+@dataclass(config=_STRICT)
+class TrackingSection:
+    """MLflow settings."""
+
+    enabled: bool = True
+    """Track the sweep in MLflow (false: Tune's own results only, no server)."""
+    uri: str | None = None
+    """Tracking server (default: env MLFLOW_TRACKING_URI, else a local server the sweep starts)."""
+    experiment: str | None = None
+    """Experiment name (default: capt-<sweep name>)."""
+    register: bool = True
+    """Register every finished capsule in the Model Registry."""
+    promote: bool = True
+    """At the end, give the best version per (model, task) the alias champion."""
+    local_dir: str = "outputs/mlflow"
+    """Where the local server keeps its SQLite database and artifacts."""
+
+
+@dataclass(config=_STRICT)
+class SweepConfig:
+    """A sweep: tasks x models x methods x seeds (a grid) over a base job, with optional Tune search."""
+
+    name: str = "smoke"
+    """Sweep id: Tune experiment name, MLflow tag `sweep`, storage folder."""
+    tasks: list[str] = Field(default_factory=lambda: ["rte"])
+    """Tasks (boolq, cb, copa, multirc, rte, wic, csqa)."""
+    models: list[str] = Field(default_factory=lambda: ["tiny-t5"])
+    """Base models (built-in names, hub ids or local paths)."""
+    methods: list[MethodEntry] = Field(default_factory=lambda: [MethodEntry(name="capt")])
+    """Method rows."""
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    """Seeds; every (task, model, method) runs once per seed."""
+    data_source: Literal["auto", "hub", "local", "generated"] = "auto"
+    """Data source of every trial; auto is local when CAPT_DATA_DIR is set, else generated."""
+    job: dict[str, Any] = Field(default_factory=dict)
+    """Base job config sections applied to every trial (see pipelines/config.py)."""
+    model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-model job overrides, keyed by model name (e.g. precision, batch size)."""
+    task_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-task job overrides, keyed by task name (e.g. BoolQ from the hub)."""
+    search: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    """Tune search space over job keys: {"optim.lr": {"grid": [0.3, 0.5]}} (grid, choice, uniform, loguniform, randint)."""
+    num_samples: PositiveInt = 1
+    """Tune samples of the search space per grid point."""
+    scheduler: Literal["fifo", "asha"] = "fifo"
+    """Trial scheduler; asha stops weak trials early on validation_score."""
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    """Per-trial resources."""
+    failure: FailureSection = Field(default_factory=FailureSection)
+    """Retries."""
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """MLflow."""
+    storage_path: str = "outputs/sweeps"
+    """Ray storage (local or shared path; job outputs go under <storage_path>/<name>/jobs)."""
+
+    def experiment_name(self) -> str:
+        """MLflow experiment of this sweep."""
+        return self.tracking.experiment or f"capt-{self.name}"
+
+    def storage_root(self) -> Path:
+        """Absolute storage folder (Ray needs an absolute path)."""
+        return Path(self.storage_path).expanduser().resolve()
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One grid point: the names that identify it and its validated job config as a dict."""
+
+    task: str
+    model: str
+    method: str
+    seed: int
+    job: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """Stable trial name: `<task>-<model slug>-<method label>-s<seed>`."""
+        return f"{self.task}-{model_slug(self.model)}-{self.method}-s{self.seed}"
+
+
+def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
+    """YAML + `key=value` overrides -> a validated SweepConfig whose every trial job is valid too."""
+    raw = merge_sources(path, overrides, None)
+    try:
+        sweep = TypeAdapter(SweepConfig).validate_python(raw)
+    except ValidationError as err:
+        problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg']}" for e in err.errors(include_url=False)]
+        raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(problems) + ".") from None
+    trials(sweep)  # validates every trial's job
+    return sweep
+
+
+def trials(sweep: SweepConfig) -> list[Trial]:
+    """Every grid point with its job config, validated; raises once listing every problem."""
+    problems = _search_problems(sweep.search)
+    points: list[Trial] = []
+    for task in sweep.tasks:
+        for model in sweep.models:
+            for entry in sweep.methods:
+                if entry.models is not None and model not in entry.models:
+                    continue
+                for seed in sweep.seeds:
+                    job = trial_job(sweep, task, model, entry, seed)
+                    try:
+                        validate_job_config(job)
+                    except JobConfigError as err:
+                        problems.append(f"trial {task}/{model}/{entry.key}/s{seed}: {err}")
+                    points.append(Trial(task, model, entry.key, seed, job))
+    labels = [e.key for e in sweep.methods]
+    if len(set(labels)) != len(labels):
+        problems.append(f"methods: labels {labels} repeat; give each row a distinct label")
+    if problems:
+        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+    return points
+
+
+def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,
+              searched: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job dict of one grid point: base job < model < task < method overrides < searched values."""
+    parts = [sweep.job, sweep.model_overrides.get(model, {}), sweep.task_overrides.get(task, {}), entry.overrides]
+    fixed = {"model": {"name": model}, "task": {"name": task, **_data_source(sweep)},
+             "method": {"name": entry.name, "options": entry.options}, "seed": seed}
+    dotted = [f"{k}={json.dumps(v)}" for k, v in (searched or {}).items()]
+    job = merge_sources(None, dotted, _merge_all([*parts, fixed]))
+    suffix = "" if not searched else "-" + hashlib.sha1(json.dumps(searched, sort_keys=True).encode()).hexdigest()[:8]
+    name = Trial(task, model, entry.key, seed, {}).name + suffix
+    job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)
+    job.setdefault("train", {})["resume"] = True  # a retried or resumed trial continues from its checkpoint
+    return job
+
+
+def _data_source(sweep: SweepConfig) -> dict[str, Any]:
+    source = sweep.data_source
+    data_dir = os.environ.get("CAPT_DATA_DIR")
+    if source == "auto":
+        source = "local" if data_dir else "generated"
+    return {"source": source, **({"data_dir": data_dir} if source == "local" and data_dir else {})}
+
+
+def _merge_all(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    expanded = [OmegaConf.from_dotlist([f"{k}={json.dumps(v)}" for k, v in p.items() if "." in k]) for p in parts]
+    plain = [OmegaConf.create({k: v for k, v in p.items() if "." not in k}) for p in parts]
+    merged = OmegaConf.merge(*[c for pair in zip(plain, expanded, strict=True) for c in pair])
+    return OmegaConf.to_container(merged, resolve=True)
+
+
+def _search_problems(search: dict[str, dict[str, list[Any]]]) -> list[str]:
+    problems = []
+    for key, spec in search.items():
+        if len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
+            problems.append(f"search.{key}={spec!r}: give exactly one of {', '.join(SEARCH_KINDS)}")
+        elif next(iter(spec)) in ("uniform", "loguniform", "randint") and len(next(iter(spec.values()))) != 2:
+            problems.append(f"search.{key}={spec!r}: ranges take [low, high]")
+    return problems
