@@ -433,10 +433,11 @@ class LocalRayHead(_Service):
                 logger.info("Ray head ready at %s", self.address)
                 return self
             time.sleep(_POLL_S)
+        logs = log_tail(self.temp_dir / "session_latest" / "logs" / "dashboard.log") if self.temp_dir else ""
         self.stop()
         raise ServiceError(
             f"The Ray dashboard at {self.dashboard_url} did not answer within {self.startup_timeout:.0f} s. "
-            "Is ray[default] installed (the dashboard and job API need it)? See the logs in the Ray temp dir."
+            f"Is ray[default] installed (the dashboard and job API need it)? Dashboard log:\n{logs}"
         )
 
     def stop(self, grace: float = 2.0) -> None:

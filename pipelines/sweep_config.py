@@ -187,8 +187,9 @@ def trials(sweep: SweepConfig) -> list[Trial]:
 def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,
               searched: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job dict of one grid point: base job < model < task < method overrides < searched values."""
-    parts = [sweep.job, sweep.model_overrides.get(model, {}), sweep.task_overrides.get(task, {}), entry.overrides]
-    fixed = {"model": {"name": model}, "task": {"name": task, **_data_source(sweep)},
+    parts = [{"task": _data_source(sweep)}, sweep.job, sweep.model_overrides.get(model, {}),
+             sweep.task_overrides.get(task, {}), entry.overrides]
+    fixed = {"model": {"name": model}, "task": {"name": task},
              "method": {"name": entry.name, "options": entry.options}, "seed": seed}
     dotted = [f"{k}={json.dumps(v)}" for k, v in (searched or {}).items()]
     job = merge_sources(None, dotted, _merge_all([*parts, fixed]))

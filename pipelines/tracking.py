@@ -246,12 +246,14 @@ class _Replayer:
     _clients: dict[str, MlflowClient] = field(default_factory=dict)
 
     def uri_for(self, op: dict) -> str:
+        """The override URI, else the one recorded with the op, else MLFLOW_TRACKING_URI."""
         uri = self.tracking_uri or op.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             raise TrackingError("No tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
         return uri
 
     def apply(self, op: dict) -> Any:
+        """Apply one operation now (no spool involved)."""
         uri = self.uri_for(op)
         client = self._clients.setdefault(uri, _client(uri))
         return _apply(client, uri, self.state_dir, op)
@@ -360,7 +362,8 @@ class TrialTracker:
         Returns the new registry version (None when not registering or when spooled).
         """
         self._stop_monitor()
-        self._submit({"op": "finish", "result": dict(result), "artifact_dir": str(Path(artifact_dir).resolve()),
+        plain = json.loads(json.dumps(dict(result), default=str))  # what result.json holds
+        self._submit({"op": "finish", "result": plain, "artifact_dir": str(Path(artifact_dir).resolve()),
                       "register": bool(register), "status": "FINISHED", "timestamp": _now_ms()}, force=True)
         return self.model_version
 
@@ -399,6 +402,9 @@ class TrialTracker:
             return
         if op is not None and op["op"] == "finish":
             self.model_version = value
+        elif self._monitor is not None and not self._monitor_alive():
+            self._stop_monitor()  # its thread gave up after a failed request: start a new one
+            self._start_monitor()
         if self.offline:
             logger.info("MLflow at %s answers again; the spooled operations were uploaded", self.tracking_uri)
             self.offline = False
@@ -435,6 +441,10 @@ class TrialTracker:
         except Exception as exc:  # noqa: BLE001 - e.g. psutil missing: go on without system metrics
             logger.warning("System metrics are off for run %s: %s", self.run_id, exc)
             self._monitor = None
+
+    def _monitor_alive(self) -> bool:
+        thread = getattr(self._monitor, "_process", None)  # the monitor's thread (an MLflow internal)
+        return thread is not None and thread.is_alive()
 
     def _stop_monitor(self) -> None:
         if self._monitor is not None:

@@ -170,6 +170,7 @@ def _evaluate(job: Job, examples) -> dict[str, float]:
 def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early: bool) -> dict[str, Any]:
     """Test at the best checkpoint, write the artifact and result.json (rank 0), return the result."""
     accelerator = job.accelerator
+    in_sync = ranks_in_sync(job)
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
     wall = time.perf_counter() - meter.started
@@ -181,7 +182,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
         "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
-        "generated_data": job.config.task.source == "generated",
+        "generated_data": job.config.task.source == "generated", "processes": accelerator.num_processes,
+        "ranks_in_sync": in_sync,
         "artifact_dir": str(job.output_dir / "artifact"), "config": job.config.to_dict(),
     }
     if accelerator.is_main_process:
@@ -190,6 +192,17 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         (job.output_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
+
+
+def ranks_in_sync(job: Job) -> bool:
+    """Whether every process holds the same trainable weights (DDP kept the replicas identical)."""
+    accelerator = job.accelerator
+    if accelerator.num_processes == 1:
+        return True
+    params = [p.detach().double() for p in job.trainable]
+    checksum = torch.stack([sum(p.sum() for p in params), sum(p.abs().sum() for p in params)])  # (2,)
+    gathered = accelerator.gather(checksum.to(accelerator.device).unsqueeze(0))  # (processes, 2)
+    return bool((gathered == gathered[0]).all())
 
 
 def _peak_memory_mb(device: torch.device) -> float:

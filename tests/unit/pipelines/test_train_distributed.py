@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,4 +39,6 @@ def test_two_processes_match_one_process(tmp_path):
         assert torch.equal(rank0[name], rank1[name]), "parameters must stay in sync across ranks"
         torch.testing.assert_close(rank0[name], single[name], atol=1e-5, rtol=1e-4)
     assert (tmp_path / "two" / "artifact" / "capsule.safetensors").is_file()
+    result = json.loads((tmp_path / "two" / "result.json").read_text())
+    assert result["processes"] == 2 and result["ranks_in_sync"] is True
     assert not (tmp_path / "two" / "rank2.safetensors").exists()

@@ -1,0 +1,131 @@
+"""Session-wide real services for integration tests: an MLflow server and Ray heads.
+
+As soon as collection ends, every service that some selected test needs is launched in the
+background, so they boot while earlier tests run; a fixture then only waits for its own service.
+All of them stop at the end of the session, also when tests fail. A test that stops a service (to
+simulate an outage) must start it again before it returns, in a ``finally``.
+
+Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
+(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth; give clients
+``ray_head_token.client_env()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pipelines.services import LocalMlflowServer, LocalRayHead, ServiceError, ray_cluster_stragglers
+
+logger = logging.getLogger(__name__)
+
+Service = LocalMlflowServer | LocalRayHead
+
+
+def _new_mlflow_server() -> LocalMlflowServer:
+    return LocalMlflowServer(tempfile.mkdtemp(prefix="capt-it-mlflow-"))
+
+
+FACTORIES: dict[str, Callable[[], Service]] = {
+    "mlflow_server": _new_mlflow_server,
+    "ray_head": lambda: LocalRayHead(num_cpus=2),
+    "ray_head_token": lambda: LocalRayHead(num_cpus=1, auth_mode="token"),
+}
+
+
+class _ServicePool:
+    """The session's services: created and launched (not waited for) on first use, stopped at the end."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, Service] = {}
+
+    def get(self, name: str) -> Service:
+        """The service behind fixture ``name``, launched in the background on first use."""
+        if name not in self.services:
+            self.services[name] = FACTORIES[name]().start(wait=False)
+        return self.services[name]
+
+    def stop_all(self, remove_data: bool) -> dict[str, str]:
+        """Stop every service at once; return what any Ray head left behind (empty when clean)."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.services))) as executor:
+            list(executor.map(lambda service: service.stop(), self.services.values()))
+        problems = {}
+        for name, service in self.services.items():
+            if isinstance(service, LocalRayHead):
+                pids = ray_cluster_stragglers(service.port)
+                if pids or service.running:
+                    problems[name] = f"daemons still running: {service.running}; other processes: {pids}"
+            elif remove_data:
+                shutil.rmtree(service.root_dir, ignore_errors=True)
+        return problems
+
+
+POOL = pytest.StashKey[_ServicePool]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Launch the services the selected tests need, so that they boot while other tests run."""
+    pool = _ServicePool()
+    session.config.stash[POOL] = pool
+    if session.config.option.collectonly:
+        return
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    for name in FACTORIES:
+        if name in needed:
+            try:
+                pool.get(name)
+            except ServiceError as exc:  # the fixture retries and reports it as a test error
+                logger.warning("could not launch %s early: %s", name, exc)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Safety net: stop whatever is still running (the pool fixture normally did it already)."""
+    pool = session.config.stash.get(POOL, None)
+    if pool is not None:
+        leftovers = pool.stop_all(remove_data=exitstatus == 0)
+        if leftovers:
+            logger.error("Ray heads not fully stopped: %s", leftovers)
+        server = pool.services.get("mlflow_server")
+        if exitstatus != 0 and isinstance(server, LocalMlflowServer):
+            logger.warning("MLflow server data and log kept in %s", server.root_dir)
+
+
+@pytest.fixture(scope="session")
+def _service_pool(pytestconfig: pytest.Config) -> Iterator[_ServicePool]:
+    pool = pytestconfig.stash.get(POOL, None) or _ServicePool()
+    yield pool
+    leftovers = pool.stop_all(remove_data=False)
+    assert not leftovers, f"Ray heads not fully stopped: {leftovers}"
+
+
+def _ready(pool: _ServicePool, name: str) -> Service:
+    return pool.get(name).wait_ready()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(_service_pool: _ServicePool) -> LocalMlflowServer:
+    """A lean MLflow server on a temporary SQLite store; ``.uri`` is its tracking URI."""
+    server = _ready(_service_pool, "mlflow_server")
+    assert isinstance(server, LocalMlflowServer)
+    return server
+
+
+@pytest.fixture(scope="session")
+def ray_head(_service_pool: _ServicePool) -> LocalRayHead:
+    """A local Ray head, 2 CPUs, no auth: ``.address`` for ray.init, ``.dashboard_url`` for job submit."""
+    head = _ready(_service_pool, "ray_head")
+    assert isinstance(head, LocalRayHead)
+    return head
+
+
+@pytest.fixture(scope="session")
+def ray_head_token(_service_pool: _ServicePool) -> LocalRayHead:
+    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``."""
+    head = _ready(_service_pool, "ray_head_token")
+    assert isinstance(head, LocalRayHead)
+    return head

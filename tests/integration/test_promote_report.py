@@ -1,0 +1,128 @@
+"""Promotion (aliases, tags, --min, errors), the registered pyfunc, and the report, on a real MLflow server."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+import pytest
+from helpers.jobs import tiny_job
+from mlflow import MlflowClient
+
+from capt.tasks import generate_rows
+from pipelines import promote, report
+from pipelines.config import flatten
+from pipelines.registry_model import CapsulePredictor
+from pipelines.services import LocalMlflowServer, free_port
+from pipelines.tracking import TrialTracker
+from pipelines.train import run
+
+pytestmark = pytest.mark.integration
+
+EXPERIMENT = "test-promote-report"
+NAME = "capt-tiny-t5-rte"
+# (task, method, seed): seeds 0 and 1 of CaPT on RTE score 37.5 and 62.5 on their 8 test examples.
+TRIALS = [("rte", "capt", 0), ("rte", "capt", 1), ("rte", "prompt_tuning", 0), ("cb", "capt", 0)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The trained jobs (not yet tracked), keyed by (task, method, seed)."""
+    out = tmp_path_factory.mktemp("jobs")
+    trained = {}
+    for task, method, seed in TRIALS:
+        options = {"num_tokens": 4} if method == "prompt_tuning" else {}
+        config = tiny_job(out / f"{task}-{method}-{seed}", "tiny-t5", method, f"seed={seed}", task={"name": task},
+                          method={"options": options}, train={"max_epochs": 6, "eval_every_steps": 3})
+        trained[(task, method, seed)] = run(config)
+    low, high = (trained[("rte", "capt", s)]["metrics"]["test_score"] for s in (0, 1))
+    assert low < high, "test setup: the second CaPT version must score higher than the first"
+    return trained
+
+
+def track(uri: str, result: dict[str, Any]) -> str:
+    """Log a finished job as the sweep's rank-0 worker does (idempotent: same state dir, same run)."""
+    key = f"{result['task']}/{result['model_slug']}/{result['method']}/s{result['seed']}"
+    tags = {"task": result["task"], "model": result["model_slug"], "method": result["method"],
+            "seed": result["seed"], "sweep": "test"}
+    tracker = TrialTracker(uri, EXPERIMENT, key, tags, Path(result["artifact_dir"]).parent, system_metrics=False)
+    tracker.start()
+    tracker.log_params(flatten(result["config"]))
+    for record in result["history"]:
+        tracker.log_metrics(record, step=record["step"])
+    tracker.finish(result, result["artifact_dir"], register=result["method"] == "capt")
+    return tracker.run_id
+
+
+def _aliases(client: MlflowClient) -> dict[str, str]:
+    return dict(client.get_registered_model(NAME).aliases)
+
+
+def test_promotion_lifecycle_and_the_champion_pyfunc(
+        mlflow_server: LocalMlflowServer, results: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    uri, client = mlflow_server.uri, MlflowClient(mlflow_server.uri)
+    first = results[("rte", "capt", 0)]
+    track(uri, first)
+    done = promote.promote("tiny-t5", "rte", tracking_uri=uri)
+    assert (done.champion, done.previous, done.value) == (1, None, first["metrics"]["test_score"])
+    assert _aliases(client) == {"champion": "1"}
+    tags = client.get_model_version(NAME, "1").tags
+    assert tags["validation_status"] == "approved" and tags["promoted_at"] and tags["promoted_metric"] == "test_score"
+
+    assert promote.main(["--model", "tiny-t5", "--task", "rte", "--min", "99", "--tracking-uri", uri]) == 1
+    assert "below --min 99" in capsys.readouterr().err
+    assert _aliases(client) == {"champion": "1"} and client.get_model_version(NAME, "1").tags == tags
+
+    second = results[("rte", "capt", 1)]
+    track(uri, second)
+    assert client.get_model_version(NAME, "2").tags["validation_status"] == "pending"
+    assert promote.main(["--model", "tiny-t5", "--task", "rte", "--stage", "Production", "--tracking-uri", uri]) == 0
+    assert "version 1 is now challenger" in capsys.readouterr().out
+    assert _aliases(client) == {"champion": "2", "challenger": "1"}
+    assert client.get_model_version(NAME, "2").current_stage == "Production"
+    assert promote.promote("google/tiny-t5", "rte", tracking_uri=uri).changed is False  # idempotent
+
+    rows = [{k: v for k, v in row.items() if k != "generated"} for row in generate_rows("rte", "val", 6, seed=5)]
+    mlflow.set_tracking_uri(uri)
+    predicted = mlflow.pyfunc.load_model(f"models:/{NAME}@champion").predict(pd.DataFrame(rows))
+    local = CapsulePredictor(second["artifact_dir"], second).predict_rows(rows)
+    assert list(predicted) == local and len(local) == 6
+    assert set(local) <= {"entailment", "not_entailment"}
+
+
+def test_promote_errors_are_clear_and_change_nothing(
+        mlflow_server: LocalMlflowServer, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = mlflow_server.uri
+    assert promote.main(["--model", "no-such-model", "--task", "rte", "--tracking-uri", uri]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "capt-no-such-model-rte" in line and "--model" in line and "registered capsule models there" in line
+    assert promote.main(["--model", "tiny-t5", "--task", "mnli", "--tracking-uri", uri]) == 2
+    assert "Unknown task 'mnli'" in capsys.readouterr().err
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert promote.main(["--model", "tiny-t5", "--task", "rte", "--tracking-uri", closed]) == 2
+    assert closed in capsys.readouterr().err
+
+
+def test_report_tables_mean_and_std_over_seeds(
+        mlflow_server: LocalMlflowServer, results: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for result in results.values():
+        track(mlflow_server.uri, result)  # runs the lifecycle test logged are reused, not duplicated
+    assert report.main(["--experiment", EXPERIMENT, "--tracking-uri", mlflow_server.uri, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    text = (tmp_path / "report.md").read_text()
+    assert text.strip() in printed
+    scores = {key: r["metrics"]["test_score"] for key, r in results.items()}
+    capt_rte = [scores[("rte", "capt", 0)], scores[("rte", "capt", 1)]]
+    capt_row = (f"| capt | {scores[('cb', 'capt', 0)]:.2f} | {statistics.mean(capt_rte):.2f} ± "
+                f"{statistics.stdev(capt_rte):.2f} | "
+                f"{statistics.mean([scores[('cb', 'capt', 0)], statistics.mean(capt_rte)]):.2f} |")
+    pt = scores[("rte", "prompt_tuning", 0)]
+    assert "## tiny-t5" in text and "| method | cb | rte | Average |" in text
+    assert capt_row in text and f"| prompt_tuning | - | {pt:.2f} | {pt:.2f}* |" in text
+    assert text.index("| prompt_tuning") < text.index("| capt")  # baselines first, CaPT last
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.main(["--experiment", "missing", "--tracking-uri", mlflow_server.uri, "--out", str(tmp_path)]) == 2
+    assert "No experiment 'missing'" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""Real local services: MLflow server outage and restart, Ray job submission, reachability errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipelines.services import (
+    LocalMlflowServer,
+    LocalRayHead,
+    ServiceError,
+    check_reachable,
+    free_port,
+    http_status,
+)
+
+pytestmark = pytest.mark.integration
+
+MLFLOW_WHAT = "MLflow tracking server (MLFLOW_TRACKING_URI)"
+
+
+def test_check_reachable_names_the_closed_address_and_the_fix() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceError) as caught:
+        check_reachable(url, MLFLOW_WHAT)
+    message = str(caught.value)
+    assert url in message and MLFLOW_WHAT in message and "ssh -N -L" in message
+    assert "\n" not in message
+    gcs = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceError, match="Ray cluster"):
+        check_reachable(gcs, "Ray cluster (RAY_ADDRESS)", fix="Start it with `ray start --head`.")
+    with pytest.raises(ServiceError) as caught:
+        check_reachable(f"postgresql://user:s3cret@127.0.0.1:{free_port()}/mlflow", "database")
+    assert "s3cret" not in str(caught.value)
+    check_reachable("sqlite:///nowhere.db", "backend store")  # no network location: not probed
+
+
+def test_mlflow_server_refuses_a_busy_port(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        server = LocalMlflowServer(tmp_path, port=busy.getsockname()[1])
+        with pytest.raises(ServiceError, match="in use"):
+            server.start()
+    assert not server.running
+
+
+class _CrashingServer(LocalMlflowServer):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('cannot open the database'); sys.exit(3)"]
+
+
+class _SilentServer(LocalMlflowServer):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+class _FailingHead(LocalRayHead):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('ray start: address already in use'); sys.exit(1)"]
+
+
+def test_start_failures_raise_with_the_log_tail(tmp_path: Path) -> None:
+    with pytest.raises(ServiceError, match=r"(?s)exited with code 3.*cannot open the database"):
+        _CrashingServer(tmp_path / "crash").start()
+    silent = _SilentServer(tmp_path / "silent", startup_timeout=1.0)
+    with pytest.raises(ServiceError, match="did not answer /health within 1 s"):
+        silent.start()
+    assert not silent.running
+    with pytest.raises(ServiceError, match=r"(?s)exit code 1.*address already in use"):
+        _FailingHead(num_cpus=1).start()
+
+
+def test_mlflow_server_keeps_runs_across_a_restart(mlflow_server: LocalMlflowServer, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    assert http_status(f"{mlflow_server.uri}/health") == 200
+    client = MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
+    experiment_id = client.create_experiment(f"services-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment_id, run_name="rte/t5/capt/s0").info.run_id
+    client.log_param(run_id, "lr", "0.3")
+    client.log_metric(run_id, "val_accuracy", 0.75, step=1)
+    client.log_text(run_id, "capsule v1", "capsule/notes.txt")
+    uri = mlflow_server.uri
+    try:
+        mlflow_server.stop()
+        assert not mlflow_server.running
+        with pytest.raises(ServiceError, match="MLflow tracking server"):
+            check_reachable(uri, MLFLOW_WHAT)
+    finally:
+        mlflow_server.start()
+    assert mlflow_server.uri == uri
+    run = client.get_run(run_id)
+    assert run.data.params == {"lr": "0.3"} and run.data.metrics == {"val_accuracy": 0.75}
+    local = client.download_artifacts(run_id, "capsule/notes.txt", dst_path=str(tmp_path))
+    assert Path(local).read_text() == "capsule v1"
+    assert list(mlflow_server.artifacts_dir.rglob("notes.txt")), "artifacts go through the server"
+    client.set_terminated(run_id)
+
+
+def test_ray_job_submit_runs_on_the_local_head(ray_head: LocalRayHead) -> None:
+    assert http_status(f"{ray_head.dashboard_url}/api/version") == 200
+    check_reachable(ray_head.address, "Ray cluster (RAY_ADDRESS)")
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    entrypoint = "import ray; ray.init(); print('RESOURCES', ray.cluster_resources())"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | ray_head.client_env()
+    done = subprocess.run(
+        [ray_cli, "job", "submit", "--address", ray_head.dashboard_url, "--", "python", "-c", entrypoint],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "RESOURCES" in output and "'CPU': 2.0" in output, output[-4000:]
+
+
+@pytest.mark.slow
+def test_ray_head_with_token_auth_refuses_clients_without_the_token(ray_head_token: LocalRayHead) -> None:
+    token_path = ray_head_token.token_path
+    assert token_path is not None and ray_head_token.client_env()["RAY_AUTH_TOKEN_PATH"] == str(token_path)
+    url = f"{ray_head_token.dashboard_url}/api/version"
+    assert http_status(url) == 401
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token_path.read_text()}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200

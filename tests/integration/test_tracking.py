@@ -1,0 +1,149 @@
+"""TrialTracker against a real MLflow server with real tiny training jobs (generated CB data, tiny-t5)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+from helpers.jobs import tiny_job
+from mlflow import MlflowClient
+
+from pipelines.config import flatten
+from pipelines.services import LocalMlflowServer
+from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
+from pipelines.tracking_spool import PENDING_FILE, RUN_FILE, Spool
+from pipelines.train import run
+
+pytestmark = pytest.mark.integration
+
+EXPERIMENT = "test-tracking"
+MODEL_NAME = "capt-tiny-t5-cb"  # CB here, RTE in test_promote_report: the two files share one server
+TAGS = {"task": "cb", "model": "tiny-t5", "method": "capt", "sweep": "test"}
+
+
+def _tracker(uri: str, state_dir: Path, seed: int, **kwargs: Any) -> TrialTracker:
+    return TrialTracker(
+        uri, EXPERIMENT, f"cb/tiny-t5/capt/s{seed}", {**TAGS, "seed": seed}, state_dir, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def tracked(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One CaPT job trained with its tracker live, as the sweep's rank-0 worker does it."""
+    out = tmp_path_factory.mktemp("trial")
+    config = tiny_job(out, task={"name": "cb"}, train={"max_epochs": 6, "eval_every_steps": 3})
+    tracker = _tracker(mlflow_server.uri, out, 0, system_metrics_interval_s=0.5)
+    run_id = tracker.start()
+    tracker.log_params(flatten(config.to_dict()))
+    result = run(config, lambda record: tracker.log_metrics(record, step=record["step"]))
+    version = tracker.finish(result, result["artifact_dir"], register=True)
+    return {"config": config, "result": result, "run_id": run_id, "version": version, "out": out}
+
+
+def test_a_trial_is_one_run_with_params_history_artifacts_and_a_version(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any]
+) -> None:
+    client = MlflowClient(mlflow_server.uri)
+    run_data = client.get_run(tracked["run_id"])
+    assert run_data.info.run_name == "cb/tiny-t5/capt/s0" and run_data.info.status == "FINISHED"
+    assert {k: run_data.data.tags[k] for k in (*TAGS, "seed")} == {**TAGS, "seed": "0"}
+    assert set(run_data.data.params) == set(flatten(tracked["config"].to_dict()))
+    assert run_data.data.params["train.eval_every_steps"] == "3"
+    history = client.get_metric_history(tracked["run_id"], "validation_score")
+    assert [m.step for m in history] == [h["step"] for h in tracked["result"]["history"]] == [3, 6]
+    assert run_data.data.metrics["test_score"] == pytest.approx(tracked["result"]["metrics"]["test_score"])
+    assert any(key.startswith("system/") for key in run_data.data.metrics), "system metrics are on"
+    files = {f.path for f in client.list_artifacts(tracked["run_id"], "artifact")}
+    assert {"artifact/capsule.safetensors", "artifact/capsule.json", "artifact/method.json"} <= files
+    logged = json.loads(
+        Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=tracked["run_id"], artifact_path="result.json", tracking_uri=mlflow_server.uri
+            )
+        ).read_text()
+    )
+    assert logged["metrics"] == tracked["result"]["metrics"]
+    [version] = client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{tracked['run_id']}'")
+    assert version.version == tracked["version"]
+    assert version.tags["validation_status"] == "pending" and version.tags["base_model"] == "tiny-t5"
+    assert float(version.tags["test_score"]) == pytest.approx(tracked["result"]["metrics"]["test_score"])
+
+
+def test_a_restarted_trial_reuses_its_run_and_its_version(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any]
+) -> None:
+    assert json.loads((tracked["out"] / RUN_FILE).read_text())["run_id"] == tracked["run_id"]
+    tracker = _tracker(mlflow_server.uri, tracked["out"], 0, system_metrics=False)
+    assert tracker.start() == tracked["run_id"]
+    client = MlflowClient(mlflow_server.uri)
+    assert client.get_run(tracked["run_id"]).info.status == "RUNNING"
+    assert (
+        tracker.finish(tracked["result"], tracked["result"]["artifact_dir"], register=True)
+        == tracked["version"]
+    )
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    named = client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s0'")
+    assert [r.info.run_id for r in named] == [tracked["run_id"]]
+    assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{tracked['run_id']}'")) == 1
+    assert client.get_run(tracked["run_id"]).info.status == "FINISHED"
+
+
+def _log_trial(tracker: TrialTracker, result: dict[str, Any]) -> None:
+    tracker.log_params(flatten(result["config"]))
+    for record in result["history"]:
+        tracker.log_metrics(record, step=record["step"])
+    tracker.finish(result, result["artifact_dir"], register=True)
+
+
+def test_an_outage_spools_and_sync_uploads_once(
+    mlflow_server: LocalMlflowServer,
+    tracked: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result, quick = tracked["result"], RetryPolicy(budget_s=1.0, first_delay_s=0.2)
+    early = _tracker(
+        mlflow_server.uri, tmp_path / "s1", 1, retry=quick, reconnect_s=3600, system_metrics=False
+    )
+    early_run = early.start()
+    mlflow_server.stop()
+    try:
+        began = time.monotonic()
+        _log_trial(early, result)  # started before the outage
+        late = _tracker(
+            mlflow_server.uri, tmp_path / "s2", 2, retry=quick, reconnect_s=3600, system_metrics=False
+        )
+        assert late.start() is None  # no run yet: the start itself is spooled
+        _log_trial(late, result)
+        assert time.monotonic() - began < 15, (
+            "an outage costs one retry budget per offline period, not per call"
+        )
+    finally:
+        mlflow_server.start()
+    assert [op["op"] for op in Spool(tmp_path / "s1" / PENDING_FILE).read()] == [
+        "params",
+        "metrics",
+        "metrics",
+        "finish",
+    ]
+    assert [op["op"] for op in Spool(tmp_path / "s2" / PENDING_FILE).read()][0] == "start"
+    assert sync_pending(tmp_path) == 9
+    assert not (tmp_path / "s1" / PENDING_FILE).exists() and not (tmp_path / "s2" / PENDING_FILE).exists()
+    client = MlflowClient(mlflow_server.uri)
+    late_run = json.loads((tmp_path / "s2" / RUN_FILE).read_text())["run_id"]
+    for run_id in (early_run, late_run):
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert len(client.get_metric_history(run_id, "validation_score")) == 2
+        assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
+    assert main(["sync", "--root", str(tmp_path), "--tracking-uri", mlflow_server.uri]) == 0
+    assert "Synced 0 operation(s)" in capsys.readouterr().out
+    assert sync_pending(tmp_path) == 0
+    assert len(client.get_metric_history(late_run, "validation_score")) == 2
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert (
+        len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s2'")) == 1
+    )

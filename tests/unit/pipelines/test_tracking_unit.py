@@ -1,0 +1,164 @@
+"""Pure tracking helpers: retries, the spool, params and metrics, the offline tracker, promotion and tables."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import requests
+from mlflow.exceptions import MlflowException, RestException
+
+from pipelines.promote import PromotionError, choose_best, metric_value
+from pipelines.report import build_tables, format_cell, markdown, run_frame
+from pipelines.services import free_port
+from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
+from pipelines.tracking_spool import (
+    PARAM_VALUE_LIMIT,
+    PENDING_FILE,
+    RetryPolicy,
+    Spool,
+    TrackingUnavailable,
+    call_with_retry,
+    final_metrics,
+    find_state_dirs,
+    numeric_metrics,
+    param_strings,
+    registered_model_name,
+)
+
+
+class FakeClock:
+    """Time that only moves when the code sleeps."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_retry_backs_off_then_succeeds_and_gives_up_after_the_budget() -> None:
+    clock, calls = FakeClock(), []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 4:
+            raise ConnectionError("refused")
+        return "ok"
+
+    policy = RetryPolicy(budget_s=30, first_delay_s=0.5, max_delay_s=1.5)
+    assert call_with_retry(flaky, is_transient, policy, "x", clock.sleep, lambda: clock.now) == "ok"
+    assert clock.sleeps == [0.5, 1.0, 1.5]
+    def down() -> None:
+        raise ConnectionError("down")
+
+    clock = FakeClock()
+    with pytest.raises(TrackingUnavailable, match="no answer after"):
+        call_with_retry(down, is_transient, RetryPolicy(budget_s=10, first_delay_s=1, max_delay_s=4), "x",
+                        clock.sleep, lambda: clock.now)
+    assert sum(clock.sleeps) == pytest.approx(10)
+    with pytest.raises(ValueError):  # not transient: no retry
+        call_with_retry(lambda: int("x"), is_transient, policy, "x", clock.sleep, lambda: clock.now)
+
+
+def test_transient_errors_are_connection_problems_and_5xx_only() -> None:
+    assert is_transient(MlflowException("API request to http://h/api failed with exception refused"))
+    assert is_transient(RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "busy"}))
+    assert is_transient(requests.ConnectionError("refused"))
+    assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad"}))
+    assert not is_transient(MlflowException("Registered model not found"))
+    assert not is_transient(ValueError("x"))
+
+
+def test_spool_appends_reads_in_order_skips_a_torn_line_and_removes_when_empty(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / PENDING_FILE)
+    spool.append({"op": "params", "params": {"a": "1"}})
+    spool.append({"op": "metrics", "metrics": {"loss": 1.0}, "step": 1})
+    with spool.path.open("a") as handle:
+        handle.write('{"op": "fin')  # a crash mid-write
+    assert [op["op"] for op in spool.read()] == ["params", "metrics"]
+    spool.replace(spool.read()[1:])
+    assert len(spool) == 1
+    assert find_state_dirs(tmp_path) == [tmp_path]
+    spool.replace([])
+    assert not spool.path.exists() and find_state_dirs(tmp_path) == []
+
+
+def test_params_are_flat_strings_within_the_limit_and_metrics_numeric() -> None:
+    params = param_strings({"model": {"name": "t5"}, "method": {"options": {"layers": [0, 1]}}, "x": None,
+                            "long": "y" * 2000})
+    assert params["model.name"] == "t5" and params["method.options.layers"] == "[0, 1]" and params["x"] == "None"
+    assert len(params["long"]) == PARAM_VALUE_LIMIT and params["long"].endswith("[truncated]")
+    assert numeric_metrics({"step": 3, "loss": 1, "flag": True, "name": "a", "bad": math.nan}) == {
+        "loss": 1.0, "flag": 1.0}
+    result = {"metrics": {"test_score": 50.0}, "steps": 7, "stopped_early": False, "history": [{}]}
+    assert final_metrics(result) == {"test_score": 50.0, "steps": 7.0, "stopped_early": 0.0}
+    assert registered_model_name("t5-base", "rte") == "capt-t5-base-rte"
+
+
+def test_an_unreachable_server_never_fails_the_trial_and_spools_everything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    tracker = TrialTracker(closed, "exp", "rte/tiny-t5/capt/s0", {"task": "rte"}, tmp_path,
+                           retry=RetryPolicy(budget_s=0.3, first_delay_s=0.1), reconnect_s=3600)
+    began = time.monotonic()
+    assert tracker.start() is None and tracker.offline
+    tracker.log_params({"a": 1})
+    tracker.log_metrics({"loss": 1.0, "step": 1}, step=1)
+    assert tracker.finish({"task": "rte", "metrics": {}}, tmp_path / "artifact", register=True) is None
+    assert time.monotonic() - began < 10
+    ops = Spool(tmp_path / PENDING_FILE).read()
+    assert [op["op"] for op in ops] == ["start", "params", "metrics", "finish"]
+    assert ops[2]["metrics"] == {"loss": 1.0} and all(op["tracking_uri"] == closed for op in ops)
+    with pytest.raises(TrackingUnavailable):
+        sync_pending(tmp_path, retry=RetryPolicy(budget_s=0.0))
+    assert len(Spool(tmp_path / PENDING_FILE)) == 4  # nothing lost
+    assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1
+    assert closed in capsys.readouterr().err
+
+
+def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None) -> VersionInfo:
+    tags = {"test_score": tag} if tag is not None else {}
+    metrics = {"test_score": value} if value is not None else {}
+    return VersionInfo("m", number, f"r{number}", tags, list(aliases), "None", metrics, number)
+
+
+def test_best_version_prefers_the_tag_then_keeps_the_champion_on_ties() -> None:
+    assert metric_value(_version(1, 50.0, tag="70"), "test_score") == 70.0
+    assert metric_value(_version(1, 50.0, tag="nan"), "test_score") == 50.0
+    versions = [_version(1, 60.0, ("champion",)), _version(2, 60.0), _version(3, 55.0), _version(4, None)]
+    assert choose_best(versions, "test_score")[0].version == 1
+    assert choose_best(versions[1:], "test_score")[0].version == 2  # no champion: the newest of the best
+    with pytest.raises(PromotionError, match="No version has a numeric 'accuracy'"):
+        choose_best(versions, "accuracy")
+
+
+def _run(task: str, method: str, seed: int, value: float, validation: float = 0.0, model: str = "t5-base",
+         status: str = "FINISHED") -> dict:
+    return {"run_id": f"{task}{method}{seed}{value}", "status": status,
+            "tags": {"task": task, "method": method, "seed": str(seed), "model": model},
+            "metrics": {"test_score": value, "best_validation_score": validation}}
+
+
+def test_report_tables_select_on_validation_and_format_mean_std() -> None:
+    runs = [_run("rte", "capt", 0, 70.0), _run("rte", "capt", 1, 74.0), _run("cb", "capt", 0, 90.0),
+            _run("rte", "lora", 0, 60.0, validation=1.0), _run("rte", "lora", 0, 99.0, validation=0.5),
+            _run("rte", "lora", 1, 10.0, status="FAILED"), _run("rte", "capt", 0, 10.0, model="llama")]
+    frame = run_frame(runs, "test_score")
+    assert len(frame) == 5 and frame.loc[frame.method == "lora", "value"].tolist() == [60.0]
+    tables = build_tables(frame)
+    assert list(tables) == ["llama", "t5-base"]
+    table = tables["t5-base"]
+    assert list(table.index) == ["lora", "capt"]
+    assert table.loc["capt", ("rte", "mean")] == 72.0
+    assert table.loc["capt", ("rte", "std")] == pytest.approx(math.sqrt(8))
+    assert table.loc["capt", ("Average", "mean")] == 81.0
+    text = markdown(tables, "test_score", "title")
+    assert "| method | cb | rte | Average |" in text
+    assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
+    assert format_cell(float("nan"), float("nan")) == "-"
+    assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)
