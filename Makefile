@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install test test-unit lint clean
+.PHONY: install demo mlflow-ui test test-unit lint clean
 
 install: $(STAMP)
 
@@ -16,6 +16,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --editable ".[pipeline,demo,dev]" --config-settings editable_mode=compat
 	touch $(STAMP)
+
+# The embedded default sweep on a local Ray and a local MLflow server; real data when CAPT_DATA_DIR is set.
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python pipelines/sweep.py --config pipelines/configs/smoke.yaml
+
+# Browse what `make demo` (or any local sweep) tracked: http://127.0.0.1:5000
+mlflow-ui: $(STAMP)
+	$(BIN)/python -m mlflow server --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow/mlflow.db \
+		--serve-artifacts --artifacts-destination $(CURDIR)/outputs/mlflow/artifacts --host 127.0.0.1 --port 5000
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

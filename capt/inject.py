@@ -228,7 +228,7 @@ def attach(model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleMode
     """Freeze `model` and give it one capsule described by `config` (default: CaPT as in the paper)."""
     config = config or CapsuleConfig()
     spec = spec_for(model)
-    num_layers = len(spec.find_layers(model))
+    num_layers = spec.num_layers(model)
     capsule = Capsule(config, config.resolve_layers(num_layers), spec.hidden_size(model), device=_device_of(model))
     return CapsuleModel(model, [capsule], spec=spec)
 

@@ -126,7 +126,7 @@ def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMe
         layers=list(capsule.layers),
         base_model=str(getattr(base.config, "_name_or_path", "") or type(base).__name__),
         model_type=base.config.model_type,
-        num_layers=len(spec.find_layers(base)),
+        num_layers=spec.num_layers(base),
         hidden_size=spec.hidden_size(base),
         fingerprint=fingerprint(base),
         task=task,
@@ -183,7 +183,7 @@ def load_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
 
 def _check_base(base: nn.Module, meta: CapsuleMetadata, directory: Path, strict: bool) -> None:
     spec = spec_for(base)
-    actual = {"model_type": base.config.model_type, "num_layers": len(spec.find_layers(base)),
+    actual = {"model_type": base.config.model_type, "num_layers": spec.num_layers(base),
               "hidden_size": spec.hidden_size(base)}
     wrong = [f"{key}: capsule has {getattr(meta, key)!r}, model has {value!r}"
              for key, value in actual.items() if getattr(meta, key) != value]

@@ -196,10 +196,13 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
     print(f"MLflow experiment: {sweep.experiment_name()}  ({uri})")
     if local:
         db = Path(sweep.tracking.local_dir).resolve()
-        print(f"The local MLflow server has stopped; browse the runs with:\n  mlflow server --backend-store-uri "
-              f"sqlite:///{db}/mlflow.db --artifacts-destination {db}/artifacts --host 127.0.0.1 --port 5000")
+        print("The sweep's local MLflow server has stopped. Start the UI on the same data (`make mlflow-ui` does this) "
+              f"and open http://127.0.0.1:5000:\n  mlflow server --backend-store-uri sqlite:///{db}/mlflow.db "
+              f"--serve-artifacts --artifacts-destination {db}/artifacts --host 127.0.0.1 --port 5000")
+        uri = "http://127.0.0.1:5000"
     for name in champions:
-        print(f"Registry: {name}@champion   (mlflow.pyfunc.load_model('models:/{name}@champion'))")
+        print(f"Registry: {name}@champion   (MLFLOW_TRACKING_URI={uri}; "
+              f"mlflow.pyfunc.load_model('models:/{name}@champion').predict(rows))")
 
 
 if __name__ == "__main__":

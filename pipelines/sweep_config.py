@@ -6,6 +6,7 @@ at once with every problem listed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -13,8 +14,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, TypeAdapter
-from pydantic import ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.dataclasses import dataclass
 
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
@@ -80,6 +89,8 @@ class TrackingSection:
     """Experiment name (default: capt-<sweep name>)."""
     register: bool = True
     """Register every finished capsule in the Model Registry."""
+    retry_s: PositiveFloat = 30.0
+    """How long a worker retries an unreachable server before keeping the call for `sync` / --resume."""
     promote: bool = True
     """At the end, give the best version per (model, task) the alias champion."""
     local_dir: str = "outputs/mlflow"
@@ -191,8 +202,7 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
              sweep.task_overrides.get(task, {}), entry.overrides]
     fixed = {"model": {"name": model}, "task": {"name": task},
              "method": {"name": entry.name, "options": entry.options}, "seed": seed}
-    dotted = [f"{k}={json.dumps(v)}" for k, v in (searched or {}).items()]
-    job = merge_sources(None, dotted, _merge_all([*parts, fixed]))
+    job = _merge_all([*parts, fixed, searched or {}])
     suffix = "" if not searched else "-" + hashlib.sha1(json.dumps(searched, sort_keys=True).encode()).hexdigest()[:8]
     name = Trial(task, model, entry.key, seed, {}).name + suffix
     job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)
@@ -209,12 +219,28 @@ def _data_source(sweep: SweepConfig) -> dict[str, Any]:
 
 
 def _merge_all(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    from omegaconf import OmegaConf
+    """Deep-merge job fragments, later ones winning; `"a.b": v` keys mean `{"a": {"b": v}}`.
 
-    expanded = [OmegaConf.from_dotlist([f"{k}={json.dumps(v)}" for k, v in p.items() if "." in k]) for p in parts]
-    plain = [OmegaConf.create({k: v for k, v in p.items() if "." not in k}) for p in parts]
-    merged = OmegaConf.merge(*[c for pair in zip(plain, expanded, strict=True) for c in pair])
-    return OmegaConf.to_container(merged, resolve=True)
+    Plain dict merging here: OmegaConf takes ~40 ms per trial, seconds for a paper grid.
+    """
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            _merge_into(merged, key.split("."), value)
+    return merged
+
+
+def _merge_into(target: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        if not isinstance(target.get(part), dict):
+            target[part] = {}
+        target = target[part]
+    leaf = path[-1]
+    if isinstance(value, dict) and isinstance(target.get(leaf), dict):
+        for key, inner in value.items():
+            _merge_into(target[leaf], key.split("."), inner)
+    else:
+        target[leaf] = copy.deepcopy(value)
 
 
 def _search_problems(search: dict[str, dict[str, list[Any]]]) -> list[str]:

@@ -56,7 +56,7 @@ def _tracking(config: SweepConfig, point: dict, entry, searched: dict, trial: st
     if searched:
         run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
     return {
-        "uri": uri, "experiment": config.experiment_name(), "run_name": run_name,
+        "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "register": config.tracking.register and entry.name == "capt",
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial},
@@ -79,21 +79,26 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
             tracker.log_metrics(numeric, step=int(metrics["step"]))
         ray.train.report(numeric)
 
-    result = run(config, report)
-    final = result["metrics"]
-    ray.train.report({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"],
-                      "done": 1.0})
-    if tracker is not None:
+    try:
+        result = run(config, report)
+    except BaseException:
+        if tracker is not None:
+            tracker.fail()  # the run ends FAILED; a retried trial reopens the same run
+        raise
+    if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
         tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
+    final = result["metrics"]
+    ray.train.report({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"]})
 
 
 def _start_tracker(tracking: dict[str, Any], config):
     if not tracking["uri"]:
         return None
     from pipelines.tracking import TrialTracker
+    from pipelines.tracking_spool import RetryPolicy
 
     tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], tracking["tags"],
-                           state_dir=Path(config.resolved_output_dir()))
+                           state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]))
     tracker.start()
     tracker.log_params(flatten(config.to_dict()))
     return tracker

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from capt.arch import decoder, encoder, t5
-from capt.arch.base import ArchSpec, strip_slots
+from capt.arch.base import ArchSpec, AttentionSite, strip_slots
 from capt.errors import UnsupportedModelError
 
 REGISTRY: tuple[ArchSpec, ...] = (t5.SPEC, decoder.SPEC, encoder.SPEC)
@@ -44,5 +44,5 @@ def head_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in backbone]
 
 
-__all__ = ["ArchSpec", "REGISTRY", "family_of_model_type", "head_parameters", "spec_for", "strip_slots",
+__all__ = ["ArchSpec", "AttentionSite", "REGISTRY", "family_of_model_type", "head_parameters", "spec_for", "strip_slots",
            "supported_model_types"]

@@ -16,8 +16,21 @@ TOKEN_LOGITS = "token_logits"  # (B, L, C) when 3-D, untouched when (B, C)
 
 
 @dataclass(frozen=True)
+class AttentionSite:
+    """One self-attention module and the shape of the keys/values it produces."""
+
+    module: nn.Module
+    """The attention module (the first argument transformers passes to the attention function)."""
+    num_kv_heads: int
+    """Number of key/value heads (fewer than query heads under grouped-query attention)."""
+    head_dim: int
+    """Width of one head."""
+
+
+@dataclass(frozen=True)
 class ArchSpec:
-    """How one model family hosts capsules: where its layers are and which outputs carry the slot."""
+    """How one model family is laid out: where its layers and self-attention modules are, which outputs
+    carry the slot, and the defaults the baselines (`capt.baselines`) need."""
 
     family: str
     """Family name: "t5" (encoder-decoder), "decoder" (decoder-only LM) or "encoder" (BERT-like)."""
@@ -27,16 +40,33 @@ class ArchSpec:
     """Returns the layer stack that hosts capsules (T5: the encoder blocks)."""
     output_axes: tuple[tuple[str, str], ...]
     """(output field, axis kind) pairs from which the capsule slots are removed."""
+    attention_sites: Callable[[nn.Module], dict[str, list[AttentionSite]]]
+    """Self-attention modules per stack name (T5: "encoder" and "decoder"), for P-Tuning v2's prefixes.
+
+    Cross-attention modules are deliberately absent (P-Tuning v2 prefixes self-attention only)."""
+    lora_targets: tuple[str, ...]
+    """Names of the linear modules LoRA adapts when its config names none (the query and value projections)."""
     slot_offset: int = 0
     """Token position where the slots are inserted (BERT: 1, after [CLS], so the pooler still reads [CLS])."""
     mean_over_prompt: bool = False
     """True when the instance mean covers the prompt only (decoder-only: answers must never leak)."""
     shifts_labels: bool = False
     """True when `labels` are aligned with `input_ids` and shifted inside the model (causal LM loss)."""
+    baseline_types: frozenset[str] | None = None
+    """The `model_types` the baselines accept; None: all of them."""
 
     def hidden_size(self, model: nn.Module) -> int:
         """Width d of the hidden states (T5 maps `hidden_size` to `d_model`)."""
         return int(model.config.hidden_size)
+
+    def num_layers(self, model: nn.Module) -> int:
+        """Depth of the stack that `find_layers` returns (T5: the encoder)."""
+        return len(self.find_layers(model))
+
+    def accepts_baselines(self, model_type: str) -> bool:
+        """Whether the baseline methods accept `model_type` (a subset of `model_types`)."""
+        allowed = self.model_types if self.baseline_types is None else self.baseline_types
+        return model_type in allowed
 
 
 def strip_slots(output, spec: ArchSpec, start: int, stop: int):

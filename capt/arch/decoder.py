@@ -2,11 +2,21 @@
 
 from torch import nn
 
-from capt.arch.base import ATTENTION, SEQUENCE, ArchSpec
+from capt.arch.base import ATTENTION, SEQUENCE, ArchSpec, AttentionSite
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     return model.base_model.layers  # *ForCausalLM.base_model is the bare *Model
+
+
+def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
+    """One "decoder" stack; key/value heads are read off k_proj because of grouped-query attention."""
+    sites = []
+    for layer in _decoder_layers(model):
+        attn = layer.self_attn
+        head_dim = int(attn.head_dim)
+        sites.append(AttentionSite(attn, attn.k_proj.out_features // head_dim, head_dim))
+    return {"decoder": sites}
 
 
 SPEC = ArchSpec(
@@ -14,6 +24,8 @@ SPEC = ArchSpec(
     model_types=frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2"}),
     find_layers=_decoder_layers,
     output_axes=(("logits", SEQUENCE), ("hidden_states", SEQUENCE), ("attentions", ATTENTION)),
+    attention_sites=_self_attention_sites,
+    lora_targets=("q_proj", "v_proj"),
     mean_over_prompt=True,
     shifts_labels=True,
 )

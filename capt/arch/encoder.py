@@ -2,11 +2,20 @@
 
 from torch import nn
 
-from capt.arch.base import ATTENTION, SEQUENCE, TOKEN_LOGITS, ArchSpec
+from capt.arch.base import ATTENTION, SEQUENCE, TOKEN_LOGITS, ArchSpec, AttentionSite
 
 
 def _encoder_layers(model: nn.Module) -> nn.ModuleList:
     return model.base_model.encoder.layer  # BertModel and every Bert*For* head model
+
+
+def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
+    """One "encoder" stack of `attention.self` modules."""
+    sites = []
+    for layer in _encoder_layers(model):
+        attn = layer.attention.self
+        sites.append(AttentionSite(attn, attn.num_attention_heads, attn.attention_head_size))
+    return {"encoder": sites}
 
 
 SPEC = ArchSpec(
@@ -19,5 +28,7 @@ SPEC = ArchSpec(
         ("attentions", ATTENTION),
         ("logits", TOKEN_LOGITS),
     ),
+    attention_sites=_self_attention_sites,
+    lora_targets=("query", "value"),
     slot_offset=1,
 )

@@ -2,11 +2,23 @@
 
 from torch import nn
 
-from capt.arch.base import ATTENTION, CROSS_ATTENTION, SEQUENCE, ArchSpec
+from capt.arch.base import ATTENTION, CROSS_ATTENTION, SEQUENCE, ArchSpec, AttentionSite
 
 
 def _encoder_blocks(model: nn.Module) -> nn.ModuleList:
     return model.encoder.block  # T5ForConditionalGeneration, T5Model and T5EncoderModel alike
+
+
+def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
+    """Encoder and decoder self-attention (layer[0] of every block); T5EncoderModel has no decoder."""
+    stacks: dict[str, list[AttentionSite]] = {}
+    for name in ("encoder", "decoder"):
+        stack = getattr(model, name, None)
+        if stack is None:
+            continue
+        attentions = [block.layer[0].SelfAttention for block in stack.block]
+        stacks[name] = [AttentionSite(a, a.n_heads, a.key_value_proj_dim) for a in attentions]
+    return stacks
 
 
 SPEC = ArchSpec(
@@ -21,4 +33,8 @@ SPEC = ArchSpec(
         ("encoder_attentions", ATTENTION),
         ("cross_attentions", CROSS_ATTENTION),
     ),
+    attention_sites=_self_attention_sites,
+    lora_targets=("q", "v"),
+    # The baselines were written and tested for t5 and mt5 only; umt5 stays refused there until tested.
+    baseline_types=frozenset({"t5", "mt5"}),
 )

@@ -7,8 +7,8 @@
     adapted.save_adapter("out/adapter"); model = adapted.detach()
     adapted = load_adapter(model, "out/adapter")
 
-Supported families: T5 (t5, mt5), decoder-only (llama, qwen2, qwen3, mistral, gemma, gemma2) and BERT
-family classifiers (bert, roberta). ``apply`` freezes the base model except the method's parameters (full
+Supported models: the T5, decoder-only and BERT-classifier families of the ``capt.arch`` registry, which
+holds all their structural knowledge (``supported_types()`` lists the model types). ``apply`` freezes the base model except the method's parameters (full
 fine-tuning freezes nothing); classification heads are left to the caller. Every wrapper's forward and
 generate accept an optional ``prompt_mask`` (B, n) marking the prompt tokens of decoder-only inputs; only
 prompt tuning's instance token uses it (else it falls back to labels == -100, then the attention mask).
@@ -26,8 +26,8 @@ from capt.baselines.config import (
     PromptTuningConfig,
     PTuningV2Config,
 )
-from capt.baselines.family import detect_family, model_info, supported_types
 from capt.baselines.full import FullFinetuneModel
+from capt.baselines.info import detect_family, model_info, supported_types
 from capt.baselines.io import AdapterError, load_adapter
 from capt.baselines.lora import LoraModel
 from capt.baselines.prefix import PTuningV2Model

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from capt.baselines.config import BaselineConfig
-from capt.baselines.family import ModelInfo, model_info
+from capt.baselines.info import ModelInfo, baseline_spec, model_info
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ class AdaptedModel(nn.Module):
         super().__init__()
         if getattr(base, _MARKER, False):
             raise ValueError("this model already carries a baseline adapter; detach() it first")
+        self.spec = baseline_spec(base)
+        """The ``capt.arch`` spec of the base model: where its layers and attention modules are."""
         self.info: ModelInfo = model_info(base)
         self.adapter_config = config
         """The method's config (``self.base.config`` stays the Hugging Face model config)."""

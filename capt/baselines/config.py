@@ -137,7 +137,7 @@ class LoraConfig(BaselineConfig):
     dropout: float = 0.0
     """Dropout on the LoRA branch input."""
     target_modules: list[str] | None = field(default=None)
-    """Names of the linear modules to adapt; None picks the family default (T5: q,v; Llama/Qwen: q_proj,v_proj; BERT: query,value)."""
+    """Names of the linear modules to adapt; None picks the family default (``capt.arch`` ``ArchSpec.lora_targets``)."""
 
     def _validate(self, check: _Checker) -> None:
         check.require(_is_int(self.r) and self.r >= 1, "r", self.r, "integer >= 1")

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from capt.baselines.family import model_info
+from capt.baselines.info import model_info
 
 if TYPE_CHECKING:
     from capt.baselines.adapted import AdaptedModel

@@ -19,13 +19,6 @@ from capt.baselines.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGETS: dict[str, list[str]] = {
-    "t5": ["q", "v"],
-    "decoder": ["q_proj", "v_proj"],
-    "encoder": ["query", "value"],
-}
-"""Default ``target_modules`` per model family."""
-
 ADAPTER_NAME = "default"
 
 
@@ -36,7 +29,7 @@ class LoraModel(AdaptedModel):
         super().__init__(base, config)
         import peft  # lazy: about 5 s on a cold start
 
-        targets = list(config.target_modules or DEFAULT_TARGETS[self.family])
+        targets = list(config.target_modules or self.spec.lora_targets)
         peft_config = peft.LoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
                                       target_modules=targets, bias="none")
         self.freeze_base()

@@ -25,10 +25,10 @@ from functools import partial
 import torch
 from torch import nn
 
+from capt.arch import AttentionSite
 from capt.baselines import prefix_attention
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PTuningV2Config
-from capt.baselines.family import AttentionSite, attention_sites
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class PTuningV2Model(AdaptedModel):
             )
         super().__init__(base, config)
         self.freeze_base()
-        self.sites = attention_sites(base)
+        self.sites = self.spec.attention_sites(base)
         self.prefixes = nn.ModuleDict(
             {name: StackPrefix(sites, self.info.hidden_size, config) for name, sites in self.sites.items()}
         )

@@ -49,7 +49,7 @@ class PromptTuningModel(AdaptedModel):
         self.embed = base.get_input_embeddings()
         self.prompt = nn.Parameter(self._initial_prompt(config))
         self.num_virtual = config.num_tokens + int(config.instance_token)
-        self.insert_at = 1 if self.family == "encoder" else 0
+        self.insert_at = self.spec.slot_offset  # BERT: after [CLS], so the pooler still reads [CLS]
         logger.info("prompt tuning on %s: %d virtual tokens (instance token: %s)",
                     self.info.model_type, self.num_virtual, config.instance_token)
 
@@ -75,7 +75,7 @@ class PromptTuningModel(AdaptedModel):
                        prompt_mask: torch.Tensor | None) -> torch.Tensor:
         if prompt_mask is not None:
             return mask * prompt_mask.to(mask.dtype)
-        if self.family == "decoder" and labels is not None:
+        if self.spec.mean_over_prompt and labels is not None:  # answers would leak under teacher forcing
             return mask * (labels == IGNORE_INDEX).to(mask.dtype)
         return mask
 
@@ -106,7 +106,7 @@ class PromptTuningModel(AdaptedModel):
             pos = kwargs["position_ids"]
             virtual = torch.arange(count, device=device).expand(pos.shape[0], -1).to(pos.dtype)
             kwargs["position_ids"] = self._insert(pos + count, virtual)
-        if self.family == "decoder" and kwargs.get("labels") is not None:
+        if self.spec.shifts_labels and kwargs.get("labels") is not None:  # labels aligned with the sequence
             labels = kwargs["labels"].clone()
             labels[:, 0] = IGNORE_INDEX
             kwargs["labels"] = torch.cat([labels.new_full((batch, count), IGNORE_INDEX), labels], dim=1)

@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers as tf
 
-from capt.baselines import LoraConfig, PromptTuningConfig, PTuningV2Config, apply
+from capt.arch import spec_for, supported_model_types
+from capt.baselines import LoraConfig, PromptTuningConfig, PTuningV2Config, apply, supported_types
 
 from .baselines_helpers import fixed_ids
 
@@ -48,3 +49,16 @@ def test_gemma2_prefix_is_refused_clearly_and_model_left_untouched() -> None:
         apply(model, PTuningV2Config(num_tokens=3))
     assert all(p.requires_grad for p in model.parameters())
     apply(model, LoraConfig(r=2))  # other methods still apply
+
+
+def test_supported_types_come_from_the_arch_registry() -> None:
+    assert supported_types() == sorted(set(supported_model_types()) - {"umt5"})
+
+
+def test_umt5_is_hosted_by_capt_but_refused_by_the_baselines() -> None:
+    model = tf.UMT5ForConditionalGeneration(tf.UMT5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                          num_heads=4, decoder_start_token_id=0, pad_token_id=0))
+    assert spec_for(model).family == "t5"
+    with pytest.raises(ValueError, match="unsupported model_type 'umt5'.*supported: bert, gemma"):
+        apply(model, LoraConfig(r=2))
+    assert all(p.requires_grad for p in model.parameters())

@@ -1,0 +1,147 @@
+"""End-to-end sweeps on a real Ray head and a real MLflow server: `ray job submit`, DDP trials, the
+registry and promotion, driver kill + --resume, and an MLflow outage during a trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from capt.tasks import generate_rows
+from pipelines.services import LocalMlflowServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks=[rte]", "job.train.max_steps=6",
+         "job.train.eval_every_steps=3", "job.task.generated_size=32", "job.task.max_eval_examples=8",
+         "data_source=generated"]
+
+
+def _mlflow():
+    import mlflow
+
+    return mlflow
+
+
+def _env(ray_head, **extra: str) -> dict[str, str]:
+    env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", **extra}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _submit(ray_head, *args: str) -> subprocess.CompletedProcess:
+    ray = str(Path(sys.executable).with_name("ray"))
+    command = [ray, "job", "submit", "--address", ray_head.dashboard_url, "--working-dir", str(ROOT), "--",
+               "python", "pipelines/sweep.py", *args]
+    env = _env(ray_head)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+
+
+def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, mlflow_server, tmp_path, monkeypatch):
+    proc = _submit(ray_head, *SMALL, "name=it-submit", f"storage_path={tmp_path}", f"tracking.uri={mlflow_server.uri}",
+                   "resources.num_workers=2", "resources.cpus_per_worker=0.9")
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert "succeeded" in (proc.stdout + proc.stderr).lower()
+    result = json.loads((tmp_path / "it-submit" / "jobs" / "rte-tiny-t5-capt-s0" / "result.json").read_text())
+    assert result["processes"] == 2 and result["ranks_in_sync"] is True, "DDP over gloo kept the replicas equal"
+
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("capt-it-submit")
+    runs = client.search_runs([experiment.experiment_id])
+    assert [r.info.run_name for r in runs] == ["rte/tiny-t5/capt/s0"]
+    run = runs[0]
+    assert run.data.params["train.max_steps"] == "6" and run.data.tags["sweep"] == "it-submit"
+    assert len(client.get_metric_history(run.info.run_id, "validation_score")) == 2
+    assert run.data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+    champion = client.get_model_version_by_alias("capt-tiny-t5-rte", "champion")
+    assert champion.run_id == run.info.run_id
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    model = mlflow.pyfunc.load_model("models:/capt-tiny-t5-rte@champion")
+    rows = pd.DataFrame(generate_rows("rte", "val", 4, seed=3))
+    labels = model.predict(rows.drop(columns=["label"]))
+    assert len(labels) == 4 and set(labels) <= {"entailment", "not_entailment"}
+
+
+def test_a_broken_sweep_config_fails_the_job_with_the_config_error(ray_head, tmp_path):
+    proc = _submit(ray_head, *SMALL, "job.train.batch_size=-4", "job.method.options.fusion=glue",
+                   f"storage_path={tmp_path}", "tracking.enabled=false")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "train.batch_size=-4" in output and "fusion='glue'" in output
+    assert not (tmp_path / "smoke").exists()
+
+
+def _sweep(ray_head, tmp_path, uri, *extra: str) -> list[str]:
+    return [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-resume", f"storage_path={tmp_path}",
+            f"tracking.uri={uri}", "seeds=[0,1,2]", "resources.max_concurrent_trials=1", *extra]
+
+
+def _finished(jobs: Path) -> int:
+    return len(list(jobs.glob("*/result.json")))
+
+
+def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server, tmp_path):
+    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
+    driver = subprocess.Popen(_sweep(ray_head, tmp_path, mlflow_server.uri), cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    jobs = tmp_path / "it-resume" / "jobs"
+    deadline = time.monotonic() + 600
+    while _finished(jobs) < 1 and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    done_before = {p.parent.name: p.stat().st_mtime for p in jobs.glob("*/result.json")}
+    assert 1 <= len(done_before) < 3, "the driver must die mid-sweep"
+    resumed = subprocess.run(_sweep(ray_head, tmp_path, mlflow_server.uri, "--resume"), cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert _finished(jobs) == 3
+    for name, mtime in done_before.items():
+        assert (jobs / name / "result.json").stat().st_mtime == mtime, f"{name} ran twice"
+    client = _mlflow().MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("capt-it-resume")
+    names = [r.info.run_name for r in client.search_runs([experiment.experiment_id])]
+    assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(3)], "one MLflow run per trial"
+
+
+def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
+    server = LocalMlflowServer(tmp_path / "mlflow").start()
+    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
+    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-outage", f"storage_path={tmp_path / 'sweeps'}",
+               f"tracking.uri={server.uri}", "tracking.retry_s=2"]
+    driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    run_file = tmp_path / "sweeps" / "it-outage" / "jobs" / "rte-tiny-t5-capt-s0" / "mlflow_run.json"
+    deadline = time.monotonic() + 600
+    while not run_file.exists() and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server.stop()  # the trial keeps training while MLflow is down
+    try:
+        _, stderr = driver.communicate(timeout=900)
+        assert driver.returncode == 0, stderr[-4000:]
+        assert (run_file.parent / "mlflow_pending.jsonl").is_file(), "results were kept for later"
+    finally:
+        server.start()
+    sync = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(tmp_path / "sweeps"),
+                           "--tracking-uri", server.uri], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    try:
+        assert sync.returncode == 0, sync.stderr[-3000:]
+        client = _mlflow().MlflowClient(server.uri)
+        runs = client.search_runs([client.get_experiment_by_name("capt-it-outage").experiment_id])
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        result = json.loads((run_file.parent / "result.json").read_text())
+        assert runs[0].data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+        assert client.search_model_versions(f"run_id='{runs[0].info.run_id}'"), "the capsule was registered"
+    finally:
+        server.stop()
