@@ -1,0 +1,28 @@
+"""Local MLflow and Ray services as subprocesses, and an early reachability probe for entry points.
+
+Nothing here imports mlflow or ray: the services start through the command-line tools next to this
+interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own process group, so
+that stopping one never touches another MLflow or Ray on the same machine.
+
+Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `base` (what both
+services share), `mlflow_server` (`LocalMlflowServer`), `ray_head` (`LocalRayHead`,
+`ray_cluster_stragglers`).
+"""
+
+from __future__ import annotations
+
+from pipelines.services.mlflow_server import LocalMlflowServer
+from pipelines.services.probe import (
+    LOCALHOST,
+    ServiceError,
+    check_reachable,
+    free_port,
+    http_status,
+    log_tail,
+    port_is_free,
+    stop_process_group,
+)
+from pipelines.services.ray_head import LocalRayHead, ray_cluster_stragglers
+
+__all__ = ["LOCALHOST", "LocalMlflowServer", "LocalRayHead", "ServiceError", "check_reachable", "free_port",
+           "http_status", "log_tail", "port_is_free", "ray_cluster_stragglers", "stop_process_group"]

@@ -1,0 +1,126 @@
+"""`LocalMlflowServer`: a lean MLflow tracking server on SQLite, run as ``sys.executable -m mlflow``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Self
+
+from pipelines.services.base import _Service
+from pipelines.services.probe import (
+    _POLL_S,
+    LOCALHOST,
+    ServiceError,
+    free_port,
+    http_status,
+    log_tail,
+    port_is_free,
+    stop_process_group,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class LocalMlflowServer(_Service):
+    """A lean MLflow tracking server on SQLite, bound to ``host`` (127.0.0.1 by default).
+
+    Under ``root_dir``: ``mlflow.db`` (runs and Model Registry), ``artifacts/`` and
+    ``mlflow-server.log`` (appended to across restarts). Artifacts are proxied by the server
+    (``--serve-artifacts --artifacts-destination``): clients upload over HTTP and never need the
+    server's filesystem, which Ray workers in other containers or nodes do not share. Lean mode
+    (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``, one worker) starts in seconds in about 0.5 GB.
+    The port is fixed at construction: ``stop()`` then ``start()`` serves the same URI and data.
+    """
+
+    def __init__(
+        self, root_dir: str | os.PathLike[str], host: str = LOCALHOST, port: int | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:  # fmt: skip
+        self.root_dir = Path(root_dir).resolve()
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.startup_timeout = startup_timeout
+        self.db_path = self.root_dir / "mlflow.db"
+        self.artifacts_dir = self.root_dir / "artifacts"
+        self.log_path = self.root_dir / "mlflow-server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_offset = 0
+        self._ready = False
+
+    @property
+    def uri(self) -> str:
+        """Tracking URI for ``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the server process started by :meth:`start` is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        """The ``mlflow server`` command line."""
+        return [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.db_path}",
+            "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
+            "--host", self.host, "--port", str(self.port), "--workers", "1",
+        ]  # fmt: skip
+
+    def start(self, wait: bool = True) -> Self:
+        """Launch the server; with ``wait``, block until ``GET /health`` answers 200."""
+        if self.running:
+            return self.wait_ready() if wait else self
+        if not port_is_free(self.host, self.port):
+            raise ServiceError(
+                f"Cannot start the MLflow server on {self.host}:{self.port}: the port is in use. "
+                "Stop whatever listens there or pick another port."
+            )
+        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            cwd=self.root_dir, start_new_session=True,
+        )  # fmt: skip
+        logger.info("starting MLflow server at %s (log %s)", self.uri, self.log_path)
+        return self.wait_ready() if wait else self
+
+    def wait_ready(self) -> Self:
+        """Poll ``/health``; on the server's death or a timeout, stop it and raise with the log tail."""
+        if self._ready:
+            return self
+        if self._proc is None:
+            raise ServiceError(f"The MLflow server at {self.uri} was not started: call start() first.")
+        deadline = time.monotonic() + self.startup_timeout
+        problem = f"did not answer /health within {self.startup_timeout:.0f} s"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                problem = f"exited with code {self._proc.returncode} during start-up"
+                break
+            if http_status(f"{self.uri}/health", timeout=1.0) == 200:
+                self._ready = True
+                logger.info("MLflow server ready at %s", self.uri)
+                return self
+            time.sleep(_POLL_S)
+        self.stop()
+        raise ServiceError(
+            f"The MLflow server at {self.uri} {problem}. "
+            f"Last lines of {self.log_path}:\n{log_tail(self.log_path, self._log_offset)}"
+        )
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the server's process group and wait for it (SIGKILL after ``timeout``)."""
+        if self._proc is not None:
+            stop_process_group(self._proc.pid, timeout, child=self._proc)
+            logger.info("MLflow server at %s stopped", self.uri)
+        self._proc, self._ready = None, False
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+

@@ -1,0 +1,140 @@
+"""Probes and process helpers: free ports, HTTP status, reachability checks, log tails, process groups."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+
+LOCALHOST = "127.0.0.1"
+_POLL_S = 0.25
+
+
+class ServiceError(RuntimeError):
+    """A local service could not be started or reached; the message says what to do."""
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (a socket in TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _http_get(url: str, timeout: float) -> tuple[int | None, str]:
+    """(HTTP status, "") of a GET on ``url``, or (None, why nothing answered)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http only)
+            return int(response.status), ""
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), ""
+    except urllib.error.URLError as exc:
+        return None, str(getattr(exc.reason, "strerror", None) or exc.reason)
+    except OSError as exc:
+        return None, str(exc.strerror or exc)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET on ``url``, or None when nothing answers (refused, timeout, DNS)."""
+    return _http_get(url, timeout)[0]
+
+
+def log_tail(path: Path, offset: int = 0, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file from byte ``offset`` on ("" when there is none)."""
+    if not path.is_file():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        return "\n".join(handle.read().decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _tcp_target(url: str) -> tuple[str, int] | None:
+    """(host, port) of a non-HTTP network address (``host:port``, ``ray://host:port``), else None."""
+    if "://" not in url:
+        host, sep, port = url.rpartition(":")
+        return (host, int(port)) if sep and host and port.isdigit() else None
+    parts = urlsplit(url)
+    return (parts.hostname, parts.port) if parts.hostname and parts.port else None
+
+
+def check_reachable(url: str, what: str, fix: str | None = None, timeout: float = 3.0) -> None:
+    """Probe ``url`` quickly; raise :class:`ServiceError` naming it, ``what`` it is and how to fix it.
+
+    ``http(s)://`` URLs get a GET (any HTTP answer, 401 and 404 included, counts as reachable);
+    ``host:port`` and other ``scheme://host:port`` addresses a TCP connect. Addresses without a
+    network location (``sqlite:///...``, ``file:...``, ``auto``) are not probed. ``what`` reads like
+    "MLflow tracking server (MLFLOW_TRACKING_URI)". Credentials in ``url`` never reach the message.
+    """
+    parts = urlsplit(url)
+    shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "://" in url else url
+    if parts.scheme in ("http", "https"):
+        status, why = _http_get(url, timeout)
+        reachable, reason = status is not None, f"no HTTP answer: {why}"
+    elif (target := _tcp_target(url)) is not None:
+        try:
+            with socket.create_connection(target, timeout=timeout):
+                reachable, reason = True, ""
+        except OSError as exc:
+            reachable, reason = False, f"TCP connect failed: {exc.strerror or exc}"
+    else:
+        logger.debug("%s address %s has no network location; not probed", what, shown)
+        return
+    if not reachable:
+        fix = fix or (
+            "Start it, or correct the address (scheme, host and port). If it runs on another machine, "
+            "forward its port first (`ssh -N -L PORT:127.0.0.1:PORT user@head` or `kubectl port-forward`) "
+            "and use the forwarded 127.0.0.1 address."
+        )
+        raise ServiceError(f"Cannot reach the {what} at {shown} ({reason}). {fix}")
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_process_group(pgid: int, grace: float, child: subprocess.Popen[Any] | None = None) -> None:
+    """SIGTERM process group ``pgid``, SIGKILL what is left after ``grace`` s, wait until it is gone.
+
+    ``child``, the group leader when it is our child, is reaped meanwhile (a zombie keeps a group).
+    """
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            if child is not None:
+                child.poll()
+            time.sleep(_POLL_S)
+        if not _group_alive(pgid):
+            break
+    if child is not None:
+        child.wait(timeout=10.0)
+

@@ -1,0 +1,37 @@
+"""MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry.
+
+This package is the ONLY part of the project that imports mlflow; `promote`, `report` and the sweep
+go through the functions and classes re-exported here. Conventions (DESIGN.md §6): one run per trial
+named ``<task>/<model-slug>/<method>/s<seed>``, every config field as a param, tags from the caller
+(task, model, method, seed, sweep), metrics per validation, system metrics on; each CaPT trial
+registers a new version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task
+rows) tagged ``validation_status=pending``.
+
+Resilience: every call retries with backoff (30 s budget by default); when the server stays down the
+operation is appended to ``<state_dir>/mlflow_pending.jsonl`` and the trial goes on. The tracker
+replays the spool itself once the server answers again (probing at most every ``reconnect_s``), and
+
+    python -m pipelines.tracking sync --root OUTPUTS_DIR [--tracking-uri URI]
+
+replays whatever is left. Replays are idempotent: applied operations leave the spool, metric points
+keep their original timestamps, registration first looks for the run's version.
+
+Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply, replay
+and sync of spooled operations), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its
+registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
+The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
+"""
+
+from __future__ import annotations
+
+from pipelines.tracking.cli import main
+from pipelines.tracking.client import CAPSULE_MODEL, TRIAL_KEY_TAG, TrackingError, is_transient
+from pipelines.tracking.operations import sync_pending
+from pipelines.tracking.pyfunc import CapsulePyfunc
+from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
+from pipelines.tracking.tracker import TrialTracker
+from pipelines.tracking_spool import RetryPolicy, TrackingUnavailable
+
+__all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "Registry", "RetryPolicy", "TrackingError",
+           "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs", "is_transient", "main",
+           "sync_pending"]

@@ -1,0 +1,104 @@
+"""Model Registry and run queries for `pipelines.promote` and `pipelines.report`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException, RestException
+
+from pipelines.tracking.client import TrackingError, _client
+
+
+@dataclass
+class VersionInfo:
+    """One registry version with what promotion needs."""
+
+    name: str
+    version: int
+    run_id: str | None
+    tags: dict[str, str]
+    aliases: list[str]
+    stage: str
+    metrics: dict[str, float]
+    """The metrics of the run that produced it."""
+    created_ms: int
+
+
+class Registry:
+    """Model Registry operations for `pipelines.promote` (aliases, tags, legacy stages)."""
+
+    def __init__(self, tracking_uri: str | None = None) -> None:
+        self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+        self.client = _client(self.uri)
+
+    def model_names(self, prefix: str = "capt-") -> list[str]:
+        """Registered model names starting with `prefix`."""
+        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+        return sorted(m.name for m in models)
+
+    def versions(self, name: str) -> list[VersionInfo]:
+        """Every version of `name`, oldest first; raises TrackingError when the model does not exist."""
+        try:
+            model = self.client.get_registered_model(name)
+        except RestException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                raise TrackingError(f"No registered model {name!r} at {self.uri}.") from err
+            raise
+        aliases: dict[str, list[str]] = {}
+        for alias, version in (model.aliases or {}).items():  # search results do not carry aliases
+            aliases.setdefault(str(version), []).append(alias)
+        found = self.client.search_model_versions(f"name='{name}'")
+        return sorted((self._info(v, aliases.get(str(v.version), [])) for v in found), key=lambda v: v.version)
+
+    def _info(self, v: Any, aliases: list[str]) -> VersionInfo:
+        metrics: dict[str, float] = {}
+        if v.run_id:
+            with contextlib.suppress(MlflowException):
+                metrics = dict(self.client.get_run(v.run_id).data.metrics)
+        return VersionInfo(v.name, int(v.version), v.run_id, dict(v.tags or {}), sorted(aliases),
+                           v.current_stage or "None", metrics, int(v.creation_timestamp or 0))
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        """Point `alias` at `version` (moving it from any other version)."""
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        """Remove `alias` from the model (no-op when unset)."""
+        with contextlib.suppress(RestException):
+            self.client.delete_registered_model_alias(name, alias)
+
+    def set_tags(self, name: str, version: int, tags: Mapping[str, Any]) -> None:
+        """Set version tags (values stringified)."""
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, str(version), key, str(value))
+
+    def transition_stage(self, name: str, version: int, stage: str, archive_existing: bool = False) -> None:
+        """Legacy stage transition (deprecated in MLflow since 2.9; aliases replace it)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self.client.transition_model_version_stage(name, str(version), stage,
+                                                       archive_existing_versions=archive_existing)
+
+
+def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """Every run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise TrackingError(f"No experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}.")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([found.experiment_id], max_results=1000, page_token=token)
+        runs += [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
+                  "tags": dict(r.data.tags), "metrics": dict(r.data.metrics)} for r in page]
+        token = page.token
+        if not token:
+            return runs

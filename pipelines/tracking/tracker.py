@@ -1,0 +1,176 @@
+"""`TrialTracker`: one trial's MLflow run, spooling operations while the server is unreachable."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipelines.tracking.client import _dir_lock, _now_ms, _own_http_retries, is_transient
+from pipelines.tracking.operations import _dead_letter, _Replayer
+from pipelines.tracking_spool import (
+    PENDING_FILE,
+    RetryPolicy,
+    Spool,
+    TrackingUnavailable,
+    call_with_retry,
+    numeric_metrics,
+    param_strings,
+    read_run_record,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TrialTracker:
+    """One trial's MLflow run, from world rank 0 only; a restarted trial (same `state_dir`) reuses it.
+
+    Never raises for tracking problems: an unreachable server spools operations (see the package
+    docstring), any other failure is logged and kept in ``mlflow_failed.jsonl``.
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, Any],
+                 state_dir: str | os.PathLike[str], *, retry: RetryPolicy | None = None,
+                 reconnect_s: float = 60.0, system_metrics: bool = True,
+                 system_metrics_interval_s: float = 10.0) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_name = run_name
+        self.tags = {str(k): str(v) for k, v in tags.items()}
+        self.state_dir = Path(state_dir).resolve()
+        self.retry = retry or RetryPolicy()
+        self.reconnect_s = reconnect_s
+        self.system_metrics = system_metrics
+        self.system_metrics_interval_s = system_metrics_interval_s
+        self.spool = Spool(self.state_dir / PENDING_FILE)
+        self.run_id: str | None = None
+        self.offline = False
+        self.model_version: str | None = None
+        self._failed_at = 0.0
+        self._monitor: Any = None
+        self._replayer = _Replayer(self.state_dir)
+        _own_http_retries()
+
+    def start(self) -> str | None:
+        """Create (or, for a restarted trial, reopen) the run; None while the server is unreachable."""
+        record = read_run_record(self.state_dir)
+        start = {"op": "start", "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
+                 "trial_key": uuid.uuid4().hex, "timestamp": _now_ms()}
+        if record is not None:
+            self._submit({"op": "resume", "run_id": record["run_id"], "start": start})
+        elif any(op["op"] == "start" for op in self.spool.read()):
+            self._submit(None)  # an earlier attempt is spooled: replay it rather than start twice
+        else:
+            self._submit(start)
+        self._refresh_run_id()
+        self._start_monitor()
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Every field of a (flat or nested) config as string params, truncated to MLflow's limit."""
+        self._submit({"op": "params", "params": param_strings(params)})
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Numeric entries of `metrics` at `step` (a `step` key in the dict is ignored)."""
+        self._submit({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
+                      "timestamp": _now_ms()})
+
+    def finish(self, result: Mapping[str, Any], artifact_dir: str | os.PathLike[str], register: bool) -> str | None:
+        """Final metrics, result.json and the artifact; register a version when `register`; end FINISHED.
+
+        Returns the new registry version (None when not registering or when spooled).
+        """
+        self._stop_monitor()
+        plain = json.loads(json.dumps(dict(result), default=str))  # what result.json holds
+        self._submit({"op": "finish", "result": plain, "artifact_dir": str(Path(artifact_dir).resolve()),
+                      "register": bool(register), "status": "FINISHED", "timestamp": _now_ms()}, force=True)
+        return self.model_version
+
+    def fail(self) -> None:
+        """End the run FAILED (the trial raised)."""
+        self._stop_monitor()
+        self._submit({"op": "end", "status": "FAILED", "timestamp": _now_ms()}, force=True)
+
+    def __enter__(self) -> TrialTracker:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
+        if exc_type is not None:
+            self.fail()
+
+    def _submit(self, op: dict | None, force: bool = False) -> None:
+        """Replay the spool, then apply `op`; spool `op` when the server does not answer."""
+        if op is not None:
+            op["tracking_uri"] = self.tracking_uri
+        if self.offline and not force and time.monotonic() - self._failed_at < self.reconnect_s:
+            if op is not None:
+                self.spool.append(op)
+            return
+        policy = self.retry if force or not self.offline else RetryPolicy(budget_s=0.0)
+        try:
+            with _dir_lock(self.state_dir):
+                value = call_with_retry(lambda: self._replay_then(op), is_transient, policy,
+                                        f"MLflow at {self.tracking_uri}")
+        except TrackingUnavailable as err:
+            self._go_offline(op, err)
+            return
+        except Exception as exc:  # noqa: BLE001 - tracking must never fail the trial
+            if op is not None:
+                _dead_letter(self.state_dir, op, exc)
+            return
+        if op is not None and op["op"] == "finish":
+            self.model_version = value
+        elif self._monitor is not None and not self._monitor_alive():
+            self._stop_monitor()  # its thread gave up after a failed request: start a new one
+            self._start_monitor()
+        if self.offline:
+            logger.info("MLflow at %s answers again; the spooled operations were uploaded", self.tracking_uri)
+            self.offline = False
+            self._refresh_run_id()
+            self._start_monitor()
+
+    def _replay_then(self, op: dict | None) -> Any:
+        self._replayer.replay()
+        return None if op is None else self._replayer.apply(op)
+
+    def _go_offline(self, op: dict | None, err: TrackingUnavailable) -> None:
+        if op is not None:
+            self.spool.append(op)
+        if not self.offline:
+            logger.warning("%s. Spooling to %s; the tracker retries every %.0f s, or run `python -m "
+                           "pipelines.tracking sync --root %s` later.", err, self.spool.path,
+                           self.reconnect_s, self.state_dir)
+        self.offline, self._failed_at = True, time.monotonic()
+        self._stop_monitor()
+
+    def _refresh_run_id(self) -> None:
+        record = read_run_record(self.state_dir)
+        self.run_id = record["run_id"] if record else None
+
+    def _start_monitor(self) -> None:
+        if not self.system_metrics or self.offline or self.run_id is None or self._monitor is not None:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.system_metrics_interval_s,
+                                                 resume_logging=True, tracking_uri=self.tracking_uri)
+            self._monitor.start()
+        except Exception as exc:  # noqa: BLE001 - e.g. psutil missing: go on without system metrics
+            logger.warning("System metrics are off for run %s: %s", self.run_id, exc)
+            self._monitor = None
+
+    def _monitor_alive(self) -> bool:
+        thread = getattr(self._monitor, "_process", None)  # the monitor's thread (an MLflow internal)
+        return thread is not None and thread.is_alive()
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
