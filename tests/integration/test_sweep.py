@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from capt.tasks import generate_rows
+from capt.tasks import generate_rows, get
 from pipelines.services import LocalMlflowServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,30 +46,31 @@ def _submit(ray_head, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, mlflow_server, tmp_path, monkeypatch):
-    proc = _submit(ray_head, *SMALL, "name=it-submit", f"storage_path={tmp_path}", f"tracking.uri={mlflow_server.uri}",
+    # WiC: the registered model capt-tiny-t5-wic belongs to this test alone on the shared server.
+    proc = _submit(ray_head, *SMALL, "tasks=[wic]", "name=it-submit", f"storage_path={tmp_path}", f"tracking.uri={mlflow_server.uri}",
                    "resources.num_workers=2", "resources.cpus_per_worker=0.9")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "succeeded" in (proc.stdout + proc.stderr).lower()
-    result = json.loads((tmp_path / "it-submit" / "jobs" / "rte-tiny-t5-capt-s0" / "result.json").read_text())
+    result = json.loads((tmp_path / "it-submit" / "jobs" / "wic-tiny-t5-capt-s0" / "result.json").read_text())
     assert result["processes"] == 2 and result["ranks_in_sync"] is True, "DDP over gloo kept the replicas equal"
 
     mlflow = _mlflow()
     client = mlflow.MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("capt-it-submit")
     runs = client.search_runs([experiment.experiment_id])
-    assert [r.info.run_name for r in runs] == ["rte/tiny-t5/capt/s0"]
+    assert [r.info.run_name for r in runs] == ["wic/tiny-t5/capt/s0"]
     run = runs[0]
     assert run.data.params["train.max_steps"] == "6" and run.data.tags["sweep"] == "it-submit"
     assert len(client.get_metric_history(run.info.run_id, "validation_score")) == 2
     assert run.data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
-    champion = client.get_model_version_by_alias("capt-tiny-t5-rte", "champion")
+    champion = client.get_model_version_by_alias("capt-tiny-t5-wic", "champion")
     assert champion.run_id == run.info.run_id
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-    model = mlflow.pyfunc.load_model("models:/capt-tiny-t5-rte@champion")
-    rows = pd.DataFrame(generate_rows("rte", "val", 4, seed=3))
+    model = mlflow.pyfunc.load_model("models:/capt-tiny-t5-wic@champion")
+    rows = pd.DataFrame(generate_rows("wic", "val", 4, seed=3))
     labels = model.predict(rows.drop(columns=["label"]))
-    assert len(labels) == 4 and set(labels) <= {"entailment", "not_entailment"}
+    assert len(labels) == 4 and set(labels) <= set(get("wic").label_names)
 
 
 def test_a_broken_sweep_config_fails_the_job_with_the_config_error(ray_head, tmp_path):

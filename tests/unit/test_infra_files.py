@@ -98,19 +98,22 @@ def test_accelerate_configs_load(name: str) -> None:
 @pytest.mark.slow
 def test_cpu_2proc_config_starts_two_gloo_processes(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
+    # Each rank writes its own file: two processes printing to one pipe can interleave their lines.
     script.write_text(
-        "import torch\nfrom accelerate import Accelerator\na = Accelerator()\n"
-        "print('RANK', a.process_index, a.num_processes, a.distributed_type.value,"
-        " a.gather(torch.tensor([1.0])).sum().item(), flush=True)\n"
+        "import sys, torch\nfrom accelerate import Accelerator\na = Accelerator()\n"
+        "line = f'RANK {a.process_index} {a.num_processes} {a.distributed_type.value} '"
+        " f'{a.gather(torch.tensor([1.0])).sum().item()}'\n"
+        "open(f'{sys.argv[1]}/rank{a.process_index}.txt', 'w').write(line)\n"
     )
     launcher = Path(sys.executable).with_name("accelerate")
     done = subprocess.run(
-        [str(launcher), "launch", "--config_file", str(INFRA / "accelerate" / "cpu_2proc.yaml"), str(script)],
+        [str(launcher), "launch", "--config_file", str(INFRA / "accelerate" / "cpu_2proc.yaml"), str(script),
+         str(tmp_path)],
         env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    ranks = sorted(line.split()[1] for line in done.stdout.splitlines() if line.startswith("RANK"))
-    assert ranks == ["0", "1"] and "RANK 0 2 MULTI_CPU 2.0" in done.stdout
+    lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
+    assert lines == ["RANK 0 2 MULTI_CPU 2.0", "RANK 1 2 MULTI_CPU 2.0"]
 
 
 @pytest.mark.parametrize("script", sorted(INFRA.rglob("*.sh")), ids=lambda p: p.name)

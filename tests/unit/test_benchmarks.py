@@ -1,0 +1,156 @@
+"""The benchmark harness at minimal sizes: every module's pieces run and produce what the report needs.
+
+The real benchmarks (`python -m benchmarks.run [--quick]`) are never run here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import (  # noqa: E402
+    common,
+    inference,
+    learning,
+    pipeline_overhead,
+    report,
+    step_cost,
+    time_to_result,
+)
+from benchmarks.common import BenchResult, Table, Target  # noqa: E402
+
+TINY_T5 = {"num_layers": 1, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2, "d_kv": 16,
+           "vocab_size": 128}
+TINY_LLAMA = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128}
+
+
+def test_interleaved_times_every_callable_each_round_and_pairs_ratios():
+    calls = []
+    wall, cpu = common.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3,
+                                   warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then a rotating start
+    assert len(wall["a"]) == len(cpu["b"]) == 3
+    ratios = common.paired_ratios({"ref": [1.0, 2.0], "m": [1.5, 2.0]}, "ref")
+    assert ratios["m"] == [1.5, 1.0] and ratios["ref"] == [1.0, 1.0]
+
+
+def test_a_missed_target_says_by_how_much():
+    assert common.at_most("x", 1.0, 1.05).met
+    missed = common.at_most("x", 1.26, 1.05)
+    assert not missed.met and "0.210x" in missed.detail and "20.0 %" in missed.detail
+
+
+def test_step_cost_gives_a_ratio_to_the_floor_for_every_method(tmp_path):
+    config = {"archs": [{"arch": "t5-base", "changes": TINY_T5, "batch": 2, "seq": 8, "target": 2},
+                        {"arch": "llama-3.2-1b", "changes": TINY_LLAMA, "batch": 2, "seq": 8, "target": 2}],
+              "rounds": 1, "warmup": 1, "profile_passes": 1, "target_ratio": 1.05}
+    result = step_cost.run(config, tmp_path)
+    costs = [t for t in result.tables if "method" in t.columns]
+    assert len(costs) == 2
+    for table in costs:
+        assert [r["method"] for r in table.rows] == ["floor", *step_cost.METHODS]
+        assert all(r["ratio_to_floor"] > 0 and r["peak_step_mb"] > 0 for r in table.rows)
+        assert next(r for r in table.rows if r["method"] == "capt")["trainable"] == 32  # one vector, one layer
+    assert len(result.targets) == 4 and (tmp_path / "step_cost.png").is_file()
+    assert any("CaPT step" in title and "Self CPU" in text for title, text in result.profiles.items())
+
+
+def test_the_floor_step_gives_only_the_input_a_gradient():
+    from benchmarks import models
+
+    config = models.config_for("llama-3.2-1b", **TINY_LLAMA)
+    model = models.build(config)
+    step_cost.floor_step(model, step_cost.make_batch(config, 2, 6, 2))()
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+
+
+def test_time_to_result_schedule_spreads_the_capt_runs_and_ratios_use_their_median():
+    order = [m for m, _ in time_to_result.schedule([1, 5], capt_runs=3)]
+    assert order == ["capt", "prompt_tuning", "ptuning_v2", "capt", "prompt_tuning", "ptuning_v2", "capt"]
+    runs = [{"method": "capt", "wall_s": w, "fit_s": w} for w in (1.0, 2.0, 9.0)]
+    runs += [{"method": m, "length": n, "wall_s": 3.0, "fit_s": 3.0} for m in time_to_result.GRID_METHODS
+             for n in (1, 5)]
+    rows, ratios = time_to_result.summarise(runs)
+    assert ratios == {"prompt_tuning": 3.0, "ptuning_v2": 3.0} and rows[1]["paper"] == 8.77
+
+
+def test_time_to_result_runs_the_pipeline_jobs(tmp_path, monkeypatch):
+    monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
+    config = {**time_to_result.settings(quick=True), "lengths": [1], "capt_runs": 1, "steps": 1,
+              "max_eval_examples": 4, "max_train_examples": 16, "batch_size": 4}
+    result = time_to_result.run(config, tmp_path)
+    assert [r["method"] for r in result.tables[0].rows] == ["capt", "prompt_tuning", "ptuning_v2"]
+    assert all(r["ratio"] > 0 for r in result.tables[1].rows)
+
+
+def test_inference_throughput_of_every_mode_and_artifact_sizes(tmp_path):
+    config = {"arch": "t5-small", "changes": TINY_T5, "rows_per_task": 1, "seq": 8, "target": 2, "rounds": 1}
+    rows, _ = inference.throughput(config)
+    assert {r["mode"] for r in rows} >= {inference.BARE, inference.MIXED}
+    assert all(r["rows"] == 7 and r["rows_per_s"] > 0 for r in rows)
+    size = inference.artifact_row("t5-base", tmp_path)
+    assert size["capsule_parameters"] == 12 * 768 and size["tensor_bytes"] == 36864
+    assert 36864 < size["capsule.safetensors_bytes"] < 36864 + 512
+
+
+def test_learning_splits_boolq_and_skips_without_data(tmp_path, monkeypatch):
+    source = tmp_path / "data"
+    (source / "boolq").mkdir(parents=True)
+    (source / "boolq" / "val.jsonl").write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(9)))
+    (source / "cb").mkdir()
+    for split in ("train", "val"):
+        (source / "cb" / f"{split}.jsonl").write_text("{}\n")
+    ready, notes = learning.prepare_data(source, tmp_path / "ready", ["cb", "boolq", "wic"],
+                                         learning.settings(quick=True))
+    assert ready == ["cb", "boolq"] and any("wic: skipped" in n for n in notes)
+    assert len((tmp_path / "ready" / "boolq" / "train.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "ready" / "boolq" / "val.jsonl").read_text().splitlines()) == 3
+    monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
+    assert "CAPT_DATA_DIR" in learning.run(learning.settings(quick=True), tmp_path).skipped
+
+
+def test_the_sweep_configs_of_the_benchmarks_are_valid(monkeypatch, tmp_path):
+    from pipelines.sweep_config import load_sweep_config, trials
+
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
+    assert len(trials(load_sweep_config(ROOT / learning.CONFIG, []))) == 5 * 6 * 3
+    assert len(trials(load_sweep_config(ROOT / "pipelines/configs/bench/overhead.yaml", []))) == 4
+    for name in ("learning", "overhead"):
+        first = (ROOT / f"pipelines/configs/bench/{name}.yaml").read_text().splitlines()[0]
+        assert first.startswith("#") and "pipelines/sweep.py --config pipelines/configs/bench/" in first
+
+
+def test_pipeline_overhead_reads_the_sweep_log_and_runs_the_trial_jobs_in_process(tmp_path):
+    log = tmp_path / "sweep.log"
+    log.write_text("2026-01-01 10:00:00,000 INFO x: starting MLflow server at http://127.0.0.1:1\n"
+                   "2026-01-01 10:00:12,500 INFO x: MLflow server ready at http://127.0.0.1:1\n")
+    assert pipeline_overhead.mlflow_start_in_log(log) == 12.5
+    starts = [{"component": "ray.init (local)", "median_s": 5.0}, {"component": "ray.shutdown", "median_s": 1.0},
+              {"component": pipeline_overhead.MLFLOW_IN_SWEEP, "median_s": 12.5}]
+    assert pipeline_overhead.fixed_costs(starts) == 18.5
+    config = pipeline_overhead.settings(quick=True)
+    measured = pipeline_overhead.run_in_process(config, tmp_path, 0, limit=1)
+    assert measured["trials"] == 1 and measured["wall_s"] >= measured["fit_s"] > 0
+
+
+@pytest.mark.parametrize("missed", [False, True])
+def test_the_report_states_machine_versions_and_misses(tmp_path, missed):
+    target = Target("CaPT step / floor (t5-base)", "<= 1.05x", 1.2 if missed else 1.0, not missed,
+                    "missed by 0.150x (14.3 % over the limit)" if missed else "met")
+    result = BenchResult("step_cost", "Step cost", {"rounds": 1, "mode": "quick"},
+                         tables=[Table("costs", ["method", "ratio_to_floor"], [{"method": "capt", "ratio_to_floor": 1.2}])],
+                         targets=[target], profiles={"CaPT step, t5-base": "aten::mm 80%"}, duration_s=3.0)
+    info = {"date": common.now_iso(), "command": "python -m benchmarks.run --quick", "machine": common.machine(),
+            "versions": common.versions(), "total_s": 3.0}
+    text = report.write_report([result], info, tmp_path).read_text()
+    assert "## Machine and versions" in text and "CPU:" in text and "RAM:" in text and "torch " in text
+    assert "| capt | 1.2 |" in text and "quick mode" in text
+    assert ("missed by 0.150x" in text and "aten::mm 80%" in text) == missed
