@@ -168,6 +168,15 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
         problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg']}" for e in err.errors(include_url=False)]
         raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(problems) + ".") from None
     trials(sweep)  # validates every trial's job
+    return absolute_paths(sweep)
+
+
+def absolute_paths(sweep: SweepConfig) -> SweepConfig:
+    """Resolve local paths on the driver: Tune runs trials in their own working directories."""
+    if "://" not in sweep.storage_path:
+        sweep = dataclasses.replace(sweep, storage_path=str(sweep.storage_root()))
+    if os.environ.get("CAPT_DATA_DIR"):
+        os.environ["CAPT_DATA_DIR"] = str(Path(os.environ["CAPT_DATA_DIR"]).expanduser().resolve())
     return sweep
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,13 @@ def test_concurrency_follows_the_cluster():
     assert max_concurrent(sweep, {"CPU": 16.0}) == 14
     gpu = load_sweep_config(CONFIGS / "paper" / "qwen2.5-1.5b.yaml", ["data_source=generated"])
     assert max_concurrent(gpu, {"CPU": 64.0, "GPU": 8.0}) == 4
+
+
+def test_relative_paths_are_resolved_on_the_driver(tmp_path, monkeypatch):
+    # Tune runs each trial in its own working directory: a relative path there would land in Ray's temp dir.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CAPT_DATA_DIR", "data")
+    sweep = load_sweep_config(CONFIGS / "smoke.yaml", ["storage_path=runs", "data_source=generated"])
+    assert sweep.storage_path == str(tmp_path / "runs")
+    assert trials(sweep)[0].job["output_dir"].startswith(str(tmp_path / "runs" / "smoke" / "jobs"))
+    assert os.environ["CAPT_DATA_DIR"] == str(tmp_path / "data")
