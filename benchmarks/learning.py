@@ -1,0 +1,189 @@
+"""Benchmark 5: learning on real data: MiniLM on CB, RTE, COPA, WiC and BoolQ, 3 seeds, every method.
+
+The grid is the sweep config `pipelines/configs/bench/learning.yaml` (equal step budgets for every
+method). Full mode runs it through `pipelines/sweep.py` (local Ray + local MLflow) and tabulates the
+MLflow runs with `python -m pipelines.report`. Quick mode (one task, one seed, a few steps) runs the same
+trial jobs (`pipelines.sweep_config.trials`) back to back with `pipelines.train.run` and tabulates them with
+`pipelines.report`'s own table and plot functions: a sweep pays about a minute of Ray Train worker start-up
+per trial on 2 CPUs (see pipeline_overhead), more than the whole quick budget for six methods.
+
+Data: `CAPT_DATA_DIR` must hold the official jsonl files. BoolQ's official train split is not in the
+shared data (only its validation file): the benchmark splits that file, seeded, into train and test
+(the pipeline then holds 10 % of that train part out for validation). Without `CAPT_DATA_DIR` it is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import OFFLINE_ENV, REPO, BenchResult, Table, log_tail, run_logged
+
+logger = logging.getLogger(__name__)
+
+NAME = "learning"
+TITLE = "Learning on real data: MiniLM, 5 SuperGLUE tasks, every method"
+CONFIG = "pipelines/configs/bench/learning.yaml"
+QUICK_OVERRIDES = ["tasks=[cb]", "seeds=[0]", "job.train.max_steps=3", "job.train.eval_every_steps=3",
+                   "job.train.batch_size=4", "job.model.max_length=64", "job.task.max_train_examples=64",
+                   "job.task.max_eval_examples=16"]
+
+
+def settings(quick: bool) -> dict[str, Any]:
+    """Route (sweep or in-process), config overrides, BoolQ split and time limit."""
+    common = {"config": CONFIG, "boolq_train_fraction": 2 / 3, "split_seed": 0}
+    if quick:
+        return {**common, "route": "in_process", "overrides": QUICK_OVERRIDES, "timeout_s": 900}
+    return {**common, "route": "sweep", "overrides": [], "timeout_s": 3 * 3600}
+
+
+def split_boolq(val_file: Path, target: Path, fraction: float, seed: int) -> str:
+    """Write train.jsonl / val.jsonl from BoolQ's official validation file; returns a note saying so."""
+    lines = [line for line in val_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    random.Random(seed).shuffle(lines)
+    cut = round(len(lines) * fraction)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "train.jsonl").write_text("\n".join(lines[:cut]) + "\n", encoding="utf-8")
+    (target / "val.jsonl").write_text("\n".join(lines[cut:]) + "\n", encoding="utf-8")
+    return (f"BoolQ: only the official validation file ({len(lines)} rows) is available; it was shuffled "
+            f"(seed {seed}) and split into {cut} train rows and {len(lines) - cut} test rows (the test set "
+            "here, so BoolQ numbers are not comparable to the official validation scores).")
+
+
+def prepare_data(source: Path, target: Path, tasks: list[str], config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Link every task folder with train and val files into `target`; split BoolQ when it lacks train."""
+    ready, notes = [], []
+    for task in tasks:
+        folder = source / task
+        if (folder / "train.jsonl").is_file() and (folder / "val.jsonl").is_file():
+            (target / task).parent.mkdir(parents=True, exist_ok=True)
+            (target / task).symlink_to(folder.resolve(), target_is_directory=True)
+            ready.append(task)
+        elif task == "boolq" and (folder / "val.jsonl").is_file():
+            notes.append(split_boolq(folder / "val.jsonl", target / task, config["boolq_train_fraction"],
+                                     config["split_seed"]))
+            ready.append(task)
+        else:
+            notes.append(f"{task}: skipped, {folder} has no train.jsonl and val.jsonl.")
+    return ready, notes
+
+
+@contextlib.contextmanager
+def data_dir_env(path: Path) -> Iterator[None]:
+    """Set CAPT_DATA_DIR for this process (the sweep config reads it), restoring it afterwards."""
+    before = os.environ.get("CAPT_DATA_DIR")
+    os.environ["CAPT_DATA_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CAPT_DATA_DIR", None)
+        else:
+            os.environ["CAPT_DATA_DIR"] = before
+
+
+def trial_results(sweep) -> list[dict[str, Any]]:
+    """One row per finished trial of `sweep` (read from its result.json), labelled by the method row."""
+    from pipelines.sweep_config import trials
+
+    rows = []
+    for trial in trials(sweep):
+        path = sweep.storage_root() / sweep.name / "jobs" / trial.name / "result.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        rows.append({"task": trial.task, "method": trial.method, "seed": trial.seed,
+                     "test_score": result["metrics"].get("test_score"),
+                     "best_validation_score": result["metrics"].get("best_validation_score"),
+                     "steps": result["steps"], "trainable": result["trainable_parameters"],
+                     "fit_s": result["wall_time_s"]})
+    return rows
+
+
+def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Path, out: Path) -> str:
+    """Run the sweep in a subprocess, then `python -m pipelines.report` on its MLflow database."""
+    from pipelines.sweep_config import load_sweep_config
+
+    env = {**OFFLINE_ENV, "CAPT_DATA_DIR": str(data)}
+    cmd = [sys.executable, "pipelines/sweep.py", "--config", config["config"], "--num-cpus", "2", *overrides]
+    code, wall = run_logged(cmd, tmp / "sweep.log", env=env, timeout=config["timeout_s"])
+    logger.info("learning sweep: exit %d after %.0f s", code, wall)
+    with data_dir_env(data):
+        sweep = load_sweep_config(REPO / config["config"], overrides)
+    report = [sys.executable, "-m", "pipelines.report", "--experiment", sweep.experiment_name(), "--tracking-uri",
+              f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", "--out", str(out), "--sweep", sweep.name]
+    code, _ = run_logged(report, tmp / "report.log", env=OFFLINE_ENV, timeout=600)
+    if code != 0:
+        raise RuntimeError(f"pipelines.report failed ({code}):\n{log_tail(tmp / 'report.log')}\n"
+                           f"sweep log:\n{log_tail(tmp / 'sweep.log')}")
+    return (out / "report.md").read_text()
+
+
+def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Path) -> str:
+    """Run the sweep's trial jobs back to back here; tabulate them with pipelines.report's functions."""
+    import pandas as pd
+
+    from pipelines.config import validate_job_config
+    from pipelines.report import build_tables, markdown, plot
+    from pipelines.sweep_config import load_sweep_config, trials
+    from pipelines.train import run as train_run
+
+    with data_dir_env(data):
+        sweep = load_sweep_config(REPO / config["config"], overrides)
+        for trial in trials(sweep):
+            train_run(validate_job_config(trial.job))
+    frame = pd.DataFrame([{"model": "minilm", "task": r["task"], "method": r["method"], "seed": str(r["seed"]),
+                           "value": r["test_score"]} for r in trial_results(sweep)])
+    tables = build_tables(frame)
+    text = markdown(tables, "test_score", f"{sweep.name} (in-process): test_score")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text + "\n")
+    plot(tables, "test_score", out / "report.png")
+    return text
+
+
+def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
+    """Prepare the data, run the grid by the configured route, and collect the tables."""
+    from pipelines.sweep_config import load_sweep_config
+
+    result = BenchResult(NAME, TITLE, config)
+    source = os.environ.get("CAPT_DATA_DIR")
+    if not source:
+        result.skipped = ("CAPT_DATA_DIR is not set: this benchmark needs the real task files "
+                          "(<dir>/<task>/{train,val}.jsonl), e.g. CAPT_DATA_DIR=/work/shared/data.")
+        return result
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp_name:
+        tmp = Path(tmp_name)
+        with data_dir_env(Path(source)):
+            tasks = load_sweep_config(REPO / config["config"], config["overrides"]).tasks
+        ready, notes = prepare_data(Path(source), tmp / "data", tasks, config)
+        overrides = [*config["overrides"], f"tasks=[{','.join(ready)}]", f"storage_path={tmp / 'sweeps'}",
+                     f"tracking.local_dir={tmp / 'mlflow'}"]
+        out = out_dir / "learning"
+        if config["route"] == "sweep":
+            text = via_sweep(config, overrides, tmp / "data", tmp, out)
+        else:
+            text = in_process(config, overrides, tmp / "data", out)
+        with data_dir_env(tmp / "data"):
+            rows = trial_results(load_sweep_config(REPO / config["config"], overrides))
+    body = text.split("\n", 1)[1]  # without the report's own title
+    result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
+    result.tables.append(Table("Every trial", ["task", "method", "seed", "test_score", "best_validation_score",
+                                               "steps", "trainable", "fit_s"], rows))
+    result.plots.append("learning/report.png")
+    result.notes += notes + [
+        f"Route: {config['route']}; config {config['config']}; overrides {config['overrides'] or 'none'}.",
+        "head-only+anchor = capt with task_vector=false: the training-free instance-mean capsule, so the "
+        "linear classifier head is the only trained weight; every other row also trains the head (head_lr).",
+        "Training sets above 1000 examples (RTE, WiC, BoolQ) are subsampled (max_train_examples, seeded); "
+        "validation and test sets above max_eval_examples likewise.",
+    ]
+    return result

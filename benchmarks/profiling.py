@@ -1,0 +1,71 @@
+"""One step under torch.profiler: peak tensor memory (CPU allocator events) and the top ops by self time.
+
+Peak memory is read from the profiler's allocation events (``profile_memory=True``): every CPU tensor
+allocation and free during the step, in time order; the peak is the highest running total above the
+level at the start of the step. It counts tensor memory only (activations, gradients, optimizer
+temporaries and any state first created in the step), the CPU analogue of
+``torch.cuda.max_memory_allocated`` minus the memory allocated before the step. Process RSS is not used:
+glibc keeps freed memory, so RSS deltas under-count a second step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepProfile:
+    """What one profiled step tells."""
+
+    peak_bytes: int
+    """Highest tensor memory in use during the step above the level at its start."""
+    net_bytes: int
+    """Tensor memory still held at the end of the step minus that at its start."""
+    self_cpu_us: dict[str, float]
+    """Op name -> self CPU time (microseconds)."""
+    table: str
+    """torch.profiler's key_averages table, sorted by self CPU time."""
+
+
+def profile_step(step: Callable[[], object], row_limit: int = 12) -> StepProfile:
+    """Run `step` once under the profiler with memory tracking."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    peak, net = _allocation_peak(prof)
+    averages = prof.key_averages()
+    self_cpu = {event.key: float(event.self_cpu_time_total) for event in averages}
+    table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=48)
+    return StepProfile(peak, net, self_cpu, table)
+
+
+def _allocation_peak(prof) -> tuple[int, int]:
+    """(peak, net) of the running total of allocation events, in bytes."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, int(node.extra_fields.alloc_size)))
+        stack.extend(node.children)
+    events.sort()
+    total = peak = 0
+    for _, size in events:
+        total += size
+        peak = max(peak, total)
+    return peak, total
+
+
+def op_difference(method: dict[str, float], floor: dict[str, float], top: int = 8) -> list[dict[str, object]]:
+    """Ops whose self CPU time grew most from `floor` to `method` (where the extra time goes)."""
+    rows = [{"op": op, "method_ms": method.get(op, 0.0) / 1e3, "floor_ms": floor.get(op, 0.0) / 1e3,
+             "extra_ms": (method.get(op, 0.0) - floor.get(op, 0.0)) / 1e3} for op in set(method) | set(floor)]
+    rows.sort(key=lambda r: r["extra_ms"], reverse=True)
+    return rows[:top]

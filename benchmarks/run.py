@@ -1,0 +1,112 @@
+"""Run the benchmarks and write JSON results, PNG plots and the Markdown report.
+
+    python -m benchmarks.run                      # full run (under an hour on 2 CPUs without `learning`)
+    python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
+    python -m benchmarks.run --only step_cost inference
+    CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning
+
+Results go to benchmarks/results/ (<name>.json, *.png, report.md, run.json); the report covers every
+benchmark whose JSON is there, so `--only` refreshes one section and keeps the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from benchmarks import inference, learning, pipeline_overhead, step_cost, time_to_result
+from benchmarks.common import (
+    OFFLINE_ENV,
+    RESULTS,
+    BenchResult,
+    load_results,
+    machine,
+    markdown_table,
+    now_iso,
+    save_result,
+    versions,
+)
+from benchmarks.report import write_report
+
+logger = logging.getLogger("benchmarks.run")
+
+BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
+                                     (step_cost, time_to_result, pipeline_overhead, inference, learning)}
+
+
+def run_benchmark(module: ModuleType, quick: bool, out_dir: Path) -> BenchResult:
+    """Run one benchmark module; a failure is recorded in the result, not raised."""
+    config = module.settings(quick)
+    started, start = now_iso(), time.perf_counter()
+    logger.info("=== %s (%s mode) ===", module.NAME, "quick" if quick else "full")
+    try:
+        result = module.run(config, out_dir)
+    except Exception as err:  # noqa: BLE001 - one failing benchmark must not lose the others' results
+        logger.exception("%s failed", module.NAME)
+        result = BenchResult(module.NAME, module.TITLE, config, error=f"{type(err).__name__}: {err}")
+    result.settings["mode"] = "quick" if quick else "full"
+    result.started, result.duration_s = started, time.perf_counter() - start
+    save_result(result, out_dir)
+    return result
+
+
+def render(result: BenchResult) -> str:
+    """The benchmark's tables and target verdicts as text (printed when it ends)."""
+    lines = [f"\n## {result.title} ({result.duration_s:.0f} s)"]
+    if result.skipped or result.error:
+        return "\n".join([*lines, f"SKIPPED: {result.skipped}" if result.skipped else f"FAILED: {result.error}"])
+    for title, text in result.sections.items():
+        lines += ["", title, text.strip()]
+    lines += ["", *[markdown_table(t) + "\n" for t in result.tables]]
+    lines += [f"target {t.name} {t.goal}: {t.measured:.4g} -> {'met' if t.met else t.detail}" for t in result.targets]
+    return "\n".join(lines)
+
+
+def run_info(argv: list[str], total_s: float) -> dict:
+    """Date, command, machine and versions for the report header."""
+    return {"date": now_iso(), "command": "python -m benchmarks.run " + " ".join(argv), "machine": machine(),
+            "versions": versions(), "total_s": total_s}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: every benchmark in a few minutes")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help=f"run only these ({', '.join(BENCHMARKS)})")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; exit 1 when a benchmark failed."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    start_info, start = run_info(argv, 0.0), time.perf_counter()
+    texts, failed = [], False
+    for name in args.only or list(BENCHMARKS):
+        result = run_benchmark(BENCHMARKS[name], args.quick, args.out)
+        failed |= result.error is not None
+        texts.append(render(result))
+        print(texts[-1], flush=True)
+    info = {**start_info, "total_s": time.perf_counter() - start}
+    (args.out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    path = write_report(load_results(args.out, list(BENCHMARKS)), info, args.out)
+    print(f"\nTotal {info['total_s']:.0f} s. Report: {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
