@@ -183,6 +183,7 @@ def absolute_paths(sweep: SweepConfig) -> SweepConfig:
 def trials(sweep: SweepConfig) -> list[Trial]:
     """Every grid point with its job config, validated; raises once listing every problem."""
     problems = _search_problems(sweep.search)
+    by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
     for task in sweep.tasks:
         for model in sweep.models:
@@ -194,8 +195,11 @@ def trials(sweep: SweepConfig) -> list[Trial]:
                     try:
                         validate_job_config(job)
                     except JobConfigError as err:
-                        problems.append(f"trial {task}/{model}/{entry.key}/s{seed}: {err}")
+                        by_problem.setdefault(str(err), []).append(f"{task}/{model}/{entry.key}/s{seed}")
                     points.append(Trial(task, model, entry.key, seed, job))
+    for problem, names in by_problem.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
     labels = [e.key for e in sweep.methods]
     if len(set(labels)) != len(labels):
         problems.append(f"methods: labels {labels} repeat; give each row a distinct label")

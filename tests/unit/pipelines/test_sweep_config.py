@@ -17,9 +17,10 @@ SWEEPS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "job")
 
 
 @pytest.fixture(autouse=True)
-def _hub_ids_allowed(monkeypatch):
+def _hub_ids_allowed(monkeypatch, tmp_path):
     # Paper configs name hub checkpoints; offline validation would (rightly) refuse uncached ones.
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))  # configs that read local data need a data dir
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -66,6 +67,10 @@ def test_a_bad_sweep_lists_every_problem(tmp_path):
         load_sweep_config(bad, ["data_source=generated"])
     message = str(err.value)
     assert "task.name='squad'" in message and "fusion='glue'" in message
+    bad.write_text("tasks: [rte]\nseeds: [0, 1, 2]\nmethods: [{name: capt, options: {fusion: glue}}]\n")
+    with pytest.raises(JobConfigError) as err:
+        load_sweep_config(bad, ["data_source=generated"])
+    assert str(err.value).count("fusion='glue'") == 1 and "3 trial(s)" in str(err.value), "reported once"
 
 
 def test_trial_names_and_output_dirs_are_stable(tmp_path):
