@@ -23,7 +23,7 @@ def _launch(processes: int, output_dir: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                str(SCRIPT), str(output_dir), *JOB]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
