@@ -38,6 +38,25 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "full_finetune": ("full_finetune", {}),
 }
 """Row label -> (pipeline method name, method options)."""
+NOTES = [
+    "Random weights built from the published configs; ratio_to_floor is the median over rounds of "
+    "method wall time / floor wall time in the same round (methods interleaved, rotating start); "
+    "ratio_range is its min-max over rounds. cpu_ratio_to_floor: the same with process CPU time "
+    "(all threads), far less sensitive to other processes competing for the cores.",
+    "The op table (self CPU time, CaPT minus floor) keeps, per op, the least time over the profiled "
+    "steps; under load a few ms of noise per op remain.",
+    "peak_step_mb: peak CPU tensor memory during one step above the level at its start, from "
+    "torch.profiler allocation events (profile_memory=True), not RSS; it includes gradients. "
+    "persistent_mb: optimizer state kept between steps. Model weights (shared by all rows) are excluded.",
+    "Why LoRA and P-Tuning v2 can sit at or below the floor: their first trained tensors are inside "
+    "layer 1's attention (LoRA's A/B on q and v; P-Tuning v2's prefix keys and values), so backward "
+    "stops there and never computes the gradient of layer 1's input through its q/k/v projections. The "
+    "floor and CaPT must (the first capsule is an input of layer 1). That saving is about 1/L of the "
+    "backward: large in quick mode's one-layer models, about 2 % of a 12-layer T5-Base step.",
+    "Optimizers: the pipeline's defaults (Adafactor lr 0.3 for CaPT, prompt tuning and P-Tuning v2; "
+    "AdamW for LoRA (5e-4) and full fine-tuning (5e-5)); no gradient clipping.",
+]
+"""What the report says about the method of this benchmark."""
 COLUMNS = ["method", "trainable", "model_tokens", "median_step_s", "ratio_to_floor", "ratio_range",
            "cpu_ratio_to_floor", "peak_step_mb", "persistent_mb"]
 
@@ -203,22 +222,5 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     grouped_bars(ratios, out_dir / "step_cost.png", "Training step time / frozen floor", "ratio to floor",
                  hline=config["target_ratio"], hline_label=f"CaPT target {config['target_ratio']}x")
     result.plots.append("step_cost.png")
-    result.notes += [
-        "Random weights built from the published configs; ratio_to_floor is the median over rounds of "
-        "method wall time / floor wall time in the same round (methods interleaved, rotating start); "
-        "ratio_range is its min-max over rounds. cpu_ratio_to_floor: the same with process CPU time "
-        "(all threads), far less sensitive to other processes competing for the cores.",
-        "The op table (self CPU time, CaPT minus floor) keeps, per op, the least time over the profiled "
-        "steps; under load a few ms of noise per op remain.",
-        "peak_step_mb: peak CPU tensor memory during one step above the level at its start, from "
-        "torch.profiler allocation events (profile_memory=True), not RSS; it includes gradients. "
-        "persistent_mb: optimizer state kept between steps. Model weights (shared by all rows) are excluded.",
-        "Why LoRA and P-Tuning v2 can sit at or below the floor: their first trained tensors are inside "
-        "layer 1's attention (LoRA's A/B on q and v; P-Tuning v2's prefix keys and values), so backward "
-        "stops there and never computes the gradient of layer 1's input through its q/k/v projections. The "
-        "floor and CaPT must (the first capsule is an input of layer 1). That saving is about 1/L of the "
-        "backward: large in quick mode's one-layer models, about 2 % of a 12-layer T5-Base step.",
-        "Optimizers: the pipeline's defaults (Adafactor lr 0.3 for CaPT, prompt tuning and P-Tuning v2; "
-        "AdamW for LoRA (5e-4) and full fine-tuning (5e-5)); no gradient clipping.",
-    ]
+    result.notes += NOTES
     return result
