@@ -187,7 +187,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         "Train worker groups, MLflow logging, capsule registration and promotion, and shutdown.",
         "overhead_per_trial_net_s also subtracts the once-per-sweep costs (ray.init, ray.shutdown, MLflow "
         "start, and MLflow stop where probed), leaving what each trial adds.",
-        "fit_in_sweep_s / fit_in_process_s: the jobs' own `fit` time (result.json wall_time_s), summed: the "
-        "training itself runs at the same speed inside a Ray Train worker.",
+        "fit_in_sweep_s / fit_in_process_s: the jobs' own `fit` time (result.json wall_time_s), summed. Inside "
+        "the sweep it includes MLflow logging at each validation, and the Ray Train worker runs torch with "
+        "cpus_per_worker (1) threads, where this process uses all cores.",
     ]
     return result
