@@ -71,33 +71,30 @@ class ArchSpec:
 
 def strip_slots(output, spec: ArchSpec, start: int, stop: int):
     """Remove positions [start, stop) from every slot-bearing field of a model output, in place."""
-    keep = _keep_index(start, stop)
     for name, axis in spec.output_axes:
         value = getattr(output, name, None)
         if value is None:
             continue
         if isinstance(value, tuple):
-            value = tuple(_strip(v, axis, keep) for v in value)
+            value = tuple(_strip(v, axis, start, stop) for v in value)
         else:
-            value = _strip(value, axis, keep)
+            value = _strip(value, axis, start, stop)
         output[name] = value
     return output
 
 
-def _keep_index(start: int, stop: int) -> Callable[[int, torch.device], torch.Tensor]:
-    def index(length: int, device: torch.device) -> torch.Tensor:
-        positions = torch.arange(length, device=device)
-        return positions[(positions < start) | (positions >= stop)]
+def _drop(tensor: torch.Tensor, dim: int, start: int, stop: int) -> torch.Tensor:
+    """`tensor` without positions [start, stop) of `dim`; a view (no copy of the logits) when start == 0."""
+    if start == 0:
+        return tensor.narrow(dim, stop, tensor.shape[dim] - stop)
+    return torch.cat([tensor.narrow(dim, 0, start), tensor.narrow(dim, stop, tensor.shape[dim] - stop)], dim=dim)
 
-    return index
 
-
-def _strip(tensor: torch.Tensor, axis: str, keep) -> torch.Tensor:
+def _strip(tensor: torch.Tensor, axis: str, start: int, stop: int) -> torch.Tensor:
     if axis == SEQUENCE or (axis == TOKEN_LOGITS and tensor.dim() == 3):
-        return tensor.index_select(1, keep(tensor.shape[1], tensor.device))
+        return _drop(tensor, 1, start, stop)
     if axis == ATTENTION:
-        idx = keep(tensor.shape[-1], tensor.device)
-        return tensor.index_select(2, idx).index_select(3, idx)
+        return _drop(_drop(tensor, 2, start, stop), 3, start, stop)
     if axis == CROSS_ATTENTION:
-        return tensor.index_select(3, keep(tensor.shape[-1], tensor.device))
+        return _drop(tensor, 3, start, stop)
     return tensor
