@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -50,8 +51,32 @@ class _Meter:
 
 
 def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
-    """Run the job described by `config`; `report(metrics)` is called on every rank at each validation."""
+    """Run the job described by `config`; `report(metrics)` is called on every rank at each validation.
+
+    With `train.resume`, a job whose output directory already holds the finished result of this same
+    config returns that result without training again (a restarted sweep never runs a trial twice).
+    """
+    finished = finished_result(config) if config.train.resume else None
+    if finished is not None:
+        logger.info("%s already holds the finished result of this job: not training again",
+                    config.resolved_output_dir())
+        return finished
     return fit(build_job(config), report)
+
+
+def finished_result(config: JobConfig) -> dict[str, Any] | None:
+    """The stored result.json of this exact config with its artifact, or None (missing, partial or other config)."""
+    output_dir = config.resolved_output_dir()
+    try:
+        result = json.loads((output_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    stored = json.loads(json.dumps(result.get("config"), default=str))
+    current = json.loads(json.dumps(config.to_dict(), default=str))
+    artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
+    if stored != current or not artifact.is_dir() or not any(artifact.iterdir()):
+        return None
+    return result
 
 
 def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
@@ -189,9 +214,16 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
                       job.output_dir / "artifact", job.config.task.name, result["metrics"])
-        (job.output_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
+        _write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A killed job leaves either no file or the whole file (resume trusts a result.json it can parse)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def ranks_in_sync(job: Job) -> bool:

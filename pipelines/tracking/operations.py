@@ -115,6 +115,13 @@ def _apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str 
     return version
 
 
+def _record_finished(state_dir: Path, version: str | None) -> None:
+    """Mark the run record: a restarted trial must neither reopen this run nor register a second version."""
+    record = read_run_record(state_dir)
+    if record is not None:
+        write_run_record(state_dir, {**record, "status": "FINISHED", "model_version": version})
+
+
 def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
     """Apply one operation; the run comes from the op or from the trial's run record."""
     kind = op["op"]
@@ -131,7 +138,9 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
     if kind == "metrics":
         return _apply_metrics(client, run_id, op)
     if kind == "finish":
-        return _apply_finish(client, uri, run_id, op)
+        version = _apply_finish(client, uri, run_id, op)
+        _record_finished(state_dir, version)
+        return version
     if kind == "end":
         return client.set_terminated(run_id, status=op["status"], end_time=op["timestamp"])
     raise TrackingError(f"Unknown pending operation {kind!r} in {state_dir / PENDING_FILE}")

@@ -56,11 +56,26 @@ class TrialTracker:
         self._replayer = _Replayer(self.state_dir)
         _own_http_retries()
 
+    @property
+    def finished(self) -> bool:
+        """Whether this trial's run was already finished (or its finish is spooled): nothing more to log."""
+        record = read_run_record(self.state_dir)
+        if record is not None and record.get("status") == "FINISHED":
+            return True
+        return any(op["op"] == "finish" for op in self.spool.read())
+
     def start(self) -> str | None:
-        """Create (or, for a restarted trial, reopen) the run; None while the server is unreachable."""
+        """Create (or, for a restarted trial, reopen) the run; None while the server is unreachable.
+
+        A trial restarted after its run finished only uploads what is still spooled.
+        """
         record = read_run_record(self.state_dir)
         start = {"op": "start", "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
                  "trial_key": uuid.uuid4().hex, "timestamp": _now_ms()}
+        if self.finished:
+            self._submit(None)
+            self._refresh_run_id()
+            return self.run_id
         if record is not None:
             self._submit({"op": "resume", "run_id": record["run_id"], "start": start})
         elif any(op["op"] == "start" for op in self.spool.read()):
@@ -73,10 +88,14 @@ class TrialTracker:
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Every field of a (flat or nested) config as string params, truncated to MLflow's limit."""
+        if self.finished:
+            return
         self._submit({"op": "params", "params": param_strings(params)})
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """Numeric entries of `metrics` at `step` (a `step` key in the dict is ignored)."""
+        if self.finished:
+            return
         self._submit({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
                       "timestamp": _now_ms()})
 
@@ -86,14 +105,21 @@ class TrialTracker:
         Returns the new registry version (None when not registering or when spooled).
         """
         self._stop_monitor()
+        if self.finished:
+            self._submit(None)
+            record = read_run_record(self.state_dir) or {}
+            self.model_version = record.get("model_version")
+            return self.model_version
         plain = json.loads(json.dumps(dict(result), default=str))  # what result.json holds
         self._submit({"op": "finish", "result": plain, "artifact_dir": str(Path(artifact_dir).resolve()),
                       "register": bool(register), "status": "FINISHED", "timestamp": _now_ms()}, force=True)
         return self.model_version
 
     def fail(self) -> None:
-        """End the run FAILED (the trial raised)."""
+        """End the run FAILED (the trial raised), unless it already finished."""
         self._stop_monitor()
+        if self.finished:
+            return
         self._submit({"op": "end", "status": "FAILED", "timestamp": _now_ms()}, force=True)
 
     def __enter__(self) -> TrialTracker:

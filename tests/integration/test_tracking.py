@@ -73,12 +73,31 @@ def test_a_trial_is_one_run_with_params_history_artifacts_and_a_version(
     assert float(version.tags["test_score"]) == pytest.approx(tracked["result"]["metrics"]["test_score"])
 
 
-def test_a_restarted_trial_reuses_its_run_and_its_version(
+def test_a_trial_restarted_after_its_run_finished_logs_nothing_twice(
     mlflow_server: LocalMlflowServer, tracked: dict[str, Any]
 ) -> None:
-    assert json.loads((tracked["out"] / RUN_FILE).read_text())["run_id"] == tracked["run_id"]
+    record = json.loads((tracked["out"] / RUN_FILE).read_text())
+    assert record["run_id"] == tracked["run_id"] and record["status"] == "FINISHED"
+    assert record["model_version"] == tracked["version"]
+    client = MlflowClient(mlflow_server.uri)
+    ended = client.get_run(tracked["run_id"]).info.end_time
     tracker = _tracker(mlflow_server.uri, tracked["out"], 0, system_metrics=False)
-    assert tracker.start() == tracked["run_id"]
+    assert tracker.finished and tracker.start() == tracked["run_id"]
+    tracker.log_metrics({"validation_score": -1.0}, step=99)
+    assert tracker.finish(tracked["result"], tracked["result"]["artifact_dir"], register=True) == tracked["version"]
+    tracker.fail()
+    run_data = client.get_run(tracked["run_id"])
+    assert run_data.info.status == "FINISHED" and run_data.info.end_time == ended
+    assert [m.step for m in client.get_metric_history(tracked["run_id"], "validation_score")] == [3, 6]
+
+
+def test_a_trial_restarted_mid_run_reopens_its_run_and_registers_one_version(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
+) -> None:
+    record = json.loads((tracked["out"] / RUN_FILE).read_text())
+    (tmp_path / RUN_FILE).write_text(json.dumps({k: v for k, v in record.items() if k not in ("status", "model_version")}))
+    tracker = _tracker(mlflow_server.uri, tmp_path, 0, system_metrics=False)
+    assert not tracker.finished and tracker.start() == tracked["run_id"]
     client = MlflowClient(mlflow_server.uri)
     assert client.get_run(tracked["run_id"]).info.status == "RUNNING"
     assert (
@@ -90,6 +109,7 @@ def test_a_restarted_trial_reuses_its_run_and_its_version(
     assert [r.info.run_id for r in named] == [tracked["run_id"]]
     assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{tracked['run_id']}'")) == 1
     assert client.get_run(tracked["run_id"]).info.status == "FINISHED"
+    assert json.loads((tmp_path / RUN_FILE).read_text())["status"] == "FINISHED"
 
 
 def _log_trial(tracker: TrialTracker, result: dict[str, Any]) -> None:

@@ -61,3 +61,22 @@ def test_killed_job_resumes_to_the_same_result(tmp_path):
     capsule = "artifact/capsule.safetensors"
     assert torch.equal(load_file(str(tmp_path / "resumed" / capsule))["vectors"],
                        load_file(str(tmp_path / "straight" / capsule))["vectors"])
+
+
+def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_path):
+    from helpers.jobs import tiny_job
+
+    from pipelines.train import run
+
+    config = tiny_job(tmp_path, train={"max_steps": 4, "eval_every_steps": 2, "resume": True})
+    first = run(config)
+    result_file, capsule = tmp_path / "result.json", tmp_path / "artifact" / "capsule.safetensors"
+    written = (result_file.stat().st_mtime_ns, capsule.stat().st_mtime_ns)
+    reported = []
+    again = run(config, reported.append)
+    assert again["metrics"] == first["metrics"] and reported == [], "nothing was trained or reported"
+    assert (result_file.stat().st_mtime_ns, capsule.stat().st_mtime_ns) == written
+
+    longer = tiny_job(tmp_path, train={"max_steps": 6, "eval_every_steps": 2, "resume": True})
+    resumed = run(longer)
+    assert resumed["steps"] == 6 and json.loads(result_file.read_text())["steps"] == 6, "another config trains on"
