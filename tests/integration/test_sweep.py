@@ -122,7 +122,8 @@ def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
     server = LocalMlflowServer(tmp_path / "mlflow").start()
     env = _env(ray_head, RAY_ADDRESS=ray_head.address)
     command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-outage", f"storage_path={tmp_path / 'sweeps'}",
-               f"tracking.uri={server.uri}", "tracking.retry_s=2"]
+               f"tracking.uri={server.uri}", "tracking.retry_s=2",
+               "job.train.max_steps=30", "job.train.eval_every_steps=10"]  # long enough to outlive server.stop()
     driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
     run_file = tmp_path / "sweeps" / "it-outage" / "jobs" / "rte-tiny-t5-capt-s0" / "mlflow_run.json"
