@@ -115,9 +115,10 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
         if address:
             ray.init(address=address, runtime_env={"env_vars": env})
         else:
-            # No dashboard, so no job API on a laptop (CVE-2023-48022): nothing to submit code to.
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env},
-                     logging_level=logging.WARNING)
+            options = _local_ray_options(env)
+            ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, **options)
+            logger.info("Local Ray dashboard (token auth; `ray get-auth-token` prints the token): "
+                        "http://127.0.0.1:%d", options["dashboard_port"])
     except (ConnectionError, RuntimeError, ValueError) as err:
         where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
         raise SystemExit(f"error: cannot start or reach {where} ({err}). Check `ray status`, start a head with "
@@ -126,6 +127,22 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def _local_ray_options(env: dict[str, str]) -> dict:
+    """ray.init options of the local Ray: its dashboard on 127.0.0.1 only (token-authenticated), and every
+    worker's state API pointed at it.
+
+    Ray Train's controller asks the state API (served by the dashboard) whether it is alive, and the state
+    API finds its cluster from RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, else the last `ray start` on the
+    machine. Without a dashboard, or with a stale `/tmp/ray/ray_current_cluster`, each call waits for its
+    timeout and every trial's teardown stalls about 12 s.
+    """
+    from pipelines.services import LOCALHOST, free_port
+
+    port = free_port(LOCALHOST)
+    return {"include_dashboard": True, "dashboard_host": LOCALHOST, "dashboard_port": port,
+            "runtime_env": {"env_vars": {**env, "RAY_API_SERVER_ADDRESS": f"http://{LOCALHOST}:{port}"}}}
 
 
 def results_table(grid) -> tuple[str, list[dict]]:
