@@ -3,7 +3,7 @@
     python -m benchmarks.run                      # full run (under an hour on 2 CPUs without `learning`)
     python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
     python -m benchmarks.run --only step_cost inference
-    CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning
+    CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
 
 Results go to benchmarks/results/ (<name>.json, *.png, report.md, run.json); the report covers every
 benchmark whose JSON is there, so `--only` refreshes one section and keeps the others.
@@ -40,9 +40,12 @@ BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
                                      (step_cost, time_to_result, pipeline_overhead, inference, learning)}
 
 
-def run_benchmark(module: ModuleType, quick: bool, out_dir: Path) -> BenchResult:
+def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None
+                  ) -> BenchResult:
     """Run one benchmark module; a failure is recorded in the result, not raised."""
     config = module.settings(quick)
+    if module is learning and learning_overrides:
+        config["overrides"] = [*config["overrides"], *learning_overrides]
     started, start = now_iso(), time.perf_counter()
     logger.info("=== %s (%s mode) ===", module.NAME, "quick" if quick else "full")
     try:
@@ -81,6 +84,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME",
                         help=f"run only these ({', '.join(BENCHMARKS)})")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
+    parser.add_argument("--learning-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="override of the learning sweep config, e.g. seeds=[0] (repeatable; kept in its settings)")
     return parser.parse_args(argv)
 
 
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     start_info, start = run_info(argv, 0.0), time.perf_counter()
     texts, failed = [], False
     for name in args.only or list(BENCHMARKS):
-        result = run_benchmark(BENCHMARKS[name], args.quick, args.out)
+        result = run_benchmark(BENCHMARKS[name], args.quick, args.out, args.learning_override)
         failed |= result.error is not None
         texts.append(render(result))
         print(texts[-1], flush=True)

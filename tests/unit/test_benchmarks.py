@@ -154,3 +154,14 @@ def test_the_report_states_machine_versions_and_misses(tmp_path, missed):
     assert "## Machine and versions" in text and "CPU:" in text and "RAM:" in text and "torch " in text
     assert "| capt | 1.2 |" in text and "quick mode" in text
     assert ("missed by 0.150x" in text and "aten::mm 80%" in text) == missed
+
+
+def test_learning_overrides_reach_the_learning_settings(monkeypatch, tmp_path):
+    from benchmarks.run import parse, run_benchmark
+
+    args = parse(["--only", "learning", "--learning-override", "seeds=[0]", "--learning-override", "tasks=[cb]"])
+    assert args.learning_override == ["seeds=[0]", "tasks=[cb]"]
+    monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
+    result = run_benchmark(learning, False, tmp_path, args.learning_override)
+    assert result.skipped and result.settings["overrides"] == ["seeds=[0]", "tasks=[cb]"]
+    assert json.loads((tmp_path / "learning.json").read_text())["settings"]["overrides"] == ["seeds=[0]", "tasks=[cb]"]
