@@ -4,7 +4,7 @@ The grid is the sweep config `pipelines/configs/bench/learning.yaml` (equal step
 method). Full mode runs it through `pipelines/sweep.py` (local Ray + local MLflow) and tabulates the
 MLflow runs with `python -m pipelines.report`. Quick mode (one task, one seed, a few steps) runs the same
 trial jobs (`pipelines.sweep_config.trials`) back to back with `pipelines.train.run` and tabulates them with
-`pipelines.report`'s own table and plot functions: a sweep pays about a minute of Ray Train worker start-up
+`pipelines.report`'s own table and plot functions: a sweep pays about 40-50 s of Ray Train worker start-up
 per trial on 2 CPUs (see pipeline_overhead), more than the whole quick budget for six methods.
 
 Data: `CAPT_DATA_DIR` must hold the official jsonl files. BoolQ's official train split is not in the
