@@ -71,10 +71,9 @@ def finished_result(config: JobConfig) -> dict[str, Any] | None:
         result = json.loads((output_dir / "result.json").read_text())
     except (OSError, ValueError):
         return None
-    stored = json.loads(json.dumps(result.get("config"), default=str))
-    current = json.loads(json.dumps(config.to_dict(), default=str))
+    current = json.loads(json.dumps(config.to_dict(), default=str))  # as result.json stores it
     artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
-    if stored != current or not artifact.is_dir() or not any(artifact.iterdir()):
+    if result.get("config") != current or not artifact.is_dir() or not any(artifact.iterdir()):
         return None
     return result
 

@@ -69,13 +69,13 @@ class TrialTracker:
 
         A trial restarted after its run finished only uploads what is still spooled.
         """
-        record = read_run_record(self.state_dir)
-        start = {"op": "start", "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
-                 "trial_key": uuid.uuid4().hex, "timestamp": _now_ms()}
         if self.finished:
             self._submit(None)
             self._refresh_run_id()
             return self.run_id
+        record = read_run_record(self.state_dir)
+        start = {"op": "start", "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
+                 "trial_key": uuid.uuid4().hex, "timestamp": _now_ms()}
         if record is not None:
             self._submit({"op": "resume", "run_id": record["run_id"], "start": start})
         elif any(op["op"] == "start" for op in self.spool.read()):
