@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,11 +25,44 @@ class ServiceError(RuntimeError):
     """A local service could not be started or reached; the message says what to do."""
 
 
-def free_port(host: str = LOCALHOST) -> int:
-    """A TCP port free on ``host`` right now (the OS picks it)."""
+_LISTEN_PORTS = (20000, 32767)  # above Ray's worker ports (10002-19999), below Linux's ephemeral range
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORT_DRAW = random.SystemRandom()  # not the global generator: training seeds it, so processes would agree
+
+
+def listen_port_range() -> tuple[int, int]:
+    """Ports :func:`free_port` draws from: clear of Ray's worker ports and of the OS's ephemeral range.
+
+    A port the OS hands out for ``bind(0)`` is also what it hands to the next outgoing connection
+    or to a Ray daemon asking for any port, so a port picked that way can be gone by the time a
+    server binds it seconds later. Ports outside the ephemeral range are only taken by listeners.
+    """
+    low, high = _LISTEN_PORTS
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 49152  # IANA's dynamic range (macOS, Windows)
+    return low, max(low + 1000, min(high, ephemeral_low - 1))
+
+
+def free_port(host: str = LOCALHOST, attempts: int = 200) -> int:
+    """A random TCP port in :func:`listen_port_range` that nothing on ``host`` listens on right now."""
+    low, high = listen_port_range()
+    for _ in range(attempts):
+        port = _PORT_DRAW.randint(low, high)
+        if _bindable(host, port):
+            return port
+    raise ServiceError(f"No free TCP port on {host} in {low}-{high} after {attempts} tries.")
+
+
+def _bindable(host: str, port: int) -> bool:
+    """True when a listener could bind ``host:port`` now (TIME_WAIT counts as taken: no SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -29,6 +29,8 @@ from pipelines.services.probe import (
 
 logger = logging.getLogger(__name__)
 
+_PORT_TAKEN = "address already in use"
+
 
 def ray_cluster_stragglers(gcs_port: int) -> list[int]:
     """Pids outside the head's group that use the Ray cluster on ``gcs_port`` (Linux; [] elsewhere).
@@ -90,6 +92,7 @@ class LocalRayHead(_Service):
         self.auth_mode = auth_mode
         self.token_path: Path | None = None
         self.num_cpus = num_cpus
+        self._picks_ports = port is None and dashboard_port is None
         self.port = port if port is not None else free_port()
         self.dashboard_port = dashboard_port if dashboard_port is not None else free_port()
         self.temp_dir = Path(temp_dir).resolve() if temp_dir is not None else None
@@ -167,8 +170,12 @@ class LocalRayHead(_Service):
         self._pgid = self._launcher.pid
         return self.wait_ready() if wait else self
 
-    def wait_ready(self) -> Self:
-        """Wait for ``ray start`` to succeed, then for ``/api/version`` to answer (401: token auth on)."""
+    def wait_ready(self, retries: int = 2) -> Self:
+        """Wait for ``ray start`` to succeed, then for ``/api/version`` to answer (401: token auth on).
+
+        Ports this head picked itself are picked again, up to ``retries`` times, when another
+        process binds one of them first (the pick and Ray's bind are seconds apart).
+        """
         if self._ready:
             return self
         if self._launcher is None:
@@ -180,6 +187,10 @@ class LocalRayHead(_Service):
             output = f"(no answer within {self.startup_timeout:.0f} s)"
         if launcher.returncode != 0:
             self.stop()
+            if self._picks_ports and _PORT_TAKEN in output.lower() and retries > 0:
+                logger.warning("a port of the Ray head was taken while it started; retrying on other ports")
+                self.port, self.dashboard_port = free_port(), free_port()
+                return self.start(wait=False).wait_ready(retries - 1)
             tail = "\n".join(output.splitlines()[-30:])
             raise ServiceError(f"`ray start --head` failed (exit code {launcher.returncode}):\n{tail}")
         deadline = time.monotonic() + self.startup_timeout

@@ -31,7 +31,9 @@ class TrialTracker:
     """One trial's MLflow run, from world rank 0 only; a restarted trial (same `state_dir`) reuses it.
 
     Never raises for tracking problems: an unreachable server spools operations (see the package
-    docstring), any other failure is logged and kept in ``mlflow_failed.jsonl``.
+    docstring), any other failure is logged and kept in ``mlflow_failed.jsonl``. With
+    ``system_metrics``, MLflow samples CPU/GPU/memory every ``system_metrics_interval_s`` while the
+    run is live (``system/...``); a run shorter than one interval has none.
     """
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, Any],

@@ -63,8 +63,16 @@ class _SilentServer(LocalMlflowServer):
 
 
 class _FailingHead(LocalRayHead):
+    """A head whose every start fails as Ray's does when another process binds its port first."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.tried: list[tuple[int, int]] = []
+
     def command(self) -> list[str]:
-        return [sys.executable, "-c", "import sys; print('ray start: address already in use'); sys.exit(1)"]
+        self.tried.append((self.port, self.dashboard_port))
+        message = "Failed to find a valid port for dashboard: [Errno 98] Address already in use"
+        return [sys.executable, "-c", f"import sys; print({message!r}); sys.exit(1)"]
 
 
 def test_start_failures_raise_with_the_log_tail(tmp_path: Path) -> None:
@@ -74,8 +82,16 @@ def test_start_failures_raise_with_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match="did not answer /health within 1 s"):
         silent.start()
     assert not silent.running
-    with pytest.raises(ServiceError, match=r"(?s)exit code 1.*address already in use"):
-        _FailingHead(num_cpus=1).start()
+    picked = _FailingHead(num_cpus=1)
+    with pytest.raises(ServiceError, match=r"(?s)exit code 1.*Address already in use"):
+        picked.start()
+    assert len(picked.tried) == 3, "ports it picked itself are picked again, twice"
+    assert len({port for ports in picked.tried for port in ports}) == 6
+    assert not picked.running and picked.temp_dir is None
+    chosen = _FailingHead(num_cpus=1, port=free_port(), dashboard_port=free_port())
+    with pytest.raises(ServiceError, match="Address already in use"):
+        chosen.start()
+    assert len(chosen.tried) == 1, "ports the caller chose are never swapped"
 
 
 def test_mlflow_server_keeps_runs_across_a_restart(mlflow_server: LocalMlflowServer, tmp_path: Path) -> None:

@@ -40,8 +40,18 @@ def tracked(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPathF
     run_id = tracker.start()
     tracker.log_params(flatten(config.to_dict()))
     result = run(config, lambda record: tracker.log_metrics(record, step=record["step"]))
+    _wait_for_system_metrics(MlflowClient(mlflow_server.uri), run_id)
     version = tracker.finish(result, result["artifact_dir"], register=True)
     return {"config": config, "result": result, "run_id": run_id, "version": version, "out": out}
+
+
+def _wait_for_system_metrics(client: MlflowClient, run_id: str, timeout_s: float = 60.0) -> None:
+    """Give the monitor its first sample: a job shorter than one sampling interval logs none."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(key.startswith("system/") for key in client.get_run(run_id).data.metrics):
+            return
+        time.sleep(0.2)
 
 
 def test_a_trial_is_one_run_with_params_history_artifacts_and_a_version(
