@@ -69,3 +69,34 @@ def op_difference(method: dict[str, float], floor: dict[str, float], top: int = 
              "extra_ms": (method.get(op, 0.0) - floor.get(op, 0.0)) / 1e3} for op in set(method) | set(floor)]
     rows.sort(key=lambda r: r["extra_ms"], reverse=True)
     return rows[:top]
+
+
+def _cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def count_flops(step: Callable[[], None]) -> int:
+    """Floating-point operations of one call of ``step`` (matmuls and attention, forward and backward).
+
+    Uses ``torch.utils.flop_counter.FlopCounterMode``, which counts ops from their shapes, so the count
+    is exact and untouched by other processes. Its registry lacks the CPU kernel of
+    ``scaled_dot_product_attention`` (``_scaled_dot_product_flash_attention_for_cpu`` and its
+    backward); they are added here with torch's own SDPA formulas, or attention on CPU would count zero.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    cpu_attention = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+                     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops}
+    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
+        step()
+    return int(counter.get_total_flops())

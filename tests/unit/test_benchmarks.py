@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an installed package
@@ -58,9 +60,23 @@ def test_step_cost_gives_a_ratio_to_the_floor_for_every_method(tmp_path):
     for table in costs:
         assert [r["method"] for r in table.rows] == ["floor", *step_cost.METHODS]
         assert all(r["ratio_to_floor"] > 0 and r["peak_step_mb"] > 0 for r in table.rows)
-        assert next(r for r in table.rows if r["method"] == "capt")["trainable"] == 32  # one vector, one layer
+        rows = {r["method"]: r for r in table.rows}
+        assert rows["capt"]["trainable"] == 32  # one vector, one layer
+        # Exact work: CaPT's step is the floor's; 100 prompt tokens and full fine-tuning cost more.
+        assert rows["capt"]["flop_ratio_to_floor"] == pytest.approx(1.0, abs=1e-3)
+        assert rows["prompt_tuning-100"]["flop_ratio_to_floor"] > 2 and rows["full_finetune"]["flop_ratio_to_floor"] > 1.2
     assert len(result.targets) == 4 and (tmp_path / "step_cost.png").is_file()
     assert any("CaPT step" in title and "Self CPU" in text for title, text in result.profiles.items())
+
+
+def test_flops_count_attention_on_cpu_forward_and_backward():
+    from benchmarks.profiling import count_flops
+
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))  # (B, H, T, d)
+    forward = 2 * (2 * 2 * 8 * 8 * 4)  # scores and output: two (T x d) @ (d x T)-sized products per head
+    with torch.no_grad():
+        assert count_flops(lambda: F.scaled_dot_product_attention(q, k, v)) == forward
+    assert count_flops(lambda: F.scaled_dot_product_attention(q, k, v).sum().backward()) > 2 * forward
 
 
 def test_the_floor_step_gives_only_the_input_a_gradient():

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.services import free_port
-from pipelines.services import probe
+from pipelines.services import free_port, probe
 from pipelines.services.probe import listen_port_range
 
 
