@@ -51,8 +51,9 @@ NOTES = [
     "Why LoRA and P-Tuning v2 can sit at or below the floor: their first trained tensors are inside "
     "layer 1's attention (LoRA's A/B on q and v; P-Tuning v2's prefix keys and values), so backward "
     "stops there and never computes the gradient of layer 1's input through its q/k/v projections. The "
-    "floor and CaPT must (the first capsule is an input of layer 1). That saving is about 1/L of the "
-    "backward: large in quick mode's one-layer models, about 2 % of a 12-layer T5-Base step.",
+    "floor and CaPT must (the first capsule is an input of layer 1); and they run at n tokens, not n+1. "
+    "Together that is 1-1.5 % of a full-size step's FLOPs (flop_ratio_to_floor), far more in quick "
+    "mode's one-layer models.",
     "gflops: floating-point operations of one step (matmuls and attention, forward and backward), "
     "counted from op shapes by torch.utils.flop_counter, so flop_ratio_to_floor is exact and free of "
     "noise: when wall-time ratios of two methods are closer than their ratio_range, it says which "
