@@ -50,19 +50,9 @@ def free_port(host: str = LOCALHOST, attempts: int = 200) -> int:
     low, high = listen_port_range()
     for _ in range(attempts):
         port = _PORT_DRAW.randint(low, high)
-        if _bindable(host, port):
+        if port_is_free(host, port):
             return port
     raise ServiceError(f"No free TCP port on {host} in {low}-{high} after {attempts} tries.")
-
-
-def _bindable(host: str, port: int) -> bool:
-    """True when a listener could bind ``host:port`` now (TIME_WAIT counts as taken: no SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def port_is_free(host: str, port: int) -> bool:
