@@ -80,8 +80,9 @@ def install_hooks(accelerator) -> None:
     """Make `save_state`/`load_state` store only the trainable weights of each prepared model."""
 
     def save_hook(models: list, weights: list, output_dir: str) -> None:
-        for index, model in enumerate(models):
-            save_file(trainable_state(accelerator.unwrap_model(model)), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
+        if accelerator.is_main_process:  # the ranks hold the same weights; one writer per file
+            for index, model in enumerate(models):
+                save_file(trainable_state(accelerator.unwrap_model(model)), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
         weights.clear()  # Accelerate then skips writing the full model weights
 
     def load_hook(models: list, input_dir: str) -> None:
@@ -101,6 +102,7 @@ def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[st
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()  # every rank writes its RNG state into staging: all must be done before the move
     if accelerator.is_main_process:
         (staging / LOOP_FILE).write_text(loop.to_json())
         if best is not None:

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -15,9 +17,29 @@ from pipelines.config import load_job_config
 from pipelines.job_setup import build_job
 from pipelines.train import fit
 
+LATE_RANK = "DDP_JOB_LATE_CHECKPOINT_RANK"
+"""Environment variable: the rank whose checkpoint saves start 2 s late (a slow filesystem, a busy host)."""
+
+
+def _delay_checkpoints_of_rank(rank: int, seconds: float) -> None:
+    """Make one rank write its share of every checkpoint late: after Accelerate made the folder, before
+    it writes the files, so a checkpoint that moves the folder without waiting for all ranks breaks."""
+    import accelerate.accelerator
+
+    original = accelerate.accelerator.save_accelerator_state
+
+    def late_save(*args: object, **kwargs: object) -> object:
+        if accelerate.PartialState().process_index == rank:
+            time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    accelerate.accelerator.save_accelerator_state = late_save
+
 
 def main() -> None:
     output_dir, overrides = Path(sys.argv[1]), sys.argv[2:]
+    if LATE_RANK in os.environ:
+        _delay_checkpoints_of_rank(int(os.environ[LATE_RANK]), seconds=2.0)
     job = build_job(load_job_config(None, [f"output_dir={output_dir}", *overrides]))
     fit(job)
     weights = trainable_state(job.accelerator.unwrap_model(job.model))

@@ -19,8 +19,11 @@ JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=32", 
        "train.eval_mode=rank", "model.max_length=96", "method.options.init=normal"]
 
 
-def _launch(processes: int, output_dir: Path) -> None:
+def _launch(processes: int, output_dir: Path, late_rank: int | None = None) -> None:
+    """torchrun the job; ``late_rank`` reaches every checkpoint save late (the others must wait for it)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if late_rank is not None:
+        env["DDP_JOB_LATE_CHECKPOINT_RANK"] = str(late_rank)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                str(SCRIPT), str(output_dir), *JOB]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -30,7 +33,7 @@ def _launch(processes: int, output_dir: Path) -> None:
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
     _launch(1, tmp_path / "one")
-    _launch(2, tmp_path / "two")
+    _launch(2, tmp_path / "two", late_rank=1)
     single = load_file(str(tmp_path / "one" / "rank0.safetensors"))
     rank0 = load_file(str(tmp_path / "two" / "rank0.safetensors"))
     rank1 = load_file(str(tmp_path / "two" / "rank1.safetensors"))
@@ -42,3 +45,6 @@ def test_two_processes_match_one_process(tmp_path):
     result = json.loads((tmp_path / "two" / "result.json").read_text())
     assert result["processes"] == 2 and result["ranks_in_sync"] is True
     assert not (tmp_path / "two" / "rank2.safetensors").exists()
+    checkpoints = tmp_path / "two" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest"], "no half-written checkpoint is left"
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (checkpoints / "latest").iterdir()}
