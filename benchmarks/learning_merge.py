@@ -1,0 +1,169 @@
+"""One learning table from a grid run in pieces: the `learning.json` of several `--only learning` runs.
+
+    python -m benchmarks.learning_merge benchmarks/results/learning_3seeds/cb_rte \\
+        benchmarks/results/learning_3seeds/copa_wic_boolq --out benchmarks/results/learning_3seeds
+
+On a small machine the whole learning grid does not fit one sitting, so it runs in pieces that differ only
+in their `tasks=[...]` override (`python -m benchmarks.run --only learning --learning-override
+"tasks=[cb,rte]" --out DIR`). This reads each piece's "Every trial" rows and tabulates them together with
+`pipelines.report`'s own table and plot functions (mean ± std over seeds, the Average column), so the
+merged table is the one `python -m pipelines.report` would print for a single sweep over all the tasks.
+
+The pieces must share the sweep config and every override but `tasks`, and no (task, method, seed) may
+appear in two of them; every problem is reported at once and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TRIALS_TABLE = "Every trial"
+REPORT = "report.md"
+PLOT = "report.png"
+
+
+class MergeError(ValueError):
+    """The pieces cannot be merged; the message lists every problem."""
+
+
+def read_piece(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the learning result of `folder`, None) or (None, why it cannot be used)."""
+    path = folder / "learning.json"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{path}: no such file (run `python -m benchmarks.run --only learning --out {folder}`)"
+    except (OSError, json.JSONDecodeError) as err:
+        return None, f"{path}: not readable JSON ({err})"
+    if not isinstance(result, dict) or result.get("name") != "learning":
+        return None, f"{path}: not a learning benchmark result (name {result.get('name')!r})" \
+            if isinstance(result, dict) else f"{path}: not a learning benchmark result"
+    if result.get("skipped") or result.get("error"):
+        return None, f"{path}: the run did not finish ({result.get('skipped') or result.get('error')})"
+    if not any(t.get("title") == TRIALS_TABLE for t in result.get("tables", [])):
+        return None, f"{path}: has no {TRIALS_TABLE!r} table"
+    return result, None
+
+
+def shared_settings(result: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(sweep config, overrides other than tasks): what every piece must have in common."""
+    settings = result.get("settings", {})
+    overrides = tuple(o for o in settings.get("overrides", []) if not o.startswith("tasks="))
+    return settings.get("config", ""), overrides
+
+
+def config_models(config: str, overrides: tuple[str, ...]) -> list[str]:
+    """The base models a piece's sweep ran (rows written before rows named their model)."""
+    from benchmarks.common import REPO
+    from pipelines.config import merge_sources
+
+    return list(merge_sources(REPO / config, list(overrides), None).get("models") or [])
+
+
+def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The piece's trials as report rows (model, task, method, seed, value) and any problems."""
+    table = next(t for t in result["tables"] if t.get("title") == TRIALS_TABLE)
+    models = config_models(*shared_settings(result))
+    rows, problems = [], []
+    for row in table["rows"]:
+        model = row.get("model") or (models[0] if len(models) == 1 else None)
+        if model is None:
+            problems.append(f"{folder}: a row names no model and the config has models {models}")
+            break
+        if row.get("test_score") is not None:
+            rows.append({"model": model, "task": row["task"], "method": row["method"], "seed": str(row["seed"]),
+                         "value": float(row["test_score"]), "piece": str(folder)})
+    return rows, problems
+
+
+def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every piece's result, every trial row); raises MergeError listing every problem."""
+    results, rows, problems = [], [], []
+    for folder in folders:
+        if out is not None and folder.resolve() == out.resolve():
+            problems.append(f"--out {out} is one of the pieces: its own report.md would be overwritten")
+        result, problem = read_piece(folder)
+        if problem:
+            problems.append(problem)
+            continue
+        results.append((folder, result))
+        piece_rows, piece_problems = trial_rows(folder, result)
+        rows += piece_rows
+        problems += piece_problems
+    settings = {shared_settings(r) for _, r in results}
+    if len(settings) > 1:
+        problems.append("the pieces differ in more than their tasks: " + "; ".join(
+            f"{folder}: config {shared_settings(r)[0]}, other overrides {list(shared_settings(r)[1])}"
+            for folder, r in results))
+    problems += duplicate_trials(rows)
+    if problems:
+        raise MergeError("Cannot merge the learning results: " + "; ".join(problems) + ".")
+    return [r for _, r in results], rows
+
+
+def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
+    """One problem per (model, task, method, seed) that two pieces both ran."""
+    seen: dict[tuple[str, ...], str] = {}
+    problems = []
+    for row in rows:
+        key = (row["model"], row["task"], row["method"], row["seed"])
+        if key in seen and seen[key] != row["piece"]:
+            problems.append(f"{'/'.join(key)} is in both {seen[key]} and {row['piece']}")
+        seen.setdefault(key, row["piece"])
+    return problems
+
+
+def sources_text(folders: list[Path], results: list[dict[str, Any]]) -> str:
+    """A Markdown list of the pieces: folder, date, duration, tasks override and trial count."""
+    lines = ["## Pieces", ""]
+    for folder, result in zip(folders, results, strict=True):
+        table = next(t for t in result["tables"] if t.get("title") == TRIALS_TABLE)
+        overrides = result.get("settings", {}).get("overrides", [])
+        lines.append(f"- `{folder}`: run {result.get('started', '?')}, {result.get('duration_s', 0):.0f} s, "
+                     f"{len(table['rows'])} trials, overrides {overrides or 'none'}")
+    return "\n".join(lines)
+
+
+def merge(folders: list[Path], out: Path) -> str:
+    """Write `out/report.md` and `out/report.png` for the pieces in `folders`; returns the Markdown."""
+    import pandas as pd
+
+    from pipelines.report import build_tables, markdown, plot
+
+    results, rows = collect(folders, out)
+    tables = build_tables(pd.DataFrame(rows))
+    config = shared_settings(results[0])[0]
+    text = markdown(tables, "test_score", f"{config}, merged from {len(folders)} benchmark run(s): test_score")
+    text += "\n" + sources_text(folders, results) + f"\n\n![{PLOT}]({PLOT})\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT).write_text(text, encoding="utf-8")
+    plot(tables, "test_score", out / PLOT)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: merge the pieces, print the table; exit 2 with one paragraph when they cannot be merged."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_merge", description=__doc__.split("\n")[0])
+    parser.add_argument("pieces", nargs="+", type=Path, help="folders holding a learning.json each")
+    parser.add_argument("--out", type=Path, required=True, help=f"folder for {REPORT} and {PLOT}")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        text = merge(args.pieces, args.out)
+    except MergeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    logger.info("wrote %s and %s", args.out / REPORT, args.out / PLOT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

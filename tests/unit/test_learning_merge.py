@@ -1,0 +1,102 @@
+"""`benchmarks.learning_merge`: pieces of the learning grid become one pipelines.report table, or one error."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import learning, learning_merge  # noqa: E402
+from benchmarks.common import BenchResult, Table, save_result  # noqa: E402
+
+SCORES = {  # task -> method -> three seeds' test scores
+    "cb": {"capt": [50.0, 60.0, 70.0], "lora": [40.0, 44.0, 48.0]},
+    "rte": {"capt": [51.0, 53.0, 55.0], "lora": [47.0, 49.0, 51.0]},
+    "copa": {"capt": [52.0, 52.0, 58.0], "lora": [50.0, 50.0, 50.0]},
+}
+
+
+def write_piece(folder: Path, tasks: list[str], extra_overrides: tuple[str, ...] = (), with_model: bool = True):
+    """A learning.json as `benchmarks.run --only learning --learning-override tasks=[...]` writes it."""
+    rows = [{"task": task, **({"model": "minilm"} if with_model else {}), "method": method, "seed": seed,
+             "test_score": score, "steps": 30}
+            for task in tasks for method, scores in SCORES[task].items() for seed, score in enumerate(scores)]
+    settings = {**learning.settings(quick=False), "overrides": [f"tasks=[{','.join(tasks)}]", *extra_overrides]}
+    result = BenchResult("learning", learning.TITLE, settings, started="2026-11-30T00:00:00+00:00",
+                         duration_s=60.0)
+    result.tables.append(Table(learning_merge.TRIALS_TABLE, list(rows[0]), rows))
+    save_result(result, folder)
+    return folder
+
+
+def table_row(text: str, method: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"| {method} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
+def test_two_pieces_give_one_table_over_all_their_tasks(tmp_path):
+    first = write_piece(tmp_path / "cb_rte", ["cb", "rte"])
+    second = write_piece(tmp_path / "copa", ["copa"], with_model=False)  # older rows: model from the config
+    out = tmp_path / "merged"
+
+    assert learning_merge.main([str(first), str(second), "--out", str(out)]) == 0
+
+    text = (out / "report.md").read_text()
+    tasks = table_row(text, "method")[:-1]
+    assert sorted(tasks) == sorted(SCORES) and table_row(text, "method")[-1] == "Average"
+    capt = table_row(text, "capt")
+    for cell, task in zip(capt, tasks, strict=False):
+        scores = SCORES[task]["capt"]
+        assert cell == f"{statistics.mean(scores):.2f} ± {statistics.stdev(scores):.2f}"
+    average = statistics.mean(statistics.mean(SCORES[t]["capt"]) for t in SCORES)
+    assert capt[-1] == f"{average:.2f}"
+    assert table_row(text, "lora")[tasks.index("copa")] == "50.00 ± 0.00"
+    assert "## minilm" in text and "Seeds per cell: 3-3." in text
+    assert str(first) in text and str(second) in text
+    assert (out / "report.png").stat().st_size > 0
+
+
+def test_every_problem_is_reported_at_once_and_nothing_is_written(tmp_path, capsys):
+    good = write_piece(tmp_path / "cb_rte", ["cb", "rte"])
+    overlapping = write_piece(tmp_path / "rte", ["rte"])
+    other_budget = write_piece(tmp_path / "copa", ["copa"], extra_overrides=("job.train.max_steps=300",))
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "learning.json").write_text("{not json")
+    missing = tmp_path / "missing"
+    out = tmp_path / "merged"
+
+    code = learning_merge.main([str(p) for p in (good, overlapping, other_budget, corrupt, missing)]
+                               + ["--out", str(out)])
+
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.count("\n") == 1  # one paragraph
+    assert "minilm/rte/capt/0 is in both" in error
+    assert "job.train.max_steps=300" in error
+    assert f"{corrupt / 'learning.json'}: not readable JSON" in error
+    assert f"{missing / 'learning.json'}: no such file" in error
+    assert not out.exists()
+
+
+def test_out_may_not_be_a_piece_and_a_skipped_run_is_refused(tmp_path):
+    piece = write_piece(tmp_path / "cb_rte", ["cb", "rte"])
+    before = (piece / "learning.json").read_text()
+    skipped = tmp_path / "skipped"
+    save_result(BenchResult("learning", learning.TITLE, learning.settings(quick=False), skipped="no data"),
+                skipped)
+
+    with pytest.raises(learning_merge.MergeError) as err:
+        learning_merge.merge([piece, skipped], piece)
+
+    assert "is one of the pieces" in str(err.value) and "did not finish (no data)" in str(err.value)
+    assert not (piece / "report.md").exists()
+    assert (piece / "learning.json").read_text() == before
+    assert json.loads(before)["name"] == "learning"
