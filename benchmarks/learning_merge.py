@@ -42,9 +42,9 @@ def read_piece(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{path}: no such file (run `python -m benchmarks.run --only learning --out {folder}`)"
     except (OSError, json.JSONDecodeError) as err:
         return None, f"{path}: not readable JSON ({err})"
-    if not isinstance(result, dict) or result.get("name") != "learning":
-        return None, f"{path}: not a learning benchmark result (name {result.get('name')!r})" \
-            if isinstance(result, dict) else f"{path}: not a learning benchmark result"
+    name = result.get("name") if isinstance(result, dict) else type(result).__name__
+    if name != "learning":
+        return None, f"{path}: not a learning benchmark result (name {name!r})"
     if result.get("skipped") or result.get("error"):
         return None, f"{path}: the run did not finish ({result.get('skipped') or result.get('error')})"
     if not any(t.get("title") == TRIALS_TABLE for t in result.get("tables", [])):

@@ -71,9 +71,12 @@ def test_every_problem_is_reported_at_once_and_nothing_is_written(tmp_path, caps
     corrupt.mkdir()
     (corrupt / "learning.json").write_text("{not json")
     missing = tmp_path / "missing"
+    wrong_kind = tmp_path / "step_cost"
+    wrong_kind.mkdir()
+    (wrong_kind / "learning.json").write_text(json.dumps({"name": "step_cost"}))
     out = tmp_path / "merged"
 
-    code = learning_merge.main([str(p) for p in (good, overlapping, other_budget, corrupt, missing)]
+    code = learning_merge.main([str(p) for p in (good, overlapping, other_budget, corrupt, missing, wrong_kind)]
                                + ["--out", str(out)])
 
     error = capsys.readouterr().err
@@ -83,6 +86,7 @@ def test_every_problem_is_reported_at_once_and_nothing_is_written(tmp_path, caps
     assert "job.train.max_steps=300" in error
     assert f"{corrupt / 'learning.json'}: not readable JSON" in error
     assert f"{missing / 'learning.json'}: no such file" in error
+    assert "not a learning benchmark result (name 'step_cost')" in error
     assert not out.exists()
 
 
