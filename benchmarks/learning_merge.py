@@ -47,9 +47,14 @@ def read_piece(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{path}: not a learning benchmark result (name {name!r})"
     if result.get("skipped") or result.get("error"):
         return None, f"{path}: the run did not finish ({result.get('skipped') or result.get('error')})"
-    if not any(t.get("title") == TRIALS_TABLE for t in result.get("tables", [])):
+    if trials_table(result) is None:
         return None, f"{path}: has no {TRIALS_TABLE!r} table"
     return result, None
+
+
+def trials_table(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The result's "Every trial" table (title, columns, rows), or None."""
+    return next((t for t in result.get("tables", []) if t.get("title") == TRIALS_TABLE), None)
 
 
 def shared_settings(result: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -69,10 +74,11 @@ def config_models(config: str, overrides: tuple[str, ...]) -> list[str]:
 
 def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """The piece's trials as report rows (model, task, method, seed, value) and any problems."""
-    table = next(t for t in result["tables"] if t.get("title") == TRIALS_TABLE)
-    models = config_models(*shared_settings(result))
     rows, problems = [], []
-    for row in table["rows"]:
+    models = None  # read from the config only for rows that name no model
+    for row in trials_table(result)["rows"]:
+        if not row.get("model") and models is None:
+            models = config_models(*shared_settings(result))
         model = row.get("model") or (models[0] if len(models) == 1 else None)
         if model is None:
             problems.append(f"{folder}: a row names no model and the config has models {models}")
@@ -124,7 +130,7 @@ def sources_text(folders: list[Path], results: list[dict[str, Any]]) -> str:
     """A Markdown list of the pieces: folder, date, duration, tasks override and trial count."""
     lines = ["## Pieces", ""]
     for folder, result in zip(folders, results, strict=True):
-        table = next(t for t in result["tables"] if t.get("title") == TRIALS_TABLE)
+        table = trials_table(result)
         overrides = result.get("settings", {}).get("overrides", [])
         lines.append(f"- `{folder}`: run {result.get('started', '?')}, {result.get('duration_s', 0):.0f} s, "
                      f"{len(table['rows'])} trials, overrides {overrides or 'none'}")
