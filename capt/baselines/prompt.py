@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PromptTuningConfig
@@ -117,7 +118,8 @@ class PromptTuningModel(AdaptedModel):
             raise ValueError("prompt tuning forward does not continue a cache; use generate() for decoding")
         prompt_mask = kwargs.pop("prompt_mask", None)
         if kwargs.get("encoder_outputs") is not None:  # T5 with precomputed (already prompted) encoder states
-            return self.base(**self._extend_encoder_mask(kwargs))
+            kwargs["attention_mask"] = self._encoder_mask(kwargs["encoder_outputs"], kwargs.get("attention_mask"))
+            return self.base(**kwargs)
         embeds, mask = self.extend_inputs(kwargs.pop("input_ids", None), kwargs.pop("attention_mask", None),
                                           kwargs.pop("inputs_embeds", None), kwargs.get("labels"), prompt_mask)
         self._extend_side_inputs(kwargs, embeds.shape[0], embeds.device)
@@ -126,12 +128,22 @@ class PromptTuningModel(AdaptedModel):
             self._strip_virtual(output)
         return output
 
-    def _extend_encoder_mask(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Extend the encoder mask for ``encoder_outputs`` that came from this wrapper (they include V)."""
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            kwargs["attention_mask"] = self._insert(mask, mask.new_ones(mask.shape[0], self.num_virtual))
-        return kwargs
+    def _encoder_mask(self, encoder_outputs: Any, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Encoder mask for ``encoder_outputs`` computed on prompted inputs (they hold the V virtual positions).
+
+        A mask of the real tokens (length n) gains the virtual positions; one already of length n + V is kept.
+        """
+        if mask is None:
+            return None
+        states = encoder_outputs[0]
+        if mask.shape[1] == states.shape[1]:
+            return mask
+        if mask.shape[1] + self.num_virtual != states.shape[1]:
+            raise ValueError(
+                f"attention_mask has {mask.shape[1]} positions but encoder_outputs has {states.shape[1]}: pass "
+                f"the mask of the input tokens ({states.shape[1] - self.num_virtual} positions) or one that already "
+                f"covers the {self.num_virtual} virtual tokens ({states.shape[1]} positions).")
+        return self._insert(mask, mask.new_ones(mask.shape[0], self.num_virtual))
 
     def _strip_virtual(self, output: Any) -> None:
         """Drop the virtual positions from decoder-only logits and hidden states, in place."""
@@ -142,12 +154,19 @@ class PromptTuningModel(AdaptedModel):
             output.hidden_states = tuple(h[:, count:] for h in output.hidden_states)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """``base.generate`` on the prompted embeddings; decoder-only returns prompt + new tokens."""
+    def generate(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                 **kwargs: Any) -> Any:
+        """``base.generate`` on the prompted embeddings; decoder-only returns prompt + new tokens.
+
+        T5 also accepts ``encoder_outputs`` computed on the prompted inputs (e.g. ``base.get_encoder()`` on
+        ``extend_inputs(...)``) instead of ``input_ids``, with the attention mask of the input tokens.
+        """
         self._require_generate()
         prompt_mask = kwargs.pop("prompt_mask", None)
-        if kwargs.get("encoder_outputs") is not None:  # T5 with precomputed (already prompted) encoder states
-            return self.base(**self._extend_encoder_mask(kwargs))
+        if kwargs.get("encoder_outputs") is not None:
+            return self._generate_from_encoder_outputs(attention_mask, kwargs)
+        if input_ids is None:
+            raise ValueError("prompt tuning generate needs input_ids (or, for T5, encoder_outputs).")
         embeds, mask = self.extend_inputs(input_ids, attention_mask, prompt_mask=prompt_mask)
         if self.family == "decoder" and kwargs.get("max_length") is not None:
             kwargs["max_new_tokens"] = kwargs.pop("max_length") - input_ids.shape[1]
@@ -155,6 +174,16 @@ class PromptTuningModel(AdaptedModel):
         if self.family != "decoder":
             return output
         return _prepend_prompt(output, input_ids)
+
+    def _generate_from_encoder_outputs(self, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> Any:
+        if self.family != "t5":
+            raise ValueError(f"encoder_outputs is for encoder-decoder models; this {self.info.model_type} model "
+                             "is decoder-only: pass input_ids.")
+        encoder_outputs = kwargs.pop("encoder_outputs")
+        if not isinstance(encoder_outputs, BaseModelOutput):  # generate reads .last_hidden_state and expands it
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        mask = self._encoder_mask(encoder_outputs, attention_mask)
+        return self.base.generate(encoder_outputs=encoder_outputs, attention_mask=mask, **kwargs)
 
 
 def _prepend_prompt(output: Any, input_ids: torch.Tensor) -> Any:
