@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from capt import tasks
+from capt.errors import CaptError
 from pipelines.checkpoint import install_hooks
 from pipelines.config import JobConfig
 from pipelines.methods import adapt, default_lr, default_optimizer, parameter_groups, sequence_overhead
@@ -50,12 +52,52 @@ def make_accelerator(config: JobConfig):
     if precision == "auto":
         precision = "no" if use_cpu else "bf16"
     # cpu=True is what makes Accelerate set up gloo DDP across CPU processes (torchrun or Ray Train).
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=use_cpu,
         mixed_precision=precision,
         gradient_accumulation_steps=config.train.grad_accum_steps,
         dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True),
     )
+    check_launch(accelerator.num_processes, str(accelerator.distributed_type.value))
+    return accelerator
+
+
+class LaunchMismatchError(CaptError, RuntimeError):
+    """A launcher started several processes, but Accelerate joined them into fewer (each would train alone)."""
+
+
+LAUNCHER_WORLD_SIZE = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+"""Environment variables in which torchrun / accelerate launch (the first two) and MPI say how many processes
+they started, in order of precedence."""
+
+
+def launcher_world_size() -> int | None:
+    """Number of processes the launcher says it started (None when no launcher set one)."""
+    for name in LAUNCHER_WORLD_SIZE:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def check_launch(num_processes: int, distributed_type: str) -> None:
+    """Stop every process when the launcher's world size differs from the processes Accelerate joined.
+
+    Otherwise each process trains alone as rank 0 of 1 and they overwrite each other's outputs, silently.
+    """
+    started = launcher_world_size()
+    if started is None or started == num_processes:
+        return
+    raise LaunchMismatchError(
+        f"The launcher started {started} processes (WORLD_SIZE={os.environ.get('WORLD_SIZE')}, "
+        f"RANK={os.environ.get('RANK')}) but Accelerate joined {num_processes} (distributed type "
+        f"{distributed_type}): each process would train alone and overwrite the others' outputs, so this job "
+        "stops. Usually an Accelerate state was created before the job without cpu=True on a machine without "
+        "CUDA. Launch two CPU processes with `torchrun --standalone --nproc_per_node 2 -m pipelines.train "
+        "--config FILE`, or `ACCELERATE_USE_CPU=1 accelerate launch --config_file infra/accelerate/cpu_2proc.yaml "
+        "-m pipelines.train --config FILE`; in your own script, create `Accelerator(cpu=True)` (or set "
+        "ACCELERATE_USE_CPU=1) before anything else touches Accelerate; on GPUs, give every process its own GPU "
+        "(num_processes at most the GPUs visible in CUDA_VISIBLE_DEVICES).")
 
 
 def load_data(config: JobConfig) -> tasks.Splits:

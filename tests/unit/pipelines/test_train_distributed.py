@@ -1,4 +1,5 @@
-"""Two processes (torchrun, gloo) train the same capsule as one process with the same global batch."""
+"""Two processes (torchrun, gloo) train the same capsule as one process with the same global batch; a launch
+whose processes Accelerate does not join stops on every rank with a message that says how to launch."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipelines.job_setup import LaunchMismatchError, check_launch
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "helpers" / "ddp_job.py"
+CPU_2PROC = ROOT / "infra" / "accelerate" / "cpu_2proc.yaml"
+ACCELERATE = Path(sys.executable).with_name("accelerate")
 JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=32", "task.max_eval_examples=8",
        "train.batch_size=8", "train.eval_batch_size=8", "train.max_steps=6", "train.eval_every_steps=6",
        "train.eval_mode=rank", "model.max_length=96", "method.options.init=normal"]
@@ -48,3 +53,56 @@ def test_two_processes_match_one_process(tmp_path):
     checkpoints = tmp_path / "two" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest"], "no half-written checkpoint is left"
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (checkpoints / "latest").iterdir()}
+
+
+def _accelerate_launch(target: list[str], output_dir: Path, use_cpu: bool) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file infra/accelerate/cpu_2proc.yaml TARGET --config smoke.yaml ...`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("ACCELERATE_USE_CPU", None)
+    if use_cpu:
+        env["ACCELERATE_USE_CPU"] = "1"
+    command = [str(ACCELERATE), "launch", "--config_file", str(CPU_2PROC), *target,
+               "--config", str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml"), f"output_dir={output_dir}",
+               *JOB]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_cpu", [True, False], ids=["ACCELERATE_USE_CPU=1", "no-env"])
+def test_accelerate_launch_of_the_job_joins_two_processes(tmp_path, use_cpu):
+    # Without ACCELERATE_USE_CPU the job itself asks Accelerate for the CPU when there is no CUDA.
+    if torch.cuda.is_available() and not use_cpu:
+        pytest.skip("with CUDA, the job without ACCELERATE_USE_CPU=1 or train.cpu=true runs on the GPUs")
+    done = _accelerate_launch(["-m", "pipelines.train"], tmp_path / "job", use_cpu)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert result["processes"] == 2 and result["ranks_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_launch_that_accelerate_does_not_join_stops_every_rank(tmp_path):
+    # A script of the user's that touches Accelerate before the job (here: PartialState() without cpu=True)
+    # leaves each of the launcher's two processes alone as rank 0 of 1; they used to train twice, silently.
+    script = tmp_path / "my_train.py"
+    script.write_text("import sys\nfrom accelerate import PartialState\nPartialState()\n"
+                      "from pipelines.train import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = _accelerate_launch([str(script)], tmp_path / "job", use_cpu=False)
+    assert done.returncode != 0
+    message = " ".join(done.stderr.split())
+    for rank in (0, 1):  # every rank stops with the message
+        assert f"The launcher started 2 processes (WORLD_SIZE=2, RANK={rank})" in message
+    assert "Accelerate joined 1 (distributed type NO)" in message
+    assert "torchrun --standalone --nproc_per_node 2 -m pipelines.train" in message
+    assert "ACCELERATE_USE_CPU=1 accelerate launch" in message
+    assert not (tmp_path / "job" / "result.json").exists() and not (tmp_path / "job" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("variable", ["WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"])
+def test_check_launch_compares_the_launcher_world_size(monkeypatch, variable):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    check_launch(1, "NO")  # no launcher: nothing to compare
+    monkeypatch.setenv(variable, "2")
+    check_launch(2, "MULTI_CPU")
+    with pytest.raises(LaunchMismatchError, match="started 2 processes .* joined 1"):
+        check_launch(1, "NO")
