@@ -43,6 +43,7 @@ class Sweep:
     driver: subprocess.Popen | None = None
     started: float = 0.0
     killed: list[dict[str, Any]] = field(default_factory=list)
+    outage_felt: bool = False
 
     @property
     def jobs(self) -> Path:
@@ -100,6 +101,15 @@ def _live_train_workers(dashboard_url: str, exclude: set[int]) -> list[int]:
     actors = list_actors(address=dashboard_url, filters=[("class_name", "=", "RayTrainWorker"),
                                                           ("state", "=", "ALIVE")], raise_on_missing_output=False)
     return [a.pid for a in actors if a.pid and a.pid not in exclude and Path(f"/proc/{a.pid}").exists()]
+
+
+def _spooled_during_outage(ray_temp_dir: Path, job_dir: Path) -> bool:
+    """Whether a worker of the trial logged that it kept MLflow calls for later (the outage was felt)."""
+    needle = f"Spooling to {job_dir.resolve()}"
+    for log in (ray_temp_dir / "session_latest" / "logs").rglob("*"):
+        if log.is_file() and needle in log.read_text(errors="replace"):
+            return True
+    return False
 
 
 def _kill_worker(sweep: Sweep, job_dir: Path, dashboard_url: str, after_step: int) -> int:
@@ -173,8 +183,8 @@ def _calm_run(storage: Path, server: LocalMlflowServer, env: dict[str, str]) -> 
     return wall, outcome
 
 
-def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str],
-               dashboard_url: str) -> tuple[Sweep, float, dict]:
+def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], dashboard_url: str,
+               ray_temp_dir: Path) -> tuple[Sweep, float, dict]:
     """The same sweep with two kills of one trial's worker and an MLflow stop/restart in between."""
     sweep = Sweep(storage, server.start(), env)
     try:
@@ -185,6 +195,7 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str],
         _kill_worker(sweep, job_dir, dashboard_url, after_step=first_step)  # resumed, then killed again
         server.start()  # back before Tune's retry of the trial finishes it
         wall = sweep.finish()
+        sweep.outage_felt = _spooled_during_outage(ray_temp_dir, job_dir)
         outcome = _outcome(sweep)
         _assert_tracked_once(server, outcome)
     finally:
@@ -213,9 +224,10 @@ def test_worker_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray
     env = _env(ray_head)
     calm_wall, calm = _calm_run(tmp_path / "calm", LocalMlflowServer(tmp_path / "mlflow-calm"), env)
     sweep, chaos_wall, chaos = _chaos_run(tmp_path / "chaos", LocalMlflowServer(tmp_path / "mlflow-chaos"), env,
-                                          ray_head.dashboard_url)
+                                          ray_head.dashboard_url, ray_head.temp_dir)
     print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s; kills: {sweep.killed}")
     assert len(sweep.killed) == 2 and sweep.killed[0]["pid"] != sweep.killed[1]["pid"]
+    assert sweep.outage_felt, "the restarted worker spooled its MLflow calls while the server was down"
     assert _tune_failures(sweep.storage) == [0, 1], "Ray Train gave up after the second kill; Tune retried"
     errors = [p.read_text() for p in (sweep.storage / NAME).glob("*/error.txt")]  # Tune's record of the failure
     assert len(errors) == 1 and "WorkerGroupError" in errors[0] and f"pid: {sweep.killed[1]['pid']}" in errors[0]
