@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.hub_cache import use_hub_cache
 
 from pipelines.config import JobConfigError
 from pipelines.sweep import max_concurrent
@@ -17,9 +18,9 @@ SWEEPS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "job")
 
 
 @pytest.fixture(autouse=True)
-def _hub_ids_allowed(monkeypatch, tmp_path):
-    # Paper configs name hub checkpoints; offline validation would (rightly) refuse uncached ones.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+def _paper_models_cached(monkeypatch, tmp_path):
+    # Paper configs name hub checkpoints: validation reads their config.json (layers, positions) from the cache.
+    use_hub_cache(tmp_path / "hub", monkeypatch)
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))  # configs that read local data need a data dir
 
 
