@@ -27,8 +27,6 @@ TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a
 LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
 _MAX_REPORT_EVERY_S = 60.0
 _MIN_REPORT_EVERY_S = 5.0
-_HINT = ("Lower resources.num_workers, cpus_per_worker, gpus_per_worker or custom_per_worker, or run where "
-         "these resources exist")
 _STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autoscaler, if any, is asked to add one)",
            "NO_RESOURCES": "nodes with these resources exist but are busy"}
 
@@ -90,11 +88,14 @@ def check_local_fit(resources, cluster: dict[str, float]) -> None:
     if not short:  # every total fits: the fractional GPUs cannot be packed onto whole GPUs
         short = [f"{resources.num_workers} workers of GPU {resources.gpus_per_worker:g} do not fit on "
                  f"{cluster.get('GPU', 0.0):g} GPU(s) (a fraction of a GPU never spans two)"]
+    cpus_short = demand["CPU"] > cluster.get("CPU", 0.0) + 1e-9
     raise ResourcesError(
         f"resources: one trial needs {fmt(demand)} ({resources.num_workers} worker(s) x {fmt(worker_bundle(resources))}"
         f" plus CPU {TRIAL_CPU:g} for the trial itself), but the local Ray this sweep started has "
-        f"{fmt({name: cluster.get(name, 0.0) for name in demand})}: {'; '.join(short)}. {_HINT}: give the local Ray "
-        "more CPUs with --num-cpus, or run on a cluster that has them (RAY_ADDRESS).")
+        f"{fmt({name: cluster.get(name, 0.0) for name in demand})}: {'; '.join(short)}. Lower resources.num_workers, "
+        "cpus_per_worker, gpus_per_worker or custom_per_worker, "
+        + ("give the local Ray more CPUs with --num-cpus, or " if cpus_short else "")
+        + "run on a cluster that has them (RAY_ADDRESS).")
 
 
 def pending_timeout(resources, local: bool) -> float | None:
@@ -151,11 +152,13 @@ class PendingWatch:
             except Exception:  # a GCS hiccup must not end the sweep: the next poll tries again
                 logger.debug("Placement group poll failed", exc_info=True)
 
-    def check(self, now: float) -> None:
-        """One poll: track how long the sweep's worker groups have waited; report; give up after the timeout."""
+    def check(self, now: float, table: dict[str, dict[str, Any]] | None = None) -> None:
+        """One poll of the placement group table (`ray.util.placement_group_table()` unless given): track how
+        long the sweep's worker groups have waited; report; give up after the timeout."""
         import ray
 
-        ours = [pg for pg in ray.util.placement_group_table().values() if self._is_worker_group(pg)]
+        table = ray.util.placement_group_table() if table is None else table
+        ours = [pg for pg in table.values() if self._is_worker_group(pg)]
         started = {pg["placement_group_id"] for pg in ours if pg["state"] == "CREATED"}
         pending = [pg for pg in ours if pg["state"] in ("PENDING", "RESCHEDULING")]
         if started - self._started:  # a worker group started: the sweep progresses
@@ -176,7 +179,8 @@ class PendingWatch:
             self._reports += 1
             limit = (f"Giving up at {self.timeout_s:g} s (resources.pending_timeout_s)." if self.timeout_s
                      else "Waiting without limit (resources.pending_timeout_s gives one).")
-            logger.warning("%s %s", self._describe(pending, waited), limit)
+            text = self._describe(pending, waited)
+            logger.warning("%s %s", text[0].upper() + text[1:], limit)
 
     def _is_worker_group(self, pg: dict[str, Any]) -> bool:
         bundles = list(pg["bundles"].values())
@@ -189,17 +193,21 @@ class PendingWatch:
 
         pg = pending[0]
         state = pg["stats"]["scheduling_state"]
-        cluster = ray.cluster_resources()
-        return (f"The Ray Train workers of {len(pending)} trial(s) have waited {waited:.0f} s for a placement group "
+        text = (f"the Ray Train workers of {len(pending)} trial(s) have waited {waited:.0f} s for a placement group "
                 f"{fmt(self._bundle)} * {self.resources.num_workers} ({pg['strategy']}), the shape an autoscaler is "
-                f"asked for; scheduling state {state}: {_STATES.get(state, 'waiting for the scheduler')}. The cluster "
-                f"has {fmt({k: cluster.get(k, 0.0) for k in self._bundle})}.")
+                f"asked for; scheduling state {state}: {_STATES.get(state, 'waiting for the scheduler')}.")
+        if ray.is_initialized():
+            cluster = ray.cluster_resources()
+            text += f" The cluster has {fmt({k: cluster.get(k, 0.0) for k in self._bundle})}."
+        return text
 
     def _give_up(self, pending: list[dict[str, Any]], waited: float) -> None:
-        self.verdict = (f"resources: {self._describe(pending, waited)} Gave up after resources.pending_timeout_s="
-                        f"{self.timeout_s:g}; the sweep's state is saved. {_HINT}, add such nodes, or raise "
-                        "resources.pending_timeout_s (0 waits forever); then run the same command with --resume.")
-        logger.error("%s", self.verdict)
+        self.verdict = (f"resources: gave up after resources.pending_timeout_s={self.timeout_s:g}: "
+                        f"{self._describe(pending, waited)} Lower resources.num_workers, cpus_per_worker, "
+                        "gpus_per_worker or custom_per_worker, add nodes that have these resources, or raise "
+                        "resources.pending_timeout_s (0 waits forever); the sweep's state is saved, so then run the "
+                        "same command with --resume.")
+        logger.info("Stopping the sweep: its worker resources have been pending for %.0f s", waited)
         self._done.set()
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's graceful stop, as on Ctrl+C
             signal.raise_signal(signal.SIGUSR1)
