@@ -11,80 +11,26 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     TypeAdapter,
     ValidationError,
-    field_validator,
 )
 from pydantic.dataclasses import dataclass
 
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
+from pipelines.sweep_resources import ResourcesSection
+from pipelines.sweep_rules import DISTINCT, DISTINCT_LABELS, DISTINCT_SLUGS, NON_EMPTY, RowLabel, SweepName
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
-_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-def _safe(pattern: re.Pattern, allowed: str):
-    """A validator for names that become folder names under the storage root: no `/`, no `..`, not empty."""
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value) or ".." in value:
-            raise ValueError(f"{value!r} is not allowed: it names a folder under the storage root, so use {allowed}")
-        return value
-    return check
-
-
-def _non_empty(values: list) -> list:
-    if not values:
-        raise ValueError("empty: give at least one value (an empty axis leaves the sweep without trials)")
-    return values
-
-
-def _distinct(values: list) -> list:
-    repeated = sorted((str(v) for v, n in Counter(values).items() if n > 1))
-    if repeated:
-        raise ValueError(f"{', '.join(repeated)} given more than once: each grid point would run (and write its "
-                         "folder) twice; give each value once")
-    return values
-
-
-def _distinct_slugs(models: list[str]) -> list[str]:
-    by_slug: dict[str, list[str]] = {}
-    for name in models:
-        by_slug.setdefault(model_slug(name), []).append(name)
-    clashes = [f"{' and '.join(names)} -> {slug!r}" for slug, names in by_slug.items() if len(names) > 1]
-    if clashes:
-        raise ValueError(f"models {'; '.join(clashes)}: they would share output folders, MLflow run names and "
-                         "registered model names; keep one of them, or copy one to a folder of another name")
-    return models
-
-
-def _distinct_labels(entries: list) -> list:
-    labels = [entry.key for entry in entries]
-    repeated = sorted(label for label, n in Counter(labels).items() if n > 1)
-    if repeated:
-        raise ValueError(f"rows labelled {', '.join(repeated)} repeat (a row's label defaults to its method name): "
-                         "give each row a distinct label")
-    return entries
-
-
-_SAFE_NAME_RULE = "1-100 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
-_SAFE_LABEL_RULE = "1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'"
-_NonEmpty = AfterValidator(_non_empty)
 
 
 @dataclass(config=_STRICT)
@@ -93,7 +39,7 @@ class MethodEntry:
 
     name: str
     """Method name (capt, prompt_tuning, ptuning_v2, lora, full_finetune)."""
-    label: Annotated[str, AfterValidator(_safe(_SAFE_LABEL, _SAFE_LABEL_RULE))] | None = None
+    label: RowLabel | None = None
     """Row label in tables, run names and trial folders (default: the method name); ablations need distinct labels.
     Allowed: 1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit."""
     options: dict[str, Any] = Field(default_factory=dict)
@@ -107,49 +53,6 @@ class MethodEntry:
     def key(self) -> str:
         """The label used in trial names and tags."""
         return self.label or self.name
-
-
-@dataclass(config=_STRICT)
-class ResourcesSection:
-    """Resources of one trial: Ray Train workers, each running one Accelerate process."""
-
-    num_workers: PositiveInt = 1
-    """Ray Train workers (processes) per trial."""
-    gpus_per_worker: NonNegativeFloat = 0.0
-    """GPUs per worker (0: CPU training with gloo)."""
-    cpus_per_worker: PositiveFloat = 1.0
-    """CPUs per worker."""
-    custom_per_worker: dict[str, PositiveFloat] = Field(default_factory=dict)
-    """Custom Ray resources per worker, e.g. {"accelerator_type:A100": 0.001} to land on A100 nodes, or a
-    resource your nodes declare with `ray start --resources`."""
-    max_concurrent_trials: PositiveInt | None = None
-    """Upper bound on trials at once. Default: as many as the cluster holds now (every resource of a trial
-    counted). On the local Ray a larger value is lowered to that; on a cluster it is kept, so an autoscaler
-    can add nodes for the trials that wait."""
-    pending_timeout_s: NonNegativeFloat | None = None
-    """Seconds the trials' Ray Train workers may wait for their resources with no worker group of the sweep
-    starting meanwhile; then the sweep stops (state saved for --resume) with an error naming the resources
-    it waited for. null: 300 on the local Ray the sweep starts (nothing else frees resources there; a trial
-    that can never fit is refused before it starts), off on a cluster (RAY_ADDRESS), which may be adding
-    nodes; 0 (or off): wait forever. Either way the wait is reported every minute (a third of the timeout
-    when shorter)."""
-
-    @field_validator("gpus_per_worker")
-    @classmethod
-    def _whole_gpus_above_one(cls, value: float) -> float:
-        if value > 1 and not float(value).is_integer():
-            raise ValueError(f"{value:g} GPUs per worker: Ray gives a worker either a fraction of one GPU (at most 1) "
-                             "or a whole number of GPUs")
-        return value
-
-    @field_validator("custom_per_worker")
-    @classmethod
-    def _custom_names(cls, value: dict[str, float]) -> dict[str, float]:
-        built_in = sorted(set(value) & set(_BUILT_IN_RESOURCES))
-        if built_in:
-            raise ValueError(f"{', '.join(built_in)}: built into Ray, set by cpus_per_worker and gpus_per_worker "
-                             "(custom_per_worker is for resources that nodes declare themselves)")
-        return value
 
 
 @dataclass(config=_STRICT)
@@ -186,17 +89,17 @@ class TrackingSection:
 class SweepConfig:
     """A sweep: tasks x models x methods x seeds (a grid) over a base job, with optional Tune search."""
 
-    name: Annotated[str, AfterValidator(_safe(_SAFE_NAME, _SAFE_NAME_RULE))] = "smoke"
+    name: SweepName = "smoke"
     """Sweep id: Tune experiment name, MLflow tag `sweep`, storage folder <storage_path>/<name>.
     Allowed: 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit."""
-    tasks: Annotated[list[str], _NonEmpty, AfterValidator(_distinct)] = Field(default_factory=lambda: ["rte"])
+    tasks: Annotated[list[str], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: ["rte"])
     """Tasks (boolq, cb, copa, multirc, rte, wic, csqa), each once."""
-    models: Annotated[list[str], _NonEmpty, AfterValidator(_distinct), AfterValidator(_distinct_slugs)] = Field(
+    models: Annotated[list[str], NON_EMPTY, DISTINCT, DISTINCT_SLUGS] = Field(
         default_factory=lambda: ["tiny-t5"])
     """Base models (built-in names, hub ids or local paths), each once and with distinct slugs."""
-    methods: Annotated[list[MethodEntry], _NonEmpty, AfterValidator(_distinct_labels)] = Field(default_factory=lambda: [MethodEntry(name="capt")])
+    methods: Annotated[list[MethodEntry], NON_EMPTY, DISTINCT_LABELS] = Field(default_factory=lambda: [MethodEntry(name="capt")])
     """Method rows, with distinct labels."""
-    seeds: Annotated[list[int], _NonEmpty, AfterValidator(_distinct)] = Field(default_factory=lambda: [0])
+    seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
     """Seeds, each once; every (task, model, method) runs once per seed."""
     data_source: Literal["auto", "hub", "local", "generated"] = "auto"
     """Data source of every trial; auto is local when CAPT_DATA_DIR is set, else generated."""

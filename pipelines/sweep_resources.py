@@ -1,5 +1,5 @@
-"""Whether a sweep's trials can get their resources: refused before the first trial on the local Ray the
-sweep starts, watched (reported, then given up on) on a cluster.
+"""What a sweep's trials ask of Ray (`ResourcesSection`) and whether they get it: a trial the local Ray the
+sweep starts cannot hold is refused before it starts; on a cluster a wait is reported, then given up on.
 
 Where a trial waits: the Tune trial itself asks only `TRIAL_CPU` and starts at once; inside it, Ray Train's
 `TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles = [resources of one
@@ -19,6 +19,9 @@ import threading
 import time
 from typing import Any
 
+from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic.dataclasses import dataclass
+
 from pipelines.config import JobConfigError
 
 logger = logging.getLogger(__name__)
@@ -27,8 +30,52 @@ TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a
 LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
 _MAX_REPORT_EVERY_S = 60.0
 _MIN_REPORT_EVERY_S = 5.0
+_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 _STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autoscaler, if any, is asked to add one)",
            "NO_RESOURCES": "nodes with these resources exist but are busy"}
+
+
+@dataclass(config=ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class ResourcesSection:
+    """Resources of one trial: Ray Train workers, each running one Accelerate process."""
+
+    num_workers: PositiveInt = 1
+    """Ray Train workers (processes) per trial."""
+    gpus_per_worker: NonNegativeFloat = 0.0
+    """GPUs per worker (0: CPU training with gloo)."""
+    cpus_per_worker: PositiveFloat = 1.0
+    """CPUs per worker."""
+    custom_per_worker: dict[str, PositiveFloat] = Field(default_factory=dict)
+    """Custom Ray resources per worker, e.g. {"accelerator_type:A100": 0.001} to land on A100 nodes, or a
+    resource your nodes declare with `ray start --resources`."""
+    max_concurrent_trials: PositiveInt | None = None
+    """Upper bound on trials at once. Default: as many as the cluster holds now (every resource of a trial
+    counted). On the local Ray a larger value is lowered to that; on a cluster it is kept, so an autoscaler
+    can add nodes for the trials that wait."""
+    pending_timeout_s: NonNegativeFloat | None = None
+    """Seconds the trials' Ray Train workers may wait for their resources with no worker group of the sweep
+    starting meanwhile; then the sweep stops (state saved for --resume) with an error naming the resources
+    it waited for. null: 300 on the local Ray the sweep starts (nothing else frees resources there; a trial
+    that can never fit is refused before it starts), off on a cluster (RAY_ADDRESS), which may be adding
+    nodes; 0 (or off): wait forever. Either way the wait is reported every minute (a third of the timeout
+    when shorter)."""
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole_gpus_above_one(cls, value: float) -> float:
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(f"{value:g} GPUs per worker: Ray gives a worker either a fraction of one GPU (at most 1) "
+                             "or a whole number of GPUs")
+        return value
+
+    @field_validator("custom_per_worker")
+    @classmethod
+    def _custom_names(cls, value: dict[str, float]) -> dict[str, float]:
+        built_in = sorted(set(value) & set(_BUILT_IN_RESOURCES))
+        if built_in:
+            raise ValueError(f"{', '.join(built_in)}: built into Ray, set by cpus_per_worker and gpus_per_worker "
+                             "(custom_per_worker is for resources that nodes declare themselves)")
+        return value
 
 
 class ResourcesError(JobConfigError):
