@@ -243,20 +243,28 @@ def _section_keys(path: tuple) -> list[str]:
 
 def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
     """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
+    from pipelines.job_checks import model_fit_problems
     from pipelines.methods import method_option_problems
     from pipelines.models import model_name_problems
 
-    method, model, task = (raw.get(k) if isinstance(raw.get(k), dict) else {} for k in ("method", "model", "task"))
+    method, model, task = (section(raw, k) for k in ("method", "model", "task"))
     problems: list[str] = []
     name, options = method.get("name", "capt"), method.get("options", {})
-    if name in METHOD_NAMES and isinstance(options, dict):
+    options_ok = name in METHOD_NAMES and isinstance(options, dict)
+    if options_ok:
         problems += method_option_problems(name, options)
     if isinstance(model.get("name", "tiny-t5"), str):
-        problems += model_name_problems(model.get("name", "tiny-t5"))
+        name_problems = model_name_problems(model.get("name", "tiny-t5"))
+        problems += name_problems or model_fit_problems(raw, options_ok and not problems)
     if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems
+
+
+def section(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """The raw section `key` of a job dict, or {} when absent or not a mapping (the schema reports that)."""
+    return raw.get(key) if isinstance(raw.get(key), dict) else {}
 
 
 def _format_problems(problems: list[str]) -> str:

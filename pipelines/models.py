@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capt.arch import family_of_model_type, supported_model_types
+from capt.arch import family_of_model_type, spec_for_model_type, supported_model_types
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,79 @@ def model_name_problems(name: str) -> list[str]:
         return [f"model.name={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1 (built-in "
                 f"offline models: {', '.join(BUILTIN_MODELS)})"]
     return []
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What pre-flight validation needs of a base model, read from its config alone (no weights loaded)."""
+
+    model_type: str
+    """`config.model_type`."""
+    family: str
+    """"t5", "decoder" or "encoder"."""
+    capsule_layers: int
+    """Depth of the layer stack that hosts capsules (T5: the encoder)."""
+    position_limit: int | None
+    """Longest input sequence the model has positions for (None: no hard limit, e.g. T5)."""
+    accepts_baselines: bool
+    """Whether the baseline methods support this model type."""
+
+
+def model_shape(name: str) -> ModelShape:
+    """The shape of model `name` from its config; raises ValueError naming `model.name` when it cannot be read."""
+    shape = _shape_or_problem(name)
+    if isinstance(shape, str):
+        raise ValueError(shape)
+    return shape
+
+
+def forget_model_shapes() -> None:
+    """Drop the cached shapes (after the hub cache or a local model folder changed)."""
+    _shape_or_problem.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _shape_or_problem(name: str) -> ModelShape | str:
+    """Cached, failures included: a sweep validates every trial of a model, one config read (or hub call) each."""
+    try:
+        config = _read_config(name)
+    except ImportError as err:
+        return f"model.name={name!r}: {err}"
+    except (OSError, ValueError, KeyError) as err:
+        reason = " ".join(str(err).split())
+        return (f"model.name={name!r}: cannot read its config.json ({reason}). Check the name, or download it "
+                f"while online (`hf download {name} config.json`), or for a gated model accept its licence and "
+                "set HF_TOKEN")
+    spec = spec_for_model_type(config.model_type)
+    if spec is None:
+        return (f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
+                f"{', '.join(supported_model_types())}")
+    return ModelShape(config.model_type, spec.family, spec.layers_in_config(config), spec.position_limit(config),
+                      spec.accepts_baselines(config.model_type))
+
+
+def _read_config(name: str):
+    """The transformers config of `name`: built for tiny models, from the cache or a local folder for the
+    rest, and from the hub (config.json only) when it is not cached and HF_HUB_OFFLINE is not set."""
+    from transformers import AutoConfig
+
+    if name in TINY_MODELS:
+        from capt.tasks.tokenizers import SPECIAL_TOKENS, TEST_VOCAB_SIZE
+        from pipelines import tiny_models
+
+        ids = {f"{token}_token_id": SPECIAL_TOKENS.index(text)
+               for token, text in (("pad", "<pad>"), ("eos", "</s>"), ("bos", "<s>"))}
+        return tiny_models.config(name, TEST_VOCAB_SIZE, ids)
+    if name == "minilm":
+        from capt.tasks.tokenizers import minilm_model_path
+
+        return AutoConfig.from_pretrained(minilm_model_path())
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True)
+    except OSError:
+        if Path(name).expanduser().exists() or os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise
+        return AutoConfig.from_pretrained(name)
 
 
 def _in_hub_cache(name: str) -> bool:

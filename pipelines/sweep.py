@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Iterator
@@ -22,10 +21,17 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 
 from pipelines.config import JobConfigError, model_slug  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
+from pipelines.sweep_resources import (  # noqa: E402
+    TRIAL_CPU,
+    PendingWatch,
+    ResourcesError,
+    check_local_fit,
+    pending_timeout,
+)
+from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
-TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a non-zero request
 _PASSED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAPT_DATA_DIR", "MLFLOW_TRACKING_USERNAME",
                "MLFLOW_TRACKING_PASSWORD", "OMP_NUM_THREADS")
 
@@ -50,23 +56,26 @@ def _trial_name(trial) -> str:
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
 
-def max_concurrent(sweep: SweepConfig, cluster: dict[str, float]) -> int:
-    """Trials the cluster holds at once, from its CPUs (or GPUs) and each trial's request."""
-    res = sweep.resources
-    if res.gpus_per_worker > 0:
-        fits = math.floor(cluster.get("GPU", 0) / (res.num_workers * res.gpus_per_worker))
-    else:
-        fits = math.floor((cluster.get("CPU", 1) + 1e-9) / (res.num_workers * res.cpus_per_worker + TRIAL_CPU))
-    return max(1, min(fits, res.max_concurrent_trials or fits))
+def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int:
+    """Trials the cluster holds at once, every resource of a trial counted (see `ResourcesSection`)."""
+    return _trials_at_once(sweep.resources, cluster, local)
 
 
 def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
-    """Fit (or restore and finish) the Tune experiment of `sweep`; returns Tune's ResultGrid."""
+    """Fit (or restore and finish) the Tune experiment of `sweep`; returns Tune's ResultGrid.
+
+    Raises `ResourcesError` before the first trial when the local Ray cannot hold one, and after
+    `resources.pending_timeout_s` when the trials' workers wait that long for resources.
+    """
     import ray
     from ray import tune
 
     from pipelines.sweep_trial import run_trial
 
+    local = not os.environ.get("RAY_ADDRESS")  # as `ray_cluster` decides: no address, a local Ray of our own
+    cluster = ray.cluster_resources()
+    if local:
+        check_local_fit(sweep.resources, cluster)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), {"cpu": TRIAL_CPU})
     path = sweep.storage_root() / sweep.name
@@ -79,12 +88,15 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
             trainable, param_space=param_space(sweep),
             tune_config=tune.TuneConfig(
                 metric="validation_score", mode="max", num_samples=sweep.num_samples, scheduler=scheduler,
-                max_concurrent_trials=max_concurrent(sweep, ray.cluster_resources()),
+                max_concurrent_trials=max_concurrent(sweep, cluster, local),
                 trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
             run_config=tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
                                       failure_config=tune.FailureConfig(max_failures=sweep.failure.trial_max_failures)),
         )
-    return tuner.fit()
+    with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch:
+        grid = tuner.fit()
+    watch.raise_if_gave_up()
+    return grid
 
 
 @contextlib.contextmanager
@@ -195,11 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     except JobConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
-        grid = run_sweep(sweep, uri, args.resume)
-        table, rows = results_table(grid)
-        promoting = uri and sweep.tracking.register and sweep.tracking.promote
-        champions = promote_champions(sweep, uri, rows) if promoting else []
+    try:
+        with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
+            grid = run_sweep(sweep, uri, args.resume)
+            table, rows = results_table(grid)
+            promoting = uri and sweep.tracking.register and sweep.tracking.promote
+            champions = promote_champions(sweep, uri, rows) if promoting else []
+    except ResourcesError as err:  # a trial the cluster cannot hold: refused up front, or given up on
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"\n{table}\n")
     _print_where_to_look(sweep, uri, champions)
     return 0 if all(r["status"] == "done" for r in rows) else 1

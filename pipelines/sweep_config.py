@@ -12,12 +12,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -27,6 +26,8 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
+from pipelines.sweep_resources import ResourcesSection
+from pipelines.sweep_rules import DISTINCT, DISTINCT_LABELS, DISTINCT_SLUGS, NON_EMPTY, RowLabel, SweepName
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -38,8 +39,9 @@ class MethodEntry:
 
     name: str
     """Method name (capt, prompt_tuning, ptuning_v2, lora, full_finetune)."""
-    label: str | None = None
-    """Row label in tables and run names (default: the method name); ablations need distinct labels."""
+    label: RowLabel | None = None
+    """Row label in tables, run names and trial folders (default: the method name); ablations need distinct labels.
+    Allowed: 1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The method's own options (capt: CapsuleConfig fields)."""
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -51,20 +53,6 @@ class MethodEntry:
     def key(self) -> str:
         """The label used in trial names and tags."""
         return self.label or self.name
-
-
-@dataclass(config=_STRICT)
-class ResourcesSection:
-    """Resources of one trial: Ray Train workers, each running one Accelerate process."""
-
-    num_workers: PositiveInt = 1
-    """Ray Train workers (processes) per trial."""
-    gpus_per_worker: NonNegativeFloat = 0.0
-    """GPUs per worker (0: CPU training with gloo)."""
-    cpus_per_worker: PositiveFloat = 1.0
-    """CPUs per worker."""
-    max_concurrent_trials: PositiveInt | None = None
-    """Upper bound on trials at once (default: as many as the cluster's CPUs/GPUs hold)."""
 
 
 @dataclass(config=_STRICT)
@@ -101,16 +89,18 @@ class TrackingSection:
 class SweepConfig:
     """A sweep: tasks x models x methods x seeds (a grid) over a base job, with optional Tune search."""
 
-    name: str = "smoke"
-    """Sweep id: Tune experiment name, MLflow tag `sweep`, storage folder."""
-    tasks: list[str] = Field(default_factory=lambda: ["rte"])
-    """Tasks (boolq, cb, copa, multirc, rte, wic, csqa)."""
-    models: list[str] = Field(default_factory=lambda: ["tiny-t5"])
-    """Base models (built-in names, hub ids or local paths)."""
-    methods: list[MethodEntry] = Field(default_factory=lambda: [MethodEntry(name="capt")])
-    """Method rows."""
-    seeds: list[int] = Field(default_factory=lambda: [0])
-    """Seeds; every (task, model, method) runs once per seed."""
+    name: SweepName = "smoke"
+    """Sweep id: Tune experiment name, MLflow tag `sweep`, storage folder <storage_path>/<name>.
+    Allowed: 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+    tasks: Annotated[list[str], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: ["rte"])
+    """Tasks (boolq, cb, copa, multirc, rte, wic, csqa), each once."""
+    models: Annotated[list[str], NON_EMPTY, DISTINCT, DISTINCT_SLUGS] = Field(
+        default_factory=lambda: ["tiny-t5"])
+    """Base models (built-in names, hub ids or local paths), each once and with distinct slugs."""
+    methods: Annotated[list[MethodEntry], NON_EMPTY, DISTINCT_LABELS] = Field(default_factory=lambda: [MethodEntry(name="capt")])
+    """Method rows, with distinct labels."""
+    seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
+    """Seeds, each once; every (task, model, method) runs once per seed."""
     data_source: Literal["auto", "hub", "local", "generated"] = "auto"
     """Data source of every trial; auto is local when CAPT_DATA_DIR is set, else generated."""
     job: dict[str, Any] = Field(default_factory=dict)
@@ -165,7 +155,8 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
     try:
         sweep = TypeAdapter(SweepConfig).validate_python(raw)
     except ValidationError as err:
-        problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg']}" for e in err.errors(include_url=False)]
+        problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in err.errors(include_url=False)]
         raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(problems) + ".") from None
     trials(sweep)  # validates every trial's job
     return absolute_paths(sweep)
@@ -200,9 +191,9 @@ def trials(sweep: SweepConfig) -> list[Trial]:
     for problem, names in by_problem.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
-    labels = [e.key for e in sweep.methods]
-    if len(set(labels)) != len(labels):
-        problems.append(f"methods: labels {labels} repeat; give each row a distinct label")
+    if not points:
+        problems.append(f"the grid is empty: no method row runs on models={sweep.models} (rows restricted by "
+                        "methods[].models name none of them)")
     if problems:
         raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
     return points

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from pipelines.config import flatten, model_slug, validate_job_config
 from pipelines.sweep_config import SweepConfig, trial_job
+from pipelines.sweep_resources import worker_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
         train_loop_config={"job": job, "tracking": _tracking(config, point, entry, searched, name, tracking_uri)},
         scaling_config=ray.train.ScalingConfig(
             num_workers=resources.num_workers, use_gpu=resources.gpus_per_worker > 0,
-            resources_per_worker={"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker},
+            resources_per_worker=worker_bundle(resources),
         ),
         run_config=ray.train.RunConfig(
             name=name, storage_path=str(config.storage_root() / config.name / "train"),

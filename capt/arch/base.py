@@ -54,6 +54,9 @@ class ArchSpec:
     """True when `labels` are aligned with `input_ids` and shifted inside the model (causal LM loss)."""
     baseline_types: frozenset[str] | None = None
     """The `model_types` the baselines accept; None: all of them."""
+    position_limit_key: str | None = "max_position_embeddings"
+    """Config field holding the longest sequence the model has positions for; None: no hard limit (T5's
+    relative position buckets)."""
 
     def hidden_size(self, model: nn.Module) -> int:
         """Width d of the hidden states (T5 maps `hidden_size` to `d_model`)."""
@@ -62,6 +65,20 @@ class ArchSpec:
     def num_layers(self, model: nn.Module) -> int:
         """Depth of the stack that `find_layers` returns (T5: the encoder)."""
         return len(self.find_layers(model))
+
+    def layers_in_config(self, config) -> int:
+        """Depth of the capsule stack read off a transformers config, no weights needed (equals `num_layers`).
+
+        T5 configs map `num_hidden_layers` to `num_layers`, the encoder's depth, which is the capsule stack.
+        """
+        return int(config.num_hidden_layers)
+
+    def position_limit(self, config) -> int | None:
+        """Longest input sequence (slots and virtual tokens included) the config has positions for, or None."""
+        if self.position_limit_key is None:
+            return None
+        value = getattr(config, self.position_limit_key, None)
+        return int(value) if value else None
 
     def accepts_baselines(self, model_type: str) -> bool:
         """Whether the baseline methods accept `model_type` (a subset of `model_types`)."""

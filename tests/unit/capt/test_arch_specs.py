@@ -6,7 +6,7 @@ import pytest
 from tiny_models import BUILDERS
 from torch import nn
 
-from capt.arch import REGISTRY, spec_for
+from capt.arch import REGISTRY, spec_for, spec_for_model_type
 
 EXPECTED_STACKS = {"t5": ["encoder", "decoder"], "llama": ["decoder"], "qwen2": ["decoder"], "bert": ["encoder"]}
 
@@ -46,3 +46,18 @@ def test_baseline_types_are_model_types() -> None:
         assert spec.baseline_types is None or spec.baseline_types <= spec.model_types
         assert all(spec.accepts_baselines(t) == (spec.baseline_types is None or t in spec.baseline_types)
                    for t in spec.model_types)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_the_config_alone_gives_depth_and_position_limit(kind: str) -> None:
+    # Pre-flight validation reads these from a config without building the model.
+    model = BUILDERS[kind]()
+    spec = spec_for_model_type(model.config.model_type)
+    assert spec is spec_for(model)
+    assert spec.layers_in_config(model.config) == spec.num_layers(model)
+    limit = spec.position_limit(model.config)
+    assert limit is None if kind == "t5" else limit == model.config.max_position_embeddings
+
+
+def test_an_unsupported_model_type_has_no_spec() -> None:
+    assert spec_for_model_type("gpt2") is None

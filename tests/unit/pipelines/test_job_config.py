@@ -72,3 +72,68 @@ def test_model_slug():
     assert model_slug("google-t5/t5-base") == "t5-base"
     assert model_slug("meta-llama/Llama-3.2-1B") == "llama-3.2-1b"
     assert model_slug("/data/my model/") == "my-model"
+
+
+def _problems(*overrides: str) -> str:
+    with pytest.raises(JobConfigError) as err:
+        load_job_config(None, [*overrides, "task.source=generated"])
+    return str(err.value)
+
+
+def _local_model(tmp_path, config: str) -> str:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    return str(folder)
+
+
+def test_capsule_layers_the_model_lacks_are_refused():
+    message = _problems("model.name=tiny-t5", "method.options.layers=[0,2,7]")
+    assert "method.options.layers=[0, 2, 7]: model.name='tiny-t5' has 2 encoder layers, so [2, 7] do not exist" in message
+    assert "allowed: indices 0..1" in message
+    assert "has 6 layers" in _problems("model.name=minilm", "method.options.layers=[6]")
+    load_job_config(None, ["model.name=minilm", "method.options.layers=[5]", "task.source=generated"])
+
+
+def test_max_length_beyond_the_position_limit_is_refused_with_the_numbers():
+    message = _problems("model.name=minilm", "model.max_length=600")
+    assert "model.max_length=600: model.name='minilm' has positions for 512 tokens" in message
+    assert "allowed: at most 512" in message
+    load_job_config(None, ["model.name=minilm", "model.max_length=512", "task.source=generated"])
+    # Decoder-only generation appends max_new_tokens positions after the input.
+    message = _problems("model.name=tiny-llama", "model.max_length=1020", "model.max_new_tokens=10")
+    assert "model.max_length=1020 + model.max_new_tokens=10 generated after it" in message and "at most 1014" in message
+    load_job_config(None, ["model.name=tiny-llama", "model.max_length=1020", "train.eval_mode=rank",
+                           "task.source=generated"])
+    load_job_config(None, ["model.name=tiny-t5", "model.max_length=4096", "task.source=generated"])  # relative positions
+
+
+def test_a_method_that_leaves_no_room_for_text_is_refused():
+    message = _problems("method.name=prompt_tuning", "method.options.num_tokens=100", "model.max_length=100")
+    assert "model.max_length=100: method 'prompt_tuning' adds 100 positions" in message
+
+
+def test_a_local_model_is_checked_from_its_config(tmp_path):
+    gpt2 = _local_model(tmp_path, '{"model_type": "gpt2", "n_layer": 2}')
+    message = _problems(f"model.name={gpt2}")
+    assert f"model.name={gpt2!r} has model_type='gpt2'; supported model types:" in message and "'t5'" not in message
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert f"model.name={str(broken)!r}: cannot read its config.json" in _problems(f"model.name={broken}")
+
+
+def test_baselines_refuse_a_model_type_only_capsules_support(tmp_path):
+    umt5 = _local_model(tmp_path, '{"model_type": "umt5", "num_layers": 4, "d_model": 32}')
+    message = _problems(f"model.name={umt5}", "method.name=prompt_tuning", "method.options.num_tokens=4")
+    assert "the baselines do not support model_type='umt5'" in message
+    assert "has 4 encoder layers" in _problems(f"model.name={umt5}", "method.options.layers=[4]")
+
+
+def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(JOB_CONFIGS[0]),
+                           "task.source=generated", "model.name=tiny-t5", "method.options.layers=[3]",
+                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "has 2 encoder layers, so [3] do not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

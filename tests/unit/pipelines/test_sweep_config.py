@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.hub_cache import use_hub_cache
 
 from pipelines.config import JobConfigError
 from pipelines.sweep import max_concurrent
@@ -17,9 +18,9 @@ SWEEPS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "job")
 
 
 @pytest.fixture(autouse=True)
-def _hub_ids_allowed(monkeypatch, tmp_path):
-    # Paper configs name hub checkpoints; offline validation would (rightly) refuse uncached ones.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+def _paper_models_cached(monkeypatch, tmp_path):
+    # Paper configs name hub checkpoints: validation reads their config.json (layers, positions) from the cache.
+    use_hub_cache(tmp_path / "hub", monkeypatch)
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))  # configs that read local data need a data dir
 
 
@@ -97,3 +98,79 @@ def test_relative_paths_are_resolved_on_the_driver(tmp_path, monkeypatch):
     assert sweep.storage_path == str(tmp_path / "runs")
     assert trials(sweep)[0].job["output_dir"].startswith(str(tmp_path / "runs" / "smoke" / "jobs"))
     assert os.environ["CAPT_DATA_DIR"] == str(tmp_path / "data")
+
+
+def _refusal(*overrides: str) -> str:
+    with pytest.raises(JobConfigError) as err:
+        load_sweep_config(CONFIGS / "smoke.yaml", [*overrides, "data_source=generated"])
+    return str(err.value)
+
+
+def test_empty_and_repeated_axes_are_all_refused_at_once():
+    message = _refusal("tasks=[]", "models=[]", "methods=[]", "seeds=[0,0]")
+    for key in ("tasks=[]: empty", "models=[]: empty", "methods=[]: empty", "seeds=[0, 0]: 0 given more than once"):
+        assert key in message
+    message = _refusal("tasks=[cb,rte,cb]", "models=[tiny-t5,minilm,tiny-t5]", "seeds=[]")
+    assert "tasks=['cb', 'rte', 'cb']: cb given more than once" in message
+    assert "models=['tiny-t5', 'minilm', 'tiny-t5']: tiny-t5 given more than once" in message
+    assert "seeds=[]: empty" in message
+
+
+def test_models_that_share_a_slug_are_refused(tmp_path):
+    local = tmp_path / "mirror" / "t5-base"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text('{"model_type": "t5", "num_layers": 12}')
+    message = _refusal(f"models=[google-t5/t5-base,{local}]")
+    assert f"models google-t5/t5-base and {local} -> 't5-base'" in message and "share output folders" in message
+
+
+def test_repeated_method_labels_are_refused():
+    message = _refusal("methods=[{name: capt}, {name: capt, options: {layers: odd}}]")
+    assert "rows labelled capt repeat" in message
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "/abs", "", "..", "x..y", ".hidden", "a b"])
+def test_a_sweep_name_cannot_leave_the_storage_root(name):
+    message = _refusal(f"name='{name}'")
+    assert f"name={name!r}" in message and "letters, digits, '.', '_' or '-'" in message
+
+
+@pytest.mark.parametrize("label", ["../../etc", "a/b", "", ".."])
+def test_a_method_label_cannot_leave_the_storage_root(label):
+    message = _refusal(f"methods=[{{name: capt, label: '{label}'}}]")
+    assert f"methods.0.label={label!r}" in message and "'+'" in message
+
+
+def test_safe_names_and_labels_pass():
+    sweep = load_sweep_config(CONFIGS / "smoke.yaml", ["name=my_sweep-2.1", "methods=[{name: capt, label: capt+x_1}]",
+                                                        "data_source=generated"])
+    assert {t.method for t in trials(sweep)} == {"capt+x_1"}
+
+
+def test_a_grid_whose_rows_run_on_no_model_is_refused():
+    message = _refusal("methods=[{name: capt, models: [google-t5/t5-base]}]")
+    assert "the grid is empty" in message
+
+
+def test_capsule_layers_beyond_the_model_are_refused_before_ray(tmp_path):
+    # tiny-t5 has 2 encoder layers, MiniLM 6: layer 4 exists only in MiniLM.
+    message = _refusal("methods=[{name: capt, options: {layers: [0, 4]}}]")
+    assert "method.options.layers=[0, 4]: model.name='tiny-t5' has 2 encoder layers" in message
+    assert "model.name='minilm'" not in message
+    paper = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["methods=[{name: capt, options: {layers: [11]}}]"])
+    assert trials(paper)
+    with pytest.raises(JobConfigError, match=r"'google-t5/t5-base' has 12 encoder layers.*0\.\.11"):
+        load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["methods=[{name: capt, options: {layers: [12]}}]"])
+
+
+def test_max_length_beyond_minilm_positions_is_refused():
+    message = _refusal("models=[minilm]", "job.model.max_length=513")
+    assert "model.max_length=513: model.name='minilm' has positions for 512 tokens" in message
+
+
+def test_resources_are_checked(tmp_path):
+    message = _refusal("resources.gpus_per_worker=1.5", "resources.custom_per_worker={GPU: 1}",
+                       "resources.pending_timeout_s=-1")
+    assert "resources.gpus_per_worker=1.5" in message and "whole number of GPUs" in message
+    assert "resources.custom_per_worker={'GPU': 1}: GPU: built into Ray" in message
+    assert "resources.pending_timeout_s=-1" in message

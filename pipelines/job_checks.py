@@ -1,0 +1,60 @@
+"""Pre-flight checks of a job against its base model's config (read without loading weights): capsule layers
+the model lacks, sequences longer than its positions, methods that do not support it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import capt
+from pipelines.config import section
+from pipelines.methods import sequence_overhead
+from pipelines.models import ModelShape, model_shape
+
+
+def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
+    """What the model's own config refuses: capsule layers it lacks, sequences longer than its positions."""
+    model, method = section(raw, "model"), section(raw, "method")
+    name, method_name = model.get("name", "tiny-t5"), method.get("name", "capt")
+    try:
+        shape = model_shape(name)
+    except ValueError as err:
+        return [str(err)]
+    problems = []
+    if method_ok and method_name == "capt":
+        problems += _capsule_layer_problems(name, shape, method.get("options", {}))
+    if method_ok and method_name != "capt" and not shape.accepts_baselines:
+        problems.append(f"method.name={method_name!r} with model.name={name!r}: the baselines do not support "
+                        f"model_type={shape.model_type!r} (CaPT does)")
+    problems += _length_problems(raw, shape, method_ok)
+    return problems
+
+
+def _capsule_layer_problems(name: str, shape: ModelShape, options: dict[str, Any]) -> list[str]:
+    layers = capt.CapsuleConfig.from_dict(dict(options)).layers
+    stack = "encoder layers" if shape.family == "t5" else "layers"
+    bad = [] if isinstance(layers, str) else [i for i in layers if i >= shape.capsule_layers]
+    if not bad:
+        return []
+    return [f"method.options.layers={list(layers)}: model.name={name!r} has {shape.capsule_layers} {stack}, so "
+            f"{bad} do not exist (allowed: indices 0..{shape.capsule_layers - 1}, or all, first_half, odd)"]
+
+
+def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) -> list[str]:
+    """`model.max_length` (slots and virtual tokens included) against the model's positions and the method."""
+    model, method, train = (section(raw, k) for k in ("model", "method", "train"))
+    max_length, new_tokens = model.get("max_length", 256), model.get("max_new_tokens", 10)
+    if not isinstance(max_length, int) or not isinstance(new_tokens, int) or max_length < 1:
+        return []  # the schema reports the type
+    problems = []
+    generated = new_tokens if shape.family == "decoder" and train.get("eval_mode", "generate") == "generate" else 0
+    if shape.position_limit is not None and max_length + generated > shape.position_limit:
+        extra = f" + model.max_new_tokens={new_tokens} generated after it" if generated else ""
+        problems.append(f"model.max_length={max_length}{extra}: model.name={model.get('name', 'tiny-t5')!r} has "
+                        f"positions for {shape.position_limit} tokens (capsule slots and virtual tokens count "
+                        f"toward max_length); allowed: at most {shape.position_limit - generated}")
+    if method_ok:
+        overhead = sequence_overhead(method.get("name", "capt"), method.get("options", {}))
+        if overhead >= max_length:
+            problems.append(f"model.max_length={max_length}: method {method.get('name', 'capt')!r} adds {overhead} "
+                            f"positions to every input, leaving none for the text; allowed: more than {overhead}")
+    return problems

@@ -1,0 +1,263 @@
+"""What a sweep's trials ask of Ray (`ResourcesSection`) and whether they get it: a trial the local Ray the
+sweep starts cannot hold is refused before it starts; on a cluster a wait is reported, then given up on.
+
+Where a trial waits: the Tune trial itself asks only `TRIAL_CPU` and starts at once; inside it, Ray Train's
+`TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles = [resources of one
+worker] * num_workers, and waits for it. Train drops that placement group after
+RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`),
+so a request no node can meet waits forever, and its only trace is a PENDING placement group in the GCS.
+That is what `PendingWatch` reads (`ray.util.placement_group_table`): the same demand `ray status` lists
+under "Pending Demands" and an autoscaler adds nodes for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from typing import Any
+
+from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic.dataclasses import dataclass
+
+from pipelines.config import JobConfigError
+
+logger = logging.getLogger(__name__)
+
+TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a non-zero request
+LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
+_MAX_REPORT_EVERY_S = 60.0
+_MIN_REPORT_EVERY_S = 5.0
+_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+_STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autoscaler, if any, is asked to add one)",
+           "NO_RESOURCES": "nodes with these resources exist but are busy"}
+
+
+@dataclass(config=ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class ResourcesSection:
+    """Resources of one trial: Ray Train workers, each running one Accelerate process."""
+
+    num_workers: PositiveInt = 1
+    """Ray Train workers (processes) per trial."""
+    gpus_per_worker: NonNegativeFloat = 0.0
+    """GPUs per worker (0: CPU training with gloo)."""
+    cpus_per_worker: PositiveFloat = 1.0
+    """CPUs per worker."""
+    custom_per_worker: dict[str, PositiveFloat] = Field(default_factory=dict)
+    """Custom Ray resources per worker, e.g. {"accelerator_type:A100": 0.001} to land on A100 nodes, or a
+    resource your nodes declare with `ray start --resources`."""
+    max_concurrent_trials: PositiveInt | None = None
+    """Upper bound on trials at once. Default: as many as the cluster holds now (every resource of a trial
+    counted). On the local Ray a larger value is lowered to that; on a cluster it is kept, so an autoscaler
+    can add nodes for the trials that wait."""
+    pending_timeout_s: NonNegativeFloat | None = None
+    """Seconds the trials' Ray Train workers may wait for their resources with no worker group of the sweep
+    starting meanwhile; then the sweep stops (state saved for --resume) with an error naming the resources
+    it waited for. null: 300 on the local Ray the sweep starts (nothing else frees resources there; a trial
+    that can never fit is refused before it starts), off on a cluster (RAY_ADDRESS), which may be adding
+    nodes; 0 (or off): wait forever. Either way the wait is reported every minute (a third of the timeout
+    when shorter)."""
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole_gpus_above_one(cls, value: float) -> float:
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(f"{value:g} GPUs per worker: Ray gives a worker either a fraction of one GPU (at most 1) "
+                             "or a whole number of GPUs")
+        return value
+
+    @field_validator("custom_per_worker")
+    @classmethod
+    def _custom_names(cls, value: dict[str, float]) -> dict[str, float]:
+        built_in = sorted(set(value) & set(_BUILT_IN_RESOURCES))
+        if built_in:
+            raise ValueError(f"{', '.join(built_in)}: built into Ray, set by cpus_per_worker and gpus_per_worker "
+                             "(custom_per_worker is for resources that nodes declare themselves)")
+        return value
+
+
+class ResourcesError(JobConfigError):
+    """One trial asks for resources the Ray cluster cannot give; the message names the request and the cluster."""
+
+
+def worker_bundle(resources) -> dict[str, float]:
+    """Ray resources of one Ray Train worker (a `ResourcesSection`): CPU, GPU when asked, custom resources."""
+    bundle = {"CPU": float(resources.cpus_per_worker)}
+    if resources.gpus_per_worker:
+        bundle["GPU"] = float(resources.gpus_per_worker)
+    return bundle | {name: float(amount) for name, amount in resources.custom_per_worker.items()}
+
+
+def trial_demand(resources) -> dict[str, float]:
+    """What one trial holds while it trains: its workers plus the trial's own `TRIAL_CPU`."""
+    demand = {name: amount * resources.num_workers for name, amount in worker_bundle(resources).items()}
+    demand["CPU"] += TRIAL_CPU
+    return demand
+
+
+def _workers_per_gpu_set(gpus_per_worker: float, gpus: float) -> float:
+    """Workers the GPUs hold: a fraction below 1 never spans two GPUs."""
+    if gpus_per_worker < 1:
+        return math.floor(round(gpus) * math.floor(1 / gpus_per_worker + 1e-9))
+    return math.floor(gpus / gpus_per_worker + 1e-9)
+
+
+def trials_that_fit(resources, cluster: dict[str, float]) -> int:
+    """How many trials the resources `cluster` has (e.g. `ray.cluster_resources()`) hold at once."""
+    fits = math.inf
+    for name, amount in trial_demand(resources).items():
+        fits = min(fits, math.floor(cluster.get(name, 0.0) / amount + 1e-9))
+    if resources.gpus_per_worker:
+        fits = min(fits, _workers_per_gpu_set(resources.gpus_per_worker, cluster.get("GPU", 0.0))
+                   // resources.num_workers)
+    return int(fits)
+
+
+def max_concurrent(resources, cluster: dict[str, float], local: bool = True) -> int:
+    """Trials at once: those that fit now; `max_concurrent_trials` lowers that locally and is kept as given on
+    a cluster (an autoscaler adds nodes for the trials that wait)."""
+    fits = max(1, trials_that_fit(resources, cluster))
+    wanted = resources.max_concurrent_trials
+    if wanted is None:
+        return fits
+    return min(fits, wanted) if local else wanted
+
+
+def check_local_fit(resources, cluster: dict[str, float]) -> None:
+    """Refuse a trial the local Ray (fixed resources, nothing to scale) can never start: one paragraph."""
+    if trials_that_fit(resources, cluster) >= 1:
+        return
+    demand = trial_demand(resources)
+    short = [f"{name} needs {amount:g}, has {cluster.get(name, 0.0):g}" for name, amount in demand.items()
+             if amount > cluster.get(name, 0.0) + 1e-9]
+    if not short:  # every total fits: the fractional GPUs cannot be packed onto whole GPUs
+        short = [f"{resources.num_workers} workers of GPU {resources.gpus_per_worker:g} do not fit on "
+                 f"{cluster.get('GPU', 0.0):g} GPU(s) (a fraction of a GPU never spans two)"]
+    cpus_short = demand["CPU"] > cluster.get("CPU", 0.0) + 1e-9
+    raise ResourcesError(
+        f"resources: one trial needs {fmt(demand)} ({resources.num_workers} worker(s) x {fmt(worker_bundle(resources))}"
+        f" plus CPU {TRIAL_CPU:g} for the trial itself), but the local Ray this sweep started has "
+        f"{fmt({name: cluster.get(name, 0.0) for name in demand})}: {'; '.join(short)}. Lower resources.num_workers, "
+        "cpus_per_worker, gpus_per_worker or custom_per_worker, "
+        + ("give the local Ray more CPUs with --num-cpus, or " if cpus_short else "")
+        + "run on a cluster that has them (RAY_ADDRESS).")
+
+
+def pending_timeout(resources, local: bool) -> float | None:
+    """`resources.pending_timeout_s` resolved: its default for where the sweep runs; None waits forever."""
+    value = resources.pending_timeout_s
+    if value is None:
+        value = LOCAL_PENDING_TIMEOUT_S if local else 0.0
+    return value or None
+
+
+def fmt(resources: dict[str, float]) -> str:
+    """`{CPU: 1.1, GPU: 1}`: resource amounts as a user reads them."""
+    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"
+
+
+class PendingWatch:
+    """A driver-side thread that reports the sweep's worker placement groups while they wait and, after
+    `timeout_s` with no worker group of the sweep starting, stops Tune gracefully (its state saved for
+    --resume, as on Ctrl+C) and keeps the reason in `verdict`.
+    """
+
+    def __init__(self, resources, timeout_s: float | None, poll_s: float = 2.0) -> None:
+        self.resources = resources
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.report_every_s = _MAX_REPORT_EVERY_S if not timeout_s else (
+            min(_MAX_REPORT_EVERY_S, max(_MIN_REPORT_EVERY_S, timeout_s / 3)))
+        self.verdict: str | None = None
+        self._bundle = worker_bundle(resources)
+        self._since: float | None = None
+        self._reports = 0
+        self._clear_polls = 0
+        self._started: set[str] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="capt-pending-watch", daemon=True)
+
+    def __enter__(self) -> PendingWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+    def raise_if_gave_up(self) -> None:
+        """Raise `ResourcesError` with the reason when the watch stopped the sweep."""
+        if self.verdict:
+            raise ResourcesError(self.verdict)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.poll_s):
+            try:
+                self.check(time.monotonic())
+            except Exception:  # a GCS hiccup must not end the sweep: the next poll tries again
+                logger.debug("Placement group poll failed", exc_info=True)
+
+    def check(self, now: float, table: dict[str, dict[str, Any]] | None = None) -> None:
+        """One poll of the placement group table (`ray.util.placement_group_table()` unless given): track how
+        long the sweep's worker groups have waited; report; give up after the timeout."""
+        import ray
+
+        table = ray.util.placement_group_table() if table is None else table
+        ours = [pg for pg in table.values() if self._is_worker_group(pg)]
+        started = {pg["placement_group_id"] for pg in ours if pg["state"] == "CREATED"}
+        pending = [pg for pg in ours if pg["state"] in ("PENDING", "RESCHEDULING")]
+        if started - self._started:  # a worker group started: the sweep progresses
+            self._since = None
+        self._started |= started
+        # Train replaces a waiting placement group every 60 s: only two clear polls in a row end a wait.
+        self._clear_polls = 0 if pending else self._clear_polls + 1
+        if self._clear_polls >= 2:
+            self._since = None
+        if not pending:
+            return
+        if self._since is None:
+            self._since, self._reports = now, 0
+        waited = now - self._since
+        if self.timeout_s and waited >= self.timeout_s:
+            self._give_up(pending, waited)
+        elif waited >= (self._reports + 1) * self.report_every_s:
+            self._reports += 1
+            limit = (f"Giving up at {self.timeout_s:g} s (resources.pending_timeout_s)." if self.timeout_s
+                     else "Waiting without limit (resources.pending_timeout_s gives one).")
+            text = self._describe(pending, waited)
+            logger.warning("%s %s", text[0].upper() + text[1:], limit)
+
+    def _is_worker_group(self, pg: dict[str, Any]) -> bool:
+        bundles = list(pg["bundles"].values())
+        return len(bundles) == self.resources.num_workers and all(
+            set(b) == set(self._bundle) and all(abs(b[k] - v) < 1e-6 for k, v in self._bundle.items())
+            for b in bundles)
+
+    def _describe(self, pending: list[dict[str, Any]], waited: float) -> str:
+        import ray
+
+        pg = pending[0]
+        state = pg["stats"]["scheduling_state"]
+        text = (f"the Ray Train workers of {len(pending)} trial(s) have waited {waited:.0f} s for a placement group "
+                f"{fmt(self._bundle)} * {self.resources.num_workers} ({pg['strategy']}), the shape an autoscaler is "
+                f"asked for; scheduling state {state}: {_STATES.get(state, 'waiting for the scheduler')}.")
+        if ray.is_initialized():
+            cluster = ray.cluster_resources()
+            text += f" The cluster has {fmt({k: cluster.get(k, 0.0) for k in self._bundle})}."
+        return text
+
+    def _give_up(self, pending: list[dict[str, Any]], waited: float) -> None:
+        self.verdict = (f"resources: gave up after resources.pending_timeout_s={self.timeout_s:g}: "
+                        f"{self._describe(pending, waited)} Lower resources.num_workers, cpus_per_worker, "
+                        "gpus_per_worker or custom_per_worker, add nodes that have these resources, or raise "
+                        "resources.pending_timeout_s (0 waits forever); the sweep's state is saved, so then run the "
+                        "same command with --resume.")
+        logger.info("Stopping the sweep: its worker resources have been pending for %.0f s", waited)
+        self._done.set()
+        if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's graceful stop, as on Ctrl+C
+            signal.raise_signal(signal.SIGUSR1)
+        else:
+            logger.error("Tune's stop handler is not installed (Tuner.fit outside the main thread): stop the sweep "
+                         "by hand.")

@@ -1,0 +1,70 @@
+"""Field rules of a sweep config, checked by pydantic with every other problem: no empty or repeated grid
+axis, no two models sharing a slug, and sweep names and row labels that stay inside the storage root."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+from pipelines.config import model_slug
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def _safe(pattern: re.Pattern, allowed: str):
+    """A validator for names that become folder names under the storage root: no `/`, no `..`, not empty."""
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value) or ".." in value:
+            raise ValueError(f"{value!r} is not allowed: it names a folder under the storage root, so use {allowed}")
+        return value
+    return check
+
+
+def _non_empty(values: list) -> list:
+    if not values:
+        raise ValueError("empty: give at least one value (an empty axis leaves the sweep without trials)")
+    return values
+
+
+def _distinct(values: list) -> list:
+    repeated = sorted((str(v) for v, n in Counter(values).items() if n > 1))
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} given more than once: each grid point would run (and write its "
+                         "folder) twice; give each value once")
+    return values
+
+
+def _distinct_slugs(models: list[str]) -> list[str]:
+    by_slug: dict[str, list[str]] = {}
+    for name in models:
+        by_slug.setdefault(model_slug(name), []).append(name)
+    clashes = [f"{' and '.join(names)} -> {slug!r}" for slug, names in by_slug.items() if len(names) > 1]
+    if clashes:
+        raise ValueError(f"models {'; '.join(clashes)}: they would share output folders, MLflow run names and "
+                         "registered model names; keep one of them, or copy one to a folder of another name")
+    return models
+
+
+def _distinct_labels(entries: list) -> list:
+    labels = [entry.key for entry in entries]
+    repeated = sorted(label for label, n in Counter(labels).items() if n > 1)
+    if repeated:
+        raise ValueError(f"rows labelled {', '.join(repeated)} repeat (a row's label defaults to its method name): "
+                         "give each row a distinct label")
+    return entries
+
+
+_SAFE_NAME_RULE = "1-100 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+_SAFE_LABEL_RULE = "1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'"
+NON_EMPTY = AfterValidator(_non_empty)
+DISTINCT = AfterValidator(_distinct)
+DISTINCT_SLUGS = AfterValidator(_distinct_slugs)
+DISTINCT_LABELS = AfterValidator(_distinct_labels)
+SweepName = Annotated[str, AfterValidator(_safe(_SAFE_NAME, _SAFE_NAME_RULE))]
+"""A sweep name: it becomes the folder <storage_path>/<name>."""
+RowLabel = Annotated[str, AfterValidator(_safe(_SAFE_LABEL, _SAFE_LABEL_RULE))]
+"""A method row label: it becomes part of every trial folder name."""

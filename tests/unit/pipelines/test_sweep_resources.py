@@ -1,0 +1,115 @@
+"""What a trial needs against what a cluster has, and the watch over worker placement groups that wait."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipelines.sweep import max_concurrent
+from pipelines.sweep_config import ResourcesSection, load_sweep_config
+from pipelines.sweep_resources import (
+    LOCAL_PENDING_TIMEOUT_S,
+    PendingWatch,
+    ResourcesError,
+    check_local_fit,
+    pending_timeout,
+    trial_demand,
+    worker_bundle,
+)
+
+CONFIGS = Path(__file__).resolve().parents[3] / "pipelines" / "configs"
+
+
+def test_a_trial_needs_its_workers_and_its_own_cpu():
+    res = ResourcesSection(num_workers=2, cpus_per_worker=1.5, gpus_per_worker=0.5, custom_per_worker={"tpu": 1})
+    assert worker_bundle(res) == {"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}
+    assert trial_demand(res) == {"CPU": 3.1, "GPU": 1.0, "tpu": 2.0}
+    assert "GPU" not in worker_bundle(ResourcesSection())
+
+
+def test_a_gpu_trial_on_a_cpu_machine_is_refused_with_the_numbers():
+    with pytest.raises(ResourcesError) as err:
+        check_local_fit(ResourcesSection(gpus_per_worker=1), {"CPU": 2.0})
+    message = str(err.value)
+    assert "one trial needs {CPU: 1.1, GPU: 1} (1 worker(s) x {CPU: 1, GPU: 1} plus CPU 0.1" in message
+    assert "has {CPU: 2, GPU: 0}: GPU needs 1, has 0" in message and "--num-cpus" not in message
+
+
+def test_too_many_cpus_are_refused_and_point_at_num_cpus():
+    with pytest.raises(ResourcesError, match=r"CPU needs 4.1, has 2.*--num-cpus"):
+        check_local_fit(ResourcesSection(num_workers=2, cpus_per_worker=2), {"CPU": 2.0})
+    check_local_fit(ResourcesSection(num_workers=2, cpus_per_worker=0.9), {"CPU": 2.0})  # 1.9 + 0.1 fits
+
+
+def test_gpu_fractions_never_span_two_gpus():
+    res = ResourcesSection(num_workers=3, gpus_per_worker=0.6)
+    with pytest.raises(ResourcesError, match=r"3 workers of GPU 0.6 do not fit on 2 GPU"):
+        check_local_fit(res, {"CPU": 8.0, "GPU": 2.0})  # 1.8 GPUs in total, but only one 0.6 per GPU
+    check_local_fit(ResourcesSection(num_workers=4, gpus_per_worker=0.5), {"CPU": 8.0, "GPU": 2.0})
+
+
+def test_concurrency_counts_every_resource_and_is_kept_on_a_cluster():
+    gpu = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["data_source=generated", "models=[tiny-t5]"])
+    # 8 GPUs hold 8 trials, but 16 CPUs only 3 (4 CPUs per worker + 0.1 each).
+    assert max_concurrent(gpu, {"CPU": 16.0, "GPU": 8.0}) == 3
+    capped = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated",
+                                                       "resources.max_concurrent_trials=6"])
+    assert max_concurrent(capped, {"CPU": 2.0}) == 1, "lowered to what the local Ray holds"
+    assert max_concurrent(capped, {"CPU": 2.0}, local=False) == 6, "kept on a cluster that may scale up"
+    assert max_concurrent(gpu, {"CPU": 8.0}, local=False) == 1, "no GPU yet: one trial, the autoscaler is asked"
+
+
+def test_the_pending_timeout_defaults_to_on_locally_and_off_on_a_cluster():
+    assert pending_timeout(ResourcesSection(), local=True) == LOCAL_PENDING_TIMEOUT_S
+    assert pending_timeout(ResourcesSection(), local=False) is None
+    assert pending_timeout(ResourcesSection(pending_timeout_s=30), local=False) == 30
+    assert pending_timeout(ResourcesSection(pending_timeout_s=0), local=True) is None
+
+
+def _pg(pg_id: str, state: str, bundle: dict[str, float], count: int = 1) -> dict:
+    return {"placement_group_id": pg_id, "state": state, "strategy": "PACK",
+            "bundles": dict.fromkeys(range(count), bundle), "stats": {"scheduling_state": "INFEASIBLE"}}
+
+
+def _table(*pgs: dict) -> dict:
+    return {pg["placement_group_id"]: pg for pg in pgs}
+
+
+WORKER = {"CPU": 1.0, "gpu_x": 1.0}
+
+
+def test_the_watch_reports_then_gives_up_on_a_worker_group_that_waits(caplog):
+    watch = PendingWatch(ResourcesSection(custom_per_worker={"gpu_x": 1}, pending_timeout_s=30), 30.0)
+    tune_trial = _pg("t", "CREATED", {"CPU": 0.1})
+    with caplog.at_level(logging.WARNING, logger="pipelines.sweep_resources"):
+        for now, pg in ((0, "a"), (9, "a"), (11, "b"), (20, "b")):  # Train replaces its placement group
+            watch.check(float(now), _table(tune_trial, _pg(pg, "PENDING", WORKER)))
+    reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(reports) == 2 and "waited 11 s" in reports[0] and "waited 20 s" in reports[1]
+    assert "placement group {CPU: 1, gpu_x: 1} * 1 (PACK)" in reports[0] and "INFEASIBLE" in reports[0]
+    assert watch.verdict is None
+    watch.check(30.0, _table(tune_trial, _pg("b", "PENDING", WORKER)))
+    with pytest.raises(ResourcesError, match=r"gave up after resources.pending_timeout_s=30: the Ray Train workers .* waited 30 s .*--resume"):
+        watch.raise_if_gave_up()
+
+
+def test_a_worker_group_that_starts_resets_the_wait():
+    watch = PendingWatch(ResourcesSection(custom_per_worker={"gpu_x": 1}), 30.0)
+    watch.check(0.0, _table(_pg("a", "PENDING", WORKER), _pg("b", "PENDING", WORKER)))
+    watch.check(25.0, _table(_pg("a", "CREATED", WORKER), _pg("b", "PENDING", WORKER)))  # progress
+    watch.check(50.0, _table(_pg("a", "CREATED", WORKER), _pg("b", "PENDING", WORKER)))
+    assert watch.verdict is None
+    watch.check(56.0, _table(_pg("a", "REMOVED", WORKER), _pg("b", "PENDING", WORKER)))
+    assert watch.verdict is not None
+
+
+def test_other_placement_groups_are_not_the_sweeps():
+    watch = PendingWatch(ResourcesSection(num_workers=2), 5.0)
+    for now in (0.0, 10.0):
+        watch.check(now, _table(_pg("other", "PENDING", {"CPU": 1.0}), _pg("shape", "PENDING", {"CPU": 2.0}, 2)))
+    assert watch.verdict is None
+    for now in (20.0, 30.0):
+        watch.check(now, _table(_pg("ours", "PENDING", {"CPU": 1.0}, 2)))
+    assert watch.verdict is not None
