@@ -96,7 +96,7 @@ def trial_results(sweep) -> list[dict[str, Any]]:
 
     rows = []
     for trial in trials(sweep):
-        path = sweep.storage_root() / sweep.name / "jobs" / trial.name / "result.json"
+        path = Path(trial.job["output_dir"]) / "result.json"
         if not path.is_file():
             continue
         result = json.loads(path.read_text())

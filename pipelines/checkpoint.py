@@ -20,6 +20,11 @@ from torch import nn
 
 TRAINABLE_FILE = "trainable_{index}.safetensors"
 LOOP_FILE = "loop_state.json"
+BEST_FILE = "best_trainable.safetensors"
+
+
+class DamagedCheckpointError(RuntimeError):
+    """A checkpoint to resume from is incomplete; the message names the missing file and how to restart."""
 
 
 @dataclass
@@ -106,16 +111,39 @@ def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[st
     if accelerator.is_main_process:
         (staging / LOOP_FILE).write_text(loop.to_json())
         if best is not None:
-            save_file(best, str(staging / "best_trainable.safetensors"))
+            save_file(best, str(staging / BEST_FILE))
         if directory.exists():
             shutil.rmtree(directory)
         staging.rename(directory)
     accelerator.wait_for_everyone()
 
 
-def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, torch.Tensor] | None]:
-    """Restore optimiser, scheduler, RNG and trainable weights; return the loop state and best weights."""
+def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, torch.Tensor]]:
+    """Restore optimiser, scheduler, RNG and trainable weights; return the loop state and best weights.
+
+    Every file the job wrote must be there: a missing one raises `DamagedCheckpointError` rather than
+    resuming with fresh optimiser state or taking the current weights for the best ones.
+    """
+    for name in required_files(accelerator):
+        if not (directory / name).is_file():
+            raise DamagedCheckpointError(
+                f"Cannot resume from {directory}: {name} is missing, so the checkpoint is incomplete (a damaged or "
+                f"hand-edited folder). Restart this job from step 0: delete {directory} and run it again, or run "
+                f"it with train.resume=false (which replaces this job's old outputs).")
     accelerator.load_state(str(directory))
-    loop = LoopState.from_json((directory / LOOP_FILE).read_text())
-    best_file = directory / "best_trainable.safetensors"
-    return loop, (load_file(str(best_file)) if best_file.is_file() else None)
+    try:
+        loop = LoopState.from_json((directory / LOOP_FILE).read_text())
+    except (ValueError, KeyError, TypeError) as err:
+        raise DamagedCheckpointError(
+            f"Cannot resume from {directory}: {LOOP_FILE} is unreadable ({err}). Restart this job from step 0: "
+            f"delete {directory} and run it again, or run it with train.resume=false.") from err
+    return loop, load_file(str(directory / BEST_FILE))
+
+
+def required_files(accelerator) -> list[str]:
+    """The files `save_checkpoint` writes that this process needs to resume (Accelerate's names)."""
+    optimizers = [f"optimizer{'' if i == 0 else f'_{i}'}.bin" for i in range(len(accelerator._optimizers))]
+    schedulers = [f"scheduler{'' if i == 0 else f'_{i}'}.bin" for i in range(len(accelerator._schedulers))]
+    trainables = [TRAINABLE_FILE.format(index=i) for i in range(len(accelerator._models))]
+    return [LOOP_FILE, BEST_FILE, *trainables, *optimizers, *schedulers,
+            f"random_states_{accelerator.process_index}.pkl"]

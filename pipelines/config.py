@@ -122,6 +122,8 @@ class TrainSection:
     """Save resumable state every N steps (None: at every validation)."""
     resume: bool = False
     """Continue from the latest checkpoint in output_dir."""
+    overwrite: bool = False
+    """Delete the outputs of another config found in output_dir instead of refusing to start."""
     log_every_steps: PositiveInt = 10
     """Report the running training loss every N steps."""
     cpu: bool = False

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,11 +24,13 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
+from pipelines.job_outputs import config_hash
 from pipelines.sweep_resources import ResourcesSection
 from pipelines.sweep_rules import DISTINCT, DISTINCT_LABELS, DISTINCT_SLUGS, NON_EMPTY, RowLabel, SweepName
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
+TRIAL_HASH_CHARS = 10
 
 
 @dataclass(config=_STRICT)
@@ -201,16 +201,23 @@ def trials(sweep: SweepConfig) -> list[Trial]:
 
 def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,
               searched: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job dict of one grid point: base job < model < task < method overrides < searched values."""
+    """The job dict of one grid point: base job < model < task < method overrides < searched values.
+
+    Its output folder is `<trial name>-<config hash>`: a trial whose config changed (grid, job keys,
+    searched values, defaults) trains afresh in a new folder, and only an identical config reuses one.
+    """
     parts = [{"task": _data_source(sweep)}, sweep.job, sweep.model_overrides.get(model, {}),
              sweep.task_overrides.get(task, {}), entry.overrides]
     fixed = {"model": {"name": model}, "task": {"name": task},
              "method": {"name": entry.name, "options": entry.options}, "seed": seed}
     job = _merge_all([*parts, fixed, searched or {}])
-    suffix = "" if not searched else "-" + hashlib.sha1(json.dumps(searched, sort_keys=True).encode()).hexdigest()[:8]
-    name = Trial(task, model, entry.key, seed, {}).name + suffix
-    job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)
     job.setdefault("train", {})["resume"] = True  # a retried or resumed trial continues from its checkpoint
+    try:
+        digest = config_hash(validate_job_config(job))
+    except JobConfigError:  # `trials` reports the problem; the name only has to be stable
+        digest = config_hash(job)
+    name = f"{Trial(task, model, entry.key, seed, {}).name}-{digest[:TRIAL_HASH_CHARS]}"
+    job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)
     return job
 
 

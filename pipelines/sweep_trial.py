@@ -15,10 +15,13 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pipelines.config import flatten, model_slug, validate_job_config
+from pipelines.job_outputs import claim_job_folder, config_hash
 from pipelines.sweep_config import SweepConfig, trial_job
 from pipelines.sweep_resources import worker_bundle
 
 logger = logging.getLogger(__name__)
+CLAIM_WAIT_S = 60.0
+"""How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
 
 
 def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None) -> None:
@@ -37,7 +40,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     resources = config.resources
     trainer = TorchTrainer(
         train_loop_per_worker=worker_loop,
-        train_loop_config={"job": job, "tracking": _tracking(config, point, entry, searched, name, tracking_uri)},
+        train_loop_config={"job": job, "tracking": _tracking(config, job, point, entry, searched, name, tracking_uri)},
         scaling_config=ray.train.ScalingConfig(
             num_workers=resources.num_workers, use_gpu=resources.gpus_per_worker > 0,
             resources_per_worker=worker_bundle(resources),
@@ -51,7 +54,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     trainer.fit()
 
 
-def _tracking(config: SweepConfig, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
+def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
     slug = model_slug(point["model"])
     run_name = f"{point['task']}/{slug}/{entry.key}/s{point['seed']}"
     if searched:
@@ -60,7 +63,8 @@ def _tracking(config: SweepConfig, point: dict, entry, searched: dict, trial: st
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "register": config.tracking.register and entry.name == "capt",
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
-                 "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial},
+                 "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
+                 "config_hash": config_hash(validate_job_config(job))},
     }
 
 
@@ -72,7 +76,7 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 
     config = validate_job_config(loop_config["job"])
     rank = ray.train.get_context().get_world_rank()
-    tracker = _start_tracker(loop_config["tracking"], config) if rank == 0 else None
+    tracker = None
 
     def report(metrics: dict[str, Any]) -> None:
         numeric = _numeric(metrics)
@@ -80,14 +84,18 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
             tracker.log_metrics(numeric, step=int(metrics["step"]))
         ray.train.report(numeric)
 
-    try:
-        result = run(config, report)
-    except BaseException:
-        if tracker is not None:
-            tracker.fail()  # the run ends FAILED; a retried trial reopens the same run
-        raise
-    if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
-        tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
+    # The folder is claimed before the tracker reads or writes its run record there. A restarted worker
+    # group can start while the previous attempt's process is still exiting, hence the wait.
+    with claim_job_folder(config, wait_s=CLAIM_WAIT_S):
+        tracker = _start_tracker(loop_config["tracking"], config) if rank == 0 else None
+        try:
+            result = run(config, report)
+        except BaseException:
+            if tracker is not None:
+                tracker.fail()  # the run ends FAILED; a retried trial reopens the same run
+            raise
+        if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
+            tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
     final = result["metrics"]
     ray.train.report({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"]})
 

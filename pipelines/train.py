@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from pipelines.checkpoint import (
 )
 from pipelines.config import JobConfig, JobConfigError, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
 from pipelines.job_setup import Job, build_job
 from pipelines.methods import model_inputs, save_artifact
 
@@ -53,29 +53,18 @@ class _Meter:
 def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
     """Run the job described by `config`; `report(metrics)` is called on every rank at each validation.
 
-    With `train.resume`, a job whose output directory already holds the finished result of this same
-    config returns that result without training again (a restarted sweep never runs a trial twice).
+    The job first claims its output folder (see `pipelines.job_outputs`): one job per folder, and never
+    another config's outputs. With `train.resume`, a folder that already holds the finished result of
+    this same config returns that result without training again (a restarted sweep never runs a trial
+    twice), and a checkpoint of this same config is continued.
     """
-    finished = finished_result(config) if config.train.resume else None
-    if finished is not None:
-        logger.info("%s already holds the finished result of this job: not training again",
-                    config.resolved_output_dir())
-        return finished
-    return fit(build_job(config), report)
-
-
-def finished_result(config: JobConfig) -> dict[str, Any] | None:
-    """The stored result.json of this exact config with its artifact, or None (missing, partial or other config)."""
-    output_dir = config.resolved_output_dir()
-    try:
-        result = json.loads((output_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-    current = json.loads(json.dumps(config.to_dict(), default=str))  # as result.json stores it
-    artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
-    if result.get("config") != current or not artifact.is_dir() or not any(artifact.iterdir()):
-        return None
-    return result
+    with claim_job_folder(config):
+        finished = finished_result(config) if config.train.resume else None
+        if finished is not None:
+            logger.info("%s already holds the finished result of this job: not training again",
+                        config.resolved_output_dir())
+            return finished
+        return fit(build_job(config), report)
 
 
 def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
@@ -96,10 +85,11 @@ def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
 
 def _start_or_resume(job: Job) -> tuple[LoopState, dict]:
     latest = job.output_dir / "checkpoints" / "latest"
+    job.accelerator.wait_for_everyone()  # the main process has claimed the folder: every rank sees the same state
     if job.config.train.resume and latest.is_dir():
         loop, best = load_checkpoint(job.accelerator, latest)
         logger.info("Resumed from %s at step %d", latest, loop.step)
-        return loop, best or trainable_state(job.accelerator.unwrap_model(job.model))
+        return loop, best
     return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model))
 
 
@@ -209,20 +199,14 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "generated_data": job.config.task.source == "generated", "processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
         "artifact_dir": str(job.output_dir / "artifact"), "config": job.config.to_dict(),
+        "config_hash": config_hash(job.config),
     }
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
                       job.output_dir / "artifact", job.config.task.name, result["metrics"])
-        _write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
+        write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """A killed job leaves either no file or the whole file (resume trusts a result.json it can parse)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def ranks_in_sync(job: Job) -> bool:

@@ -82,6 +82,7 @@ def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, 
     metrics = result.get("metrics", {})
     tags = {"task": result["task"], "method": result["method"], "base_model": result["model"],
             "model_slug": result["model_slug"], "seed": str(result.get("seed")), "validation_status": "pending",
+            "config_hash": str(result.get("config_hash")),
             **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
     with tempfile.TemporaryDirectory() as tmp, _fluent_uri(uri), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -51,7 +51,7 @@ def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, m
                    "resources.num_workers=2", "resources.cpus_per_worker=0.9")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "succeeded" in (proc.stdout + proc.stderr).lower()
-    result = json.loads((tmp_path / "it-submit" / "jobs" / "wic-tiny-t5-capt-s0" / "result.json").read_text())
+    result = json.loads((_job_folder(tmp_path / "it-submit" / "jobs", "wic-tiny-t5-capt-s0") / "result.json").read_text())
     assert result["processes"] == 2 and result["ranks_in_sync"] is True, "DDP over gloo kept the replicas equal"
 
     mlflow = _mlflow()
@@ -80,6 +80,12 @@ def test_a_broken_sweep_config_fails_the_job_with_the_config_error(ray_head, tmp
     assert proc.returncode != 0
     assert "train.batch_size=-4" in output and "fusion='glue'" in output
     assert not (tmp_path / "smoke").exists()
+
+
+def _job_folder(jobs: Path, trial: str) -> Path:
+    """The one output folder of `trial` (its name, then a config hash)."""
+    [folder] = jobs.glob(f"{trial}-*")
+    return folder
 
 
 def _sweep(ray_head, tmp_path, uri, *extra: str) -> list[str]:
@@ -118,6 +124,50 @@ def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server,
     assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(2)], "one MLflow run per trial"
 
 
+def _outputs(folder: Path) -> dict[str, int]:
+    """Modification times of what training writes: result.json, the artifact, the checkpoints."""
+    paths = [folder / "result.json", *(folder / "artifact").rglob("*"), *(folder / "checkpoints").rglob("*")]
+    return {str(p): p.stat().st_mtime_ns for p in paths if p.is_file()}
+
+
+def test_a_changed_sweep_trains_afresh_and_an_unchanged_one_trains_nothing(ray_head, mlflow_server, tmp_path):
+    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
+    jobs = tmp_path / "it-rerun" / "jobs"
+
+    def sweep(*extra: str) -> None:
+        command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-rerun", f"storage_path={tmp_path}",
+                   f"tracking.uri={mlflow_server.uri}", *extra]
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+
+    client = _mlflow().MlflowClient(mlflow_server.uri)
+
+    def runs() -> dict[str, object]:
+        experiment = client.get_experiment_by_name("capt-it-rerun")
+        return {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
+
+    sweep()
+    old = _job_folder(jobs, "rte-tiny-t5-capt-s0")
+    trained, first_runs = _outputs(old), runs()
+    assert len(first_runs) == 1 and trained
+    sweep()  # unchanged: every trial is reused
+    assert _outputs(old) == trained and list(jobs.iterdir()) == [old], "nothing trained again"
+    assert runs().keys() == first_runs.keys(), "no new MLflow run"
+
+    sweep("job.optim.weight_decay=0.01")  # changed: trained afresh in its own folder, with its own run
+    assert _outputs(old) == trained, "the old trial's outputs are kept"
+    [new] = [folder for folder in jobs.iterdir() if folder != old]
+    result = json.loads((new / "result.json").read_text())
+    assert result["config"]["optim"]["weight_decay"] == 0.01 and result["steps"] == 6
+    [new_run] = [r for run_id, r in runs().items() if run_id not in first_runs]
+    assert new_run.info.status == "FINISHED" and new_run.data.tags["config_hash"] == result["config_hash"]
+    assert new_run.data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+    [version] = client.search_model_versions(f"run_id='{new_run.info.run_id}'")
+    assert version.tags["config_hash"] == result["config_hash"]
+    [old_run] = first_runs.values()
+    assert old_run.data.tags["config_hash"] == json.loads((old / "result.json").read_text())["config_hash"]
+
+
 def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
     server = LocalMlflowServer(tmp_path / "mlflow").start()
     env = _env(ray_head, RAY_ADDRESS=ray_head.address)
@@ -126,10 +176,12 @@ def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
                "job.train.max_steps=30", "job.train.eval_every_steps=10"]  # long enough to outlive server.stop()
     driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
-    run_file = tmp_path / "sweeps" / "it-outage" / "jobs" / "rte-tiny-t5-capt-s0" / "mlflow_run.json"
+    jobs = tmp_path / "sweeps" / "it-outage" / "jobs"
     deadline = time.monotonic() + 600
-    while not run_file.exists() and driver.poll() is None and time.monotonic() < deadline:
+    while not list(jobs.glob("rte-tiny-t5-capt-s0-*/mlflow_run.json")) and driver.poll() is None \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
+    run_file = _job_folder(jobs, "rte-tiny-t5-capt-s0") / "mlflow_run.json"
     server.stop()  # the trial keeps training while MLflow is down
     try:
         _, stderr = driver.communicate(timeout=900)
@@ -161,7 +213,7 @@ def test_a_laptop_sweep_starts_and_stops_its_own_ray_and_mlflow(tmp_path):
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-5000:]
-    assert (tmp_path / "sweeps" / "it-laptop" / "jobs" / "rte-tiny-t5-capt-s0" / "result.json").is_file()
+    assert (_job_folder(tmp_path / "sweeps" / "it-laptop" / "jobs", "rte-tiny-t5-capt-s0") / "result.json").is_file()
     assert "capt-tiny-t5-rte@champion" in proc.stdout and (tmp_path / "mlflow" / "mlflow.db").is_file()
     # Ray Train's controller reached the local state API: no teardown stall waiting for it.
     assert "Failed to stop PlacementGroupCleaner" not in output and "did not exit within" not in output

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from helpers.hub_cache import use_hub_cache
 
-from pipelines.config import JobConfigError
+from pipelines.config import JobConfigError, validate_job_config
+from pipelines.job_outputs import config_hash
 from pipelines.sweep import max_concurrent
 from pipelines.sweep_config import load_sweep_config, trials
 
@@ -78,8 +79,25 @@ def test_trial_names_and_output_dirs_are_stable(tmp_path):
     sweep = load_sweep_config(CONFIGS / "smoke.yaml", [f"storage_path={tmp_path}", "data_source=generated"])
     names = [t.name for t in trials(sweep)]
     assert names == ["cb-tiny-t5-capt-s0", "cb-minilm-capt-s0", "rte-tiny-t5-capt-s0", "rte-minilm-capt-s0"]
-    assert trials(sweep)[0].job["output_dir"] == str(tmp_path / "smoke" / "jobs" / "cb-tiny-t5-capt-s0")
+    first = trials(sweep)[0].job
+    digest = config_hash(validate_job_config(first))
+    assert first["output_dir"] == str(tmp_path / "smoke" / "jobs" / f"cb-tiny-t5-capt-s0-{digest[:10]}")
+    assert [t.job["output_dir"] for t in trials(sweep)] == [t.job["output_dir"] for t in trials(sweep)]
     assert all(t.job["train"]["resume"] for t in trials(sweep))
+
+
+def test_a_trial_whose_config_changed_gets_its_own_folder(tmp_path):
+    base = [f"storage_path={tmp_path}", "data_source=generated"]
+    folders = {t.name: t.job["output_dir"] for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", base))}
+    changed_job = {t.name: t.job["output_dir"]
+                   for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "job.optim.weight_decay=0.01"]))}
+    assert set(changed_job) == set(folders) and not set(changed_job.values()) & set(folders.values())
+    one_task = {t.name: t.job["output_dir"]
+                for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "task_overrides.cb.optim.weight_decay=0.01"]))}
+    assert [n for n in folders if one_task[n] != folders[n]] == ["cb-tiny-t5-capt-s0", "cb-minilm-capt-s0"]
+    logging_only = {t.name: t.job["output_dir"]
+                    for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "job.train.log_every_steps=3"]))}
+    assert logging_only == folders, "a key that cannot change the result keeps the folder"
 
 
 def test_concurrency_follows_the_cluster():

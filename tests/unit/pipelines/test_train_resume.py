@@ -66,6 +66,7 @@ def test_killed_job_resumes_to_the_same_result(tmp_path):
 def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_path):
     from helpers.jobs import tiny_job
 
+    from pipelines.job_outputs import JobFolderError
     from pipelines.train import run
 
     config = tiny_job(tmp_path, train={"max_steps": 4, "eval_every_steps": 2, "resume": True})
@@ -78,5 +79,6 @@ def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_p
     assert (result_file.stat().st_mtime_ns, capsule.stat().st_mtime_ns) == written
 
     longer = tiny_job(tmp_path, train={"max_steps": 6, "eval_every_steps": 2, "resume": True})
-    resumed = run(longer)
-    assert resumed["steps"] == 6 and json.loads(result_file.read_text())["steps"] == 6, "another config trains on"
+    with pytest.raises(JobFolderError, match=r"train\.max_steps: 4 -> 6"):
+        run(longer)  # another config never continues this one's checkpoint
+    assert json.loads(result_file.read_text())["steps"] == 4

@@ -1,0 +1,211 @@
+"""A job's output folder: which config its outputs belong to, and the one job that writes to it.
+
+Every output of a job (checkpoints, artifact, result.json, the MLflow run record `mlflow_run.json` and
+spool) belongs to one resolved config, identified by `config_hash`. A job claims its folder before it
+reads or writes anything there: it takes an exclusive lock held for its whole life (a second job on the
+same folder fails at once), refuses a folder that holds another config's outputs unless
+`train.overwrite` is set, and records its hash and config in ``job_config.json``. Only the main
+process of a distributed job (RANK 0) claims; the other ranks share its folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import JobConfig, flatten
+
+logger = logging.getLogger(__name__)
+
+CLAIM_FILE = "job_config.json"
+LOCK_FILE = "job.lock"
+RESULT_FILE = "result.json"
+_OUTPUTS = ("checkpoints", "artifact", RESULT_FILE, RESULT_FILE + ".tmp", "mlflow_*")
+EXCLUDED_KEYS = ("output_dir", "train.resume", "train.overwrite", "train.log_every_steps",
+                 "train.checkpoint_every_steps")
+_HELD: set[Path] = set()  # folders this process has claimed (a nested claim of the same folder is a no-op)
+
+
+class JobFolderError(RuntimeError):
+    """The job's output folder cannot be used as asked; the message says why and the ways out."""
+
+
+def hashed_config(config: JobConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The config as the hash sees it: plain JSON values, every key that can change the result.
+
+    Excluded (`EXCLUDED_KEYS`): where the outputs go (`output_dir`), how the job treats existing
+    outputs (`train.resume`, `train.overwrite`), and settings that change only logging or how often
+    resumable state is saved (`train.log_every_steps`, `train.checkpoint_every_steps`; a resumed job
+    ends bit-identical to an uninterrupted one). `task.data_dir` counts as the job reads it: for local
+    data without one, CAPT_DATA_DIR.
+    """
+    data = config.to_dict() if isinstance(config, JobConfig) else dict(config)
+    plain = json.loads(json.dumps(data, default=str))
+    for key in EXCLUDED_KEYS:
+        section, _, leaf = key.rpartition(".")
+        holder = plain.get(section, {}) if section else plain
+        if isinstance(holder, dict):
+            holder.pop(leaf, None)
+    task = plain.get("task")
+    if isinstance(task, dict) and task.get("source", "local") == "local" and not task.get("data_dir"):
+        task["data_dir"] = os.environ.get("CAPT_DATA_DIR") or None
+    return plain
+
+
+def config_hash(config: JobConfig | Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of `hashed_config(config)`."""
+    text = json.dumps(hashed_config(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def finished_result(config: JobConfig) -> dict[str, Any] | None:
+    """The stored result.json of this exact config with its artifact, or None (missing, partial or other config)."""
+    output_dir = config.resolved_output_dir()
+    try:
+        result = json.loads((output_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
+    if _result_hash(result) != config_hash(config) or not artifact.is_dir() or not any(artifact.iterdir()):
+        return None
+    return result
+
+
+def is_main_process() -> bool:
+    """Whether this is the main process of its job (torchrun, Accelerate and Ray Train all set RANK)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+@contextlib.contextmanager
+def claim_job_folder(config: JobConfig, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the job folder for the duration (main process only): lock it, check it, record the config.
+
+    `wait_s`: how long to wait for another holder to let go (a restarted Ray worker group may start
+    while the previous attempt's process is still exiting); 0 fails at once.
+    """
+    folder = config.resolved_output_dir().resolve()
+    if not is_main_process() or folder in _HELD:
+        yield
+        return
+    with _folder_lock(folder, wait_s):
+        _HELD.add(folder)
+        try:
+            _make_room(folder, config)
+            write_atomically(folder / CLAIM_FILE,
+                              json.dumps({"config_hash": config_hash(config), "config": hashed_config(config)},
+                                         indent=2))
+            yield
+        finally:
+            _HELD.discard(folder)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path, wait_s: float) -> Iterator[None]:
+    """An exclusive flock on `folder/job.lock`; the kernel releases it when the holding process dies."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise JobFolderError(_in_use_message(folder)) from None
+                time.sleep(0.5)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _in_use_message(folder: Path) -> str:
+    try:
+        holder = json.loads((folder / LOCK_FILE).read_text())
+        who = f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "its holder did not say who it is"
+    return (f"output_dir={folder} is in use by another job ({who}); one job writes to a folder at a time. "
+            f"Wait for that job to end or stop it, or give this job another output_dir.")
+
+
+def _make_room(folder: Path, config: JobConfig) -> None:
+    """Refuse a folder holding another config's outputs (unless train.overwrite); clear this config's
+    old outputs when the job starts afresh (no train.resume)."""
+    present = _outputs(folder)
+    if not present:
+        return
+    recorded = _recorded_config(folder)
+    same = recorded is not None and config_hash(recorded) == config_hash(config)
+    if same and config.train.resume:
+        return
+    if not same and not config.train.overwrite:
+        raise JobFolderError(_other_config_message(folder, present, recorded, config))
+    logger.info("Removing the old outputs of %s (%s) before training afresh", folder, ", ".join(p.name for p in present))
+    for path in present:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _outputs(folder: Path) -> list[Path]:
+    return sorted({p for pattern in _OUTPUTS for p in folder.glob(pattern)})
+
+
+def _recorded_config(folder: Path) -> dict[str, Any] | None:
+    """The config the folder's outputs belong to: its claim record, else its result.json (older jobs)."""
+    for name in (CLAIM_FILE, RESULT_FILE):
+        with contextlib.suppress(OSError, ValueError):
+            config = json.loads((folder / name).read_text()).get("config")
+            if isinstance(config, dict):
+                return hashed_config(config)
+    return None
+
+
+def _result_hash(result: dict[str, Any]) -> str | None:
+    if "config_hash" in result:
+        return result["config_hash"]
+    return config_hash(result["config"]) if isinstance(result.get("config"), dict) else None
+
+
+def _other_config_message(folder: Path, present: list[Path], recorded: dict | None, config: JobConfig) -> str:
+    names = ", ".join(p.name for p in present)
+    if recorded is None:
+        what = f"outputs ({names}) whose config is not recorded"
+    else:
+        what = f"the outputs ({names}) of another config, which differs in {config_diff(recorded, config)}"
+    return (f"output_dir={folder} holds {what}; outputs are never reused or replaced for another config. "
+            f"Give this job a new output_dir, or set train.overwrite=true to delete that folder's outputs "
+            f"and train afresh.")
+
+
+def config_diff(old: Mapping[str, Any], new: JobConfig | Mapping[str, Any], limit: int = 8) -> str:
+    """`key: old -> new` for every hashed key that differs (the first `limit`, then a count)."""
+    before, after = flatten(hashed_config(old)), flatten(hashed_config(new))
+    missing = "<unset>"
+    changes = [f"{key}: {before.get(key, missing)!r} -> {after.get(key, missing)!r}"
+               for key in sorted(set(before) | set(after)) if before.get(key, missing) != after.get(key, missing)]
+    shown = "; ".join(changes[:limit])
+    return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A killed job leaves either no file or the whole file (resume trusts a result.json it can parse)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
