@@ -63,7 +63,7 @@ def test_missing_split_file(tmp_path):
 def test_invalid_json_names_the_line(tmp_path):
     path = _write(tmp_path, "rte", "val", [GOOD_RTE, "", '{"premise": "x", '])
     err = _error(tmp_path, "rte")
-    assert (err.path, err.row) == (str(path), 3) and "invalid JSON" in str(err) and "row 3" in str(err)
+    assert (err.path, err.row) == (str(path), 3) and "invalid JSON" in str(err) and "line 3" in str(err)
 
 
 def test_missing_field(tmp_path):
@@ -72,7 +72,7 @@ def test_missing_field(tmp_path):
     path = _write(tmp_path, "rte", "val", [GOOD_RTE, bad])
     err = _error(tmp_path, "rte")
     assert (err.path, err.row, err.field) == (str(path), 2, "hypothesis")
-    assert str(err) == f"{path}: row 2: field 'hypothesis': missing field"
+    assert str(err) == f"{path}: line 2: field 'hypothesis': missing field"
 
 
 @pytest.mark.parametrize(("label", "task"), [("maybe", "rte"), (2, "rte"), (-1, "rte"), (True, "rte"),
