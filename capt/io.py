@@ -169,8 +169,14 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
     _check_base(base_model, metadata, Path(directory), strict)
     try:
         config = CapsuleConfig.from_dict(metadata.config)
+        expected = config.resolve_layers(metadata.num_layers)
     except CapsuleConfigError as err:
         raise CapsuleArtifactError(f"{Path(directory) / METADATA_NAME}: {err}") from err
+    if tuple(metadata.layers) != expected:  # checked before anything touches the base model
+        raise CapsuleArtifactError(
+            f"{Path(directory) / METADATA_NAME}: layers={metadata.layers} does not match its config (layers="
+            f"{config.to_dict()['layers']!r} on a {metadata.num_layers}-layer model gives {list(expected)}); "
+            "the artifact is corrupt.")
     device = next(base_model.parameters()).device
     capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
     _load_weights(capsule, Path(directory) / WEIGHTS_NAME)

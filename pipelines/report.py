@@ -142,9 +142,10 @@ def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.Pa
     out = Path(out_dir)
     check_writable_folder(out)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:  # MLflow's own default would read (and create) a database in the working directory
+        raise ReportError("No tracking server: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
     try:
-        if uri:
-            check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
         runs = experiment_runs(experiment, uri)
     except (ServiceError, TrackingError) as err:
         raise ReportError(str(err)) from err

@@ -35,9 +35,9 @@ def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
         return
     answer = f"HTTP {status}" + (f" ({content_type})" if content_type else "") if status else "no answer"
     raise ServiceError(
-        f"The {what} at {base} answers, but not as an MLflow tracking server: GET {API_PROBE.split('?')[0]} "
-        f"gave {answer} instead of MLflow's JSON. Check the port (another service listens there?) and, if MLflow "
-        "is served under a path prefix, include the prefix in the URI.")
+        f"The {what} at {base} is not an MLflow server: GET {API_PROBE.split('?')[0]} gave {answer} where "
+        "MLflow answers with JSON. Check the port (another service listens there?) and, if MLflow is served "
+        "under a path prefix, include the prefix in the URI.")
 
 
 def _get(url: str, timeout: float) -> tuple[int | None, str, bytes]:

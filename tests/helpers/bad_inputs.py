@@ -174,3 +174,13 @@ def earlier_outputs(base: Path) -> Path:
     (reports / "report.md").write_text("# an earlier report\n", encoding="utf-8")
     (reports / "report.png").write_bytes(b"\x89PNG\r\n\x1a\n earlier")
     return outputs
+
+
+def check_case(case: Case, places: Places, scratch: Path) -> subprocess.CompletedProcess[str]:
+    """Run `case` from `scratch` (its own folder) and check the failure is clean and `places.outputs` intact."""
+    places = Places(places.outputs, places.inputs, scratch, places.closed_uri, places.http_uri)
+    before = folder_digest(places.outputs)
+    proc = run_entry(case.entry, case.args(places), entry_env(**case.env), cwd=scratch)
+    assert_clean_failure(proc, case.expected_phrase(places), case.code)
+    assert folder_digest(places.outputs) == before, "a failed run changed an earlier output"
+    return proc
