@@ -10,7 +10,7 @@ Part 2 (promote, report, tracking, --debug) and part 3 (`capt.load_capsule`) are
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,13 +37,13 @@ def _job(places: Places, *args: str) -> list[str]:
     return ["--config", SMOKE_JOB, f"output_dir={places.outputs / 'job'}", *args]
 
 
-def _data_job(data: str, *args: str) -> object:
+def _data_job(data: str, *args: str) -> Callable[[Places], list[str]]:
     """A smoke job on local data `inputs/<data>`, in a fresh output folder of the case."""
     return lambda p: ["--config", SMOKE_JOB, "task.source=local", f"task.data_dir={p.inputs / data}",
                       f"output_dir={p.scratch / 'job'}", *args]
 
 
-def _sweep(name: str, *args: str) -> object:
+def _sweep(name: str, *args: str) -> Callable[[Places], list[str]]:
     return lambda p: ["--config", str(p.inputs / name), f"storage_path={p.outputs / 'sweeps'}", *args]
 
 
@@ -112,7 +112,7 @@ CASES = [
     Case("train-data-empty-train", "train", _data_job("empty"), "the split is empty"),
     Case("train-data-too-small-for-validation", "train", _data_job("one-row", "task.validation_fraction=0.2"),
          "has 1 row(s), too few for the train/validation cut (validation_fraction=0.2"),
-    Case("train-data-duplicate-id", "train", _data_job("duplicate-idx"), "line 2"),
+    Case("train-data-duplicate-id", "train", _data_job("duplicate-idx"), "line 2: field 'idx': duplicate example id '0'"),
     Case("train-data-missing-val-file", "train", _data_job("missing-val"), "missing file val.jsonl"),
     Case("train-data-missing-task-folder", "train", _data_job("missing-task"), "missing task folder 'rte'"),
     Case("train-data-dir-missing", "train", _data_job("no-such-dir"), "data directory does not exist"),
@@ -126,13 +126,13 @@ CASES = [
     Case("sweep-yaml-not-utf8", "sweep", _sweep("latin1.yaml"), "is not UTF-8 text: byte 0xe9 at line 1, column 10"),
     Case("sweep-config-is-a-folder", "sweep", _sweep("folder.yaml"), "is a folder; --config takes a YAML file"),
     Case("sweep-config-missing", "sweep", _sweep("nope.yaml"), "does not exist"),
-    Case("sweep-unknown-top-key", "sweep", _sweep("unknown.yaml"), "schedule"),
-    Case("sweep-bad-override-value", "sweep", _sweep("sweep.yaml", "seeds=[0,"), "is not valid YAML"),
+    Case("sweep-unknown-top-key", "sweep", _sweep("unknown.yaml"), "schedule='fifo': Unexpected keyword argument"),
+    Case("sweep-bad-override-value", "sweep", _sweep("sweep.yaml", "seeds=[0,"), "'seeds=[0,' has a value that is not valid YAML"),
     Case("sweep-unknown-hub-id", "sweep", _sweep("sweep.yaml", "models=[nobody/no-such-model]"),
          "not in the local Hugging Face cache"),
     Case("sweep-bad-capsule-option", "sweep", _sweep("sweep.yaml", "methods=[{name: capt, options: {length: 0}}]"),
-         "method.options for method 'capt'"),
-    Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "mnli"),
+         "method.options for method 'capt': Invalid CapsuleConfig: length=0"),
+    Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "task.name='mnli': Input should be"),
     Case("sweep-unreachable-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.closed_uri}"],
          "Cannot reach the MLflow tracking server"),
     Case("sweep-not-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.http_uri}"],
