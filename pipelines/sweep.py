@@ -109,10 +109,15 @@ def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
 @contextlib.contextmanager
 def ray_cluster(num_cpus: int | None) -> Iterator[None]:
     """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1."""
+    from pipelines.services import ServiceError, check_reachable
+
+    fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # ray.init waits minutes for an address where nothing listens
+        check_reachable(address, "Ray cluster (RAY_ADDRESS)", fix)
     import ray
 
     env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    address = os.environ.get("RAY_ADDRESS")
     try:
         if address:
             ray.init(address=address, runtime_env={"env_vars": env})
@@ -123,8 +128,7 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
                         "http://127.0.0.1:%d", options["dashboard_port"])
     except (ConnectionError, RuntimeError, ValueError) as err:
         where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
-        raise SystemExit(f"error: cannot start or reach {where} ({err}). Check `ray status`, start a head with "
-                         "`ray start --head`, or unset RAY_ADDRESS to run on a local Ray.") from err
+        raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
     try:
         yield
     finally:

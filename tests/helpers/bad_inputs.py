@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.services import LOCALHOST, free_port
@@ -53,7 +53,7 @@ class Case:
     args: Callable[[Places], list[str]]
     phrase: str | Callable[[Places], str]
     code: int = 2
-    env: dict[str, str] = field(default_factory=dict)
+    env: Callable[[Places], dict[str, str]] = lambda places: {}
     """Environment changes (the base environment has no tracking URI, data dir or Ray address)."""
 
     def expected_phrase(self, places: Places) -> str:
@@ -180,7 +180,7 @@ def check_case(case: Case, places: Places, scratch: Path) -> subprocess.Complete
     """Run `case` from `scratch` (its own folder) and check the failure is clean and `places.outputs` intact."""
     places = Places(places.outputs, places.inputs, scratch, places.closed_uri, places.http_uri)
     before = folder_digest(places.outputs)
-    proc = run_entry(case.entry, case.args(places), entry_env(**case.env), cwd=scratch)
+    proc = run_entry(case.entry, case.args(places), entry_env(**case.env(places)), cwd=scratch)
     assert_clean_failure(proc, case.expected_phrase(places), case.code)
     assert folder_digest(places.outputs) == before, "a failed run changed an earlier output"
     return proc

@@ -135,6 +135,8 @@ CASES = [
     Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "task.name='mnli': Input should be"),
     Case("sweep-unreachable-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.closed_uri}"],
          "Cannot reach the MLflow tracking server"),
+    Case("sweep-unreachable-ray", "sweep", _sweep("sweep.yaml"), "Cannot reach the Ray cluster (RAY_ADDRESS)",
+         env=lambda p: {"RAY_ADDRESS": p.closed_uri.removeprefix("http://")}),
     Case("sweep-not-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.http_uri}"],
          "is not an MLflow server"),
 ]
