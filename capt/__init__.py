@@ -1,17 +1,31 @@
-"""Capsule Prompt-Tuning: one trainable vector per layer on a frozen Hugging Face model."""
+"""Capsule Prompt-Tuning: one trainable vector per layer on a frozen Hugging Face model.
+
+Importing this package is light (its errors, for instance, need no torch): the names backed by torch
+and transformers are imported on first use.
+"""
+
+from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from capt.bank import CapsuleBank
-from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError, UnsupportedModelError
-from capt.inject import CapsuleModel, attach
-from capt.io import CapsuleMetadata, load_capsule, read_metadata, save_capsule
 
 try:
     __version__ = version("capt")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
+
+_LAZY = {
+    "CapsuleBank": "capt.bank",
+    "CapsuleConfig": "capt.config",
+    "CapsuleMetadata": "capt.io",
+    "CapsuleModel": "capt.inject",
+    "attach": "capt.inject",
+    "load_capsule": "capt.io",
+    "read_metadata": "capt.io",
+    "save_capsule": "capt.io",
+}
 
 __all__ = [
     "CaptError",
@@ -28,3 +42,12 @@ __all__ = [
     "read_metadata",
     "save_capsule",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import torch-backed names on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'capt' has no attribute {name!r}")

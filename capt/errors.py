@@ -2,7 +2,10 @@
 
 
 class CaptError(Exception):
-    """Base class of every error `capt` raises on bad input."""
+    """Base class of every error the project raises on bad input (`capt` and the pipelines' own errors).
+
+    Its message is meant for the user as it stands: the entry points print it as one paragraph and exit 2.
+    """
 
 
 class CapsuleConfigError(CaptError, ValueError):

@@ -147,11 +147,16 @@ def _atomic_write(target: Path, write) -> None:
 
 def read_metadata(directory: str | os.PathLike) -> CapsuleMetadata:
     """Parse and validate `capsule.json` of an artifact directory without touching any model."""
-    path = Path(directory) / METADATA_NAME
+    folder = Path(directory)
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is a file, not a folder"
+        raise CapsuleArtifactError(f"No capsule artifact at {folder}: it {what}. Pass the folder that holds "
+                                   f"{METADATA_NAME} and {WEIGHTS_NAME}.")
+    path = folder / METADATA_NAME
     if not path.is_file():
         raise CapsuleArtifactError(f"No capsule artifact at {directory}: {path.name} is missing.")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CapsuleArtifactError(f"{path} is not valid JSON ({err}); the artifact is corrupt.") from err
     return CapsuleMetadata.from_json(data, path)
@@ -164,8 +169,14 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
     _check_base(base_model, metadata, Path(directory), strict)
     try:
         config = CapsuleConfig.from_dict(metadata.config)
+        expected = config.resolve_layers(metadata.num_layers)
     except CapsuleConfigError as err:
         raise CapsuleArtifactError(f"{Path(directory) / METADATA_NAME}: {err}") from err
+    if tuple(metadata.layers) != expected:  # checked before anything touches the base model
+        raise CapsuleArtifactError(
+            f"{Path(directory) / METADATA_NAME}: layers={metadata.layers} does not match its config (layers="
+            f"{config.to_dict()['layers']!r} on a {metadata.num_layers}-layer model gives {list(expected)}); "
+            "the artifact is corrupt.")
     device = next(base_model.parameters()).device
     capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
     _load_weights(capsule, Path(directory) / WEIGHTS_NAME)

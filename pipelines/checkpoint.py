@@ -18,12 +18,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from capt.errors import CaptError
+
 TRAINABLE_FILE = "trainable_{index}.safetensors"
 LOOP_FILE = "loop_state.json"
 BEST_FILE = "best_trainable.safetensors"
 
 
-class DamagedCheckpointError(RuntimeError):
+class DamagedCheckpointError(CaptError, RuntimeError):
     """A checkpoint to resume from is incomplete; the message names the missing file and how to restart."""
 
 

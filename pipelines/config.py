@@ -24,14 +24,12 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from pipelines.config_sources import JobConfigError, merge_sources
+
 TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
 METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
 PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class JobConfigError(ValueError):
-    """A job config is invalid; the message lists every problem (key, value given, what is allowed)."""
 
 
 @dataclass(config=_STRICT)
@@ -185,25 +183,6 @@ def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[s
     """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated `JobConfig`."""
     raw = merge_sources(path, overrides, base)
     return validate_job_config(raw)
-
-
-def merge_sources(path, overrides: Sequence[str], base: dict[str, Any] | None) -> dict[str, Any]:
-    """Merge a YAML file, a dict and dot-list overrides with OmegaConf (later wins)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    problems = [f"override {o!r} is not key=value" for o in overrides if "=" not in o]
-    if problems:
-        raise JobConfigError("Invalid overrides: " + "; ".join(problems) + ".")
-    try:
-        parts = [OmegaConf.load(path)] if path else []
-        parts += [OmegaConf.create(base or {}), OmegaConf.from_dotlist(list(overrides))]
-        merged = OmegaConf.to_container(OmegaConf.merge(*parts), resolve=True)
-    except (OSError, OmegaConfBaseException) as err:
-        raise JobConfigError(f"Cannot read the config {path or ''}: {err}") from err
-    if not isinstance(merged, dict):
-        raise JobConfigError(f"The config {path} must be a mapping of sections, got {type(merged).__name__}.")
-    return merged
 
 
 def validate_job_config(raw: dict[str, Any]) -> JobConfig:

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from capt.errors import CaptError
 from pipelines.config import JobConfig, flatten
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ EXCLUDED_KEYS = ("output_dir", "train.resume", "train.overwrite", "train.log_eve
 _HELD: set[Path] = set()  # folders this process has claimed (a nested claim of the same folder is a no-op)
 
 
-class JobFolderError(RuntimeError):
+class JobFolderError(CaptError, RuntimeError):
     """The job's output folder cannot be used as asked; the message says why and the ways out."""
 
 

@@ -20,8 +20,11 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from capt.errors import CaptError
+from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS, model_slug
-from pipelines.services import ServiceError, check_reachable
+from pipelines.services import ServiceError
+from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
 from pipelines.tracking_spool import registered_model_name
 
@@ -31,7 +34,7 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 STAGES = ("Staging", "Production", "Archived", "None")
 
 
-class PromotionError(RuntimeError):
+class PromotionError(CaptError, RuntimeError):
     """Promotion was refused or impossible; nothing was changed. The message says why and what to do."""
 
 
@@ -102,7 +105,7 @@ def promote(model: str, task: str, metric: str = "test_score", min_value: float 
     if not uri:
         raise PromotionError("No tracking server: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
     try:
-        check_reachable(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
     except ServiceError as err:
         raise PromotionError(str(err)) from err
     registry = Registry(uri)
@@ -138,13 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min", dest="min_value", type=float, default=None, help="refuse below this value")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
     parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_cli(lambda: _promote_from_cli(args), args.debug, expected=(TrackingError,))
+
+
+def _promote_from_cli(args: argparse.Namespace) -> int:
     try:
         done = promote(args.model, args.task, args.metric, args.min_value, args.stage, args.tracking_uri)
-    except PromotionError as err:
+    except PromotionRefused as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1 if isinstance(err, PromotionRefused) else 2
+        return 1
     note = f"; version {done.previous} is now {CHALLENGER}" if done.previous else ""
     status = "promoted" if done.changed else "already champion"
     print(f"{done.name}: version {done.champion} {status} as {CHAMPION} ({done.metric}={done.value:.4g}){note}.")

@@ -23,18 +23,21 @@ from typing import Any
 
 import pandas as pd
 
+from capt.errors import CaptError
+from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS
 
 logger = logging.getLogger(__name__)
 
 AVERAGE = "Average"
+REPORT_MD, REPORT_PNG = "report.md", "report.png"
 SELECTION_METRIC = "best_validation_score"
 _KEYS = ("model", "task", "method", "seed")
 METHOD_ORDER = ("full_finetune", "prompt_tuning", "ptuning_v2", "lora", "capt")
 """Row order of the paper's tables: baselines first, CaPT last; other methods (ablations) follow, sorted."""
 
 
-class ReportError(RuntimeError):
+class ReportError(CaptError, RuntimeError):
     """No report can be built; the message says why."""
 
 
@@ -132,13 +135,17 @@ def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLik
 def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.PathLike[str],
                  metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
     """Fetch the runs, write report.md and report.png to `out_dir`; returns (markdown, md path, png path)."""
-    from pipelines.services import ServiceError, check_reachable
+    from pipelines.services import ServiceError
+    from pipelines.services.mlflow_probe import check_mlflow_server
     from pipelines.tracking import TrackingError, experiment_runs
 
+    out = Path(out_dir)
+    check_writable_folder(out)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:  # MLflow's own default would read (and create) a database in the working directory
+        raise ReportError("No tracking server: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
     try:
-        if uri:
-            check_reachable(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
         runs = experiment_runs(experiment, uri)
     except (ServiceError, TrackingError) as err:
         raise ReportError(str(err)) from err
@@ -148,11 +155,23 @@ def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.Pa
                           f"{', '.join(_KEYS)} and metric {metric!r}" + (f" in sweep {sweep!r}" if sweep else "") + ".")
     tables = build_tables(frame)
     text = markdown(tables, metric, f"{experiment}: {metric}")
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md_path = out / "report.md"
+    md_path = out / REPORT_MD
     md_path.write_text(text + "\n", encoding="utf-8")
-    return text, md_path, plot(tables, metric, out / "report.png")
+    return text, md_path, plot(tables, metric, out / REPORT_PNG)
+
+
+def check_writable_folder(out: Path) -> None:
+    """Refuse, before any work, an output folder that is a file, sits under a file, or cannot be written."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == out else f"is under {existing}, which is a file"
+        raise ReportError(f"--out {out} {where}; pass a folder (it is created when missing).")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ReportError(f"--out {out}: {existing} is not writable by this user; pass a folder you can write to.")
+    if folders := [name for name in (REPORT_MD, REPORT_PNG) if (out / name).is_dir()]:
+        raise ReportError(f"--out {out} holds a folder named {folders[0]}, where the report file goes; remove it "
+                          "or pass another folder.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="reports", help="output directory (default: reports)")
     parser.add_argument("--metric", default="test_score", help="run metric to tabulate (default: test_score)")
     parser.add_argument("--sweep", default=None, help="only runs tagged with this sweep")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        text, md_path, png_path = build_report(args.experiment, args.tracking_uri, args.out, args.metric, args.sweep)
-    except ReportError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: _report_from_cli(args), args.debug)
+
+
+def _report_from_cli(args: argparse.Namespace) -> int:
+    text, md_path, png_path = build_report(args.experiment, args.tracking_uri, args.out, args.metric, args.sweep)
     print(text)
     print(f"Wrote {md_path} and {png_path}.")
     return 0

@@ -19,12 +19,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, as `ray job submit` does)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import JobConfigError, model_slug  # noqa: E402
+from pipelines.cli_errors import add_debug_flag, run_cli  # noqa: E402
+from pipelines.config import model_slug  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
     TRIAL_CPU,
     PendingWatch,
-    ResourcesError,
     check_local_fit,
     pending_timeout,
 )
@@ -102,14 +102,15 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
 @contextlib.contextmanager
 def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
     """The MLflow URI to use: the configured one (checked now), or a local server started and stopped here."""
-    from pipelines.services import LocalMlflowServer, check_reachable
+    from pipelines.services import LocalMlflowServer
+    from pipelines.services.mlflow_probe import check_mlflow_server
 
     uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not sweep.tracking.enabled:
         yield None
         return
     if uri:
-        check_reachable(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
+        check_mlflow_server(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
         yield uri
         return
     with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
@@ -119,10 +120,15 @@ def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
 @contextlib.contextmanager
 def ray_cluster(num_cpus: int | None) -> Iterator[None]:
     """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1."""
+    from pipelines.services import ServiceError, check_reachable
+
+    fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # ray.init waits minutes for an address where nothing listens
+        check_reachable(address, "Ray cluster (RAY_ADDRESS)", fix)
     import ray
 
     env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    address = os.environ.get("RAY_ADDRESS")
     try:
         if address:
             ray.init(address=address, runtime_env={"env_vars": env})
@@ -133,8 +139,7 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
                         "http://127.0.0.1:%d", options["dashboard_port"])
     except (ConnectionError, RuntimeError, ValueError) as err:
         where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
-        raise SystemExit(f"error: cannot start or reach {where} ({err}). Check `ray status`, start a head with "
-                         "`ray start --head`, or unset RAY_ADDRESS to run on a local Ray.") from err
+        raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
     try:
         yield
     finally:
@@ -194,28 +199,25 @@ def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (also the `ray job submit` entrypoint)."""
+    """CLI entry point (also the `ray job submit` entrypoint); exit 2 on bad input, 1 when a trial failed."""
     parser = argparse.ArgumentParser(prog="python pipelines/sweep.py", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sweep YAML (default: the smoke sweep)")
     parser.add_argument("--resume", action="store_true", help="restore an interrupted sweep (Tuner.restore)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the sweep config")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        sweep = load_sweep_config(args.config, args.overrides)
-    except JobConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
-            grid = run_sweep(sweep, uri, args.resume)
-            table, rows = results_table(grid)
-            promoting = uri and sweep.tracking.register and sweep.tracking.promote
-            champions = promote_champions(sweep, uri, rows) if promoting else []
-    except ResourcesError as err:  # a trial the cluster cannot hold: refused up front, or given up on
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(lambda: _sweep_from_cli(args), args.debug)
+
+
+def _sweep_from_cli(args: argparse.Namespace) -> int:
+    sweep = load_sweep_config(args.config, args.overrides)
+    with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
+        grid = run_sweep(sweep, uri, args.resume)
+        table, rows = results_table(grid)
+        promoting = uri and sweep.tracking.register and sweep.tracking.promote
+        champions = promote_champions(sweep, uri, rows) if promoting else []
     print(f"\n{table}\n")
     _print_where_to_look(sweep, uri, champions)
     return 0 if all(r["status"] == "done" for r in rows) else 1

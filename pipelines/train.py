@@ -28,7 +28,8 @@ from pipelines.checkpoint import (
     save_checkpoint,
     trainable_state,
 )
-from pipelines.config import JobConfig, JobConfigError, load_job_config, model_slug
+from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
 from pipelines.job_setup import Job, build_job
@@ -229,18 +230,18 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: validate the config (every problem at once), then run the job."""
+    """CLI: validate the config (every problem at once), then run the job; exit 2 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_job_config(args.config, args.overrides)
-    except JobConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    result = run(config)
+    return run_cli(lambda: _train_from_cli(args), args.debug, expected=(TrainingDivergedError,))
+
+
+def _train_from_cli(args: argparse.Namespace) -> int:
+    result = run(load_job_config(args.config, args.overrides))
     print(json.dumps({"output_dir": str(Path(result["artifact_dir"]).parent), **result["metrics"]}, indent=2))
     return 0
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from capt.baselines.info import model_info
+from capt.errors import CaptError
 
 if TYPE_CHECKING:
     from capt.baselines.adapted import AdaptedModel
@@ -35,7 +36,7 @@ META_KEYS = frozenset({"format", "format_version", "method", "config", "model_ty
 MAX_META_BYTES = 1 << 20
 
 
-class AdapterError(ValueError):
+class AdapterError(CaptError, ValueError):
     """An adapter artifact is corrupt, malformed or does not fit the base model."""
 
 

@@ -16,8 +16,8 @@ class TaskDataError(CaptError, ValueError):
     """Task data that cannot be used: a missing file or folder, a bad row, a missing field, a bad label.
 
     `path` is the file (or source description such as ``hub:aps/super_glue/rte[train]``), `row` the
-    1-based line number (jsonl) or row number (parquet, hub), `field` the offending field; each is None
-    when it does not apply. All three appear in the message.
+    1-based line number (jsonl, shown as "line N") or row number (parquet, hub), `field` the offending
+    field; each is None when it does not apply. All three appear in the message.
     """
 
     def __init__(self, problem: str, path: str | None = None, row: int | None = None,
@@ -33,7 +33,7 @@ class TaskDataError(CaptError, ValueError):
         if self.path is not None:
             where.append(str(self.path))
         if self.row is not None:
-            where.append(f"row {self.row}")
+            where.append(f"{'line' if str(self.path).endswith('.jsonl') else 'row'} {self.row}")
         if self.field is not None:
             where.append(f"field {self.field!r}")
         return (": ".join(where) + ": " if where else "") + self.problem

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from capt.tasks.config import DATA_DIR_ENV, DataConfig
 from capt.tasks.errors import TaskDataError
@@ -25,6 +25,7 @@ from capt.tasks.normalise import examples_from_rows
 from capt.tasks.records import Example, Splits
 from capt.tasks.registry import get
 from capt.tasks.splits import split_train_validation, subsample
+from capt.tasks.validation import check_room_for_validation
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +41,31 @@ RawRows = Iterator[tuple[int, Any]]
 
 def read_jsonl(path: str | Path) -> RawRows:
     """(line number, object) for each non-blank line; a bad line raises `TaskDataError` naming it."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TaskDataError(f"invalid JSON: {err.msg} (column {err.colno})", path=str(path),
-                                    row=number) from None
+    try:
+        with open(path, "rb") as handle:  # decoded line by line, so that a bad byte is reported with its line
+            yield from _jsonl_rows(handle, path)
+    except OSError as err:
+        raise TaskDataError(f"cannot read the file ({err.strerror or err})", path=str(path)) from None
+
+
+def _jsonl_rows(handle: BinaryIO, path: str | Path) -> RawRows:
+    for number, raw in enumerate(handle, start=1):
+        line = _decode_line(raw, number, path)
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TaskDataError(f"invalid JSON: {err.msg} (column {err.colno})", path=str(path),
+                                row=number) from None
+
+
+def _decode_line(raw: bytes, number: int, path: str | Path) -> str:
+    try:
+        return raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as err:
+        raise TaskDataError(f"not UTF-8 text: byte {raw[err.start]:#04x} at column {err.start + 1}; save the "
+                            "file as UTF-8", path=str(path), row=number) from None
 
 
 def read_parquet(path: str | Path) -> RawRows:
@@ -121,20 +138,28 @@ _READERS = {"local": _local_rows, "generated": _generated_rows, "hub": _hub_rows
 
 def load_split(task: str, split: str, config: DataConfig | None = None) -> list[Example]:
     """All normalised examples of one official split (``train`` or ``val``) from `config.source`."""
+    return _read_split(task, split, config or DataConfig())[1]
+
+
+def _read_split(task: str, split: str, config: DataConfig) -> tuple[str, list[Example]]:
+    """(source description, examples) of one official split."""
     get(task)
     if split not in OFFICIAL_SPLITS:
         raise ValueError(f"Unknown official split {split!r}; valid splits: {', '.join(OFFICIAL_SPLITS)}.")
-    config = config or DataConfig()
     source, rows = _READERS[config.source](task, split, config)
     examples = examples_from_rows(task, split, rows, source)
     logger.info("loaded %d %s/%s examples from %s", len(examples), task, split, source)
-    return examples
+    return source, examples
 
 
 def load_splits(task: str, config: DataConfig | None = None) -> Splits:
-    """The paper's splits: official train cut 90/10 (stratified, seeded); official validation = test."""
+    """The paper's splits: official train cut 90/10 (stratified, seeded); official validation = test.
+
+    A train split too small to leave a validation example is refused before the test split is read.
+    """
     config = config or DataConfig()
-    official_train = load_split(task, "train", config)
+    source, official_train = _read_split(task, "train", config)
+    check_room_for_validation(official_train, config.validation_fraction, source)
     test = load_split(task, "val", config)
     train, validation = split_train_validation(official_train, config.validation_fraction, config.seed)
     splits = Splits(

@@ -9,6 +9,7 @@ from typing import Any
 from capt.tasks.errors import TaskDataError
 from capt.tasks.records import Example
 from capt.tasks.registry import TaskSpec
+from capt.tasks.splits import units
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,21 @@ def check_split(task: str, examples: Sequence[Example], source: str) -> None:
     """Reject an empty split (the message names the source)."""
     if not examples:
         raise TaskDataError(f"no examples for task {task!r}: the split is empty", path=source)
+
+
+def check_room_for_validation(examples: Sequence[Example], fraction: float, source: str) -> None:
+    """Refuse an official train split too small to give both a train and a validation example.
+
+    The stratified cut holds out at least one unit (an example; a question group in MultiRC) and keeps
+    at least one for training, so it needs two units.
+    """
+    count = len(units(examples))
+    if count >= 2:
+        return
+    grouped = bool(examples) and examples[0].group is not None
+    what = f"{len(examples)} row(s) in {count} question group(s)" if grouped else f"{len(examples)} row(s)"
+    unit = "question groups" if grouped else "rows"
+    raise TaskDataError(f"the official train split has {what}, too few for the train/validation cut "
+                        f"(validation_fraction={fraction} holds out {fraction:.0%} but always at least one): it "
+                        f"needs at least 2 {unit}, one to train on and one to validate on. Add rows to the file.",
+                        path=source)

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.operations import sync_pending
 from pipelines.tracking_spool import PENDING_FILE, RetryPolicy, Spool, TrackingUnavailable, find_state_dirs
@@ -21,11 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--root", required=True, help="a trial's state dir or any folder above several")
     sync.add_argument("--tracking-uri", default=None, help="override the URI recorded with each operation")
     sync.add_argument("--retry-s", type=float, default=30.0, help="retry budget per trial (seconds)")
+    add_debug_flag(sync)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_cli(lambda: _sync(args), args.debug, expected=(TrackingError,))
+
+
+def _sync(args: argparse.Namespace) -> int:
+    if args.tracking_uri:  # checked before anything is replayed (otherwise each trial's recorded URI is used)
+        check_mlflow_server(args.tracking_uri, "MLflow tracking server (--tracking-uri)")
     try:
         count = sync_pending(args.root, args.tracking_uri, RetryPolicy(budget_s=args.retry_s))
-    except (TrackingUnavailable, TrackingError) as err:
+    except TrackingUnavailable as err:  # nothing lost: the operations stay pending for the next sync
         print(f"error: {err}", file=sys.stderr)
         return 1
     left = sum(len(Spool(d / PENDING_FILE)) for d in find_state_dirs(args.root))

@@ -63,7 +63,7 @@ def test_missing_split_file(tmp_path):
 def test_invalid_json_names_the_line(tmp_path):
     path = _write(tmp_path, "rte", "val", [GOOD_RTE, "", '{"premise": "x", '])
     err = _error(tmp_path, "rte")
-    assert (err.path, err.row) == (str(path), 3) and "invalid JSON" in str(err) and "row 3" in str(err)
+    assert (err.path, err.row) == (str(path), 3) and "invalid JSON" in str(err) and "line 3" in str(err)
 
 
 def test_missing_field(tmp_path):
@@ -72,7 +72,7 @@ def test_missing_field(tmp_path):
     path = _write(tmp_path, "rte", "val", [GOOD_RTE, bad])
     err = _error(tmp_path, "rte")
     assert (err.path, err.row, err.field) == (str(path), 2, "hypothesis")
-    assert str(err) == f"{path}: row 2: field 'hypothesis': missing field"
+    assert str(err) == f"{path}: line 2: field 'hypothesis': missing field"
 
 
 @pytest.mark.parametrize(("label", "task"), [("maybe", "rte"), (2, "rte"), (-1, "rte"), (True, "rte"),
@@ -155,3 +155,42 @@ def test_error_pickles():
     err = TaskDataError("bad", path="f.jsonl", row=3, field="label")
     again = pickle.loads(pickle.dumps(err))
     assert (again.path, again.row, again.field, str(again)) == ("f.jsonl", 3, "label", str(err))
+
+
+def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path):
+    path = tmp_path / "rte" / "val.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(json.dumps(GOOD_RTE).encode() + b'\n{"premise": "caf\xe9"}\n')
+    err = _error(tmp_path, "rte")
+    assert (err.path, err.row) == (str(path), 2)
+    assert str(err) == f"{path}: line 2: not UTF-8 text: byte 0xe9 at column 17; save the file as UTF-8"
+
+
+def test_a_leading_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "rte" / "val.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD_RTE).encode() + b"\n")
+    assert _load(tmp_path, "rte")[0].label == 0
+
+
+def test_a_train_split_too_small_for_validation_is_refused_with_the_numbers(tmp_path):
+    path = _write(tmp_path, "rte", "train", [GOOD_RTE])
+    _write(tmp_path, "rte", "val", [GOOD_RTE])
+    config = DataConfig(source="local", data_dir=str(tmp_path), validation_fraction=0.25)
+    with pytest.raises(TaskDataError) as err:
+        load_splits("rte", config)
+    assert err.value.path == str(path)
+    assert "has 1 row(s)" in str(err.value) and "validation_fraction=0.25" in str(err.value)
+    assert "needs at least 2 rows" in str(err.value)
+    _write(tmp_path, "rte", "train", [GOOD_RTE, dict(GOOD_RTE, idx=1, label="not_entailment")])
+    splits = load_splits("rte", config)
+    assert (len(splits.train), len(splits.validation)) == (1, 1)
+
+
+def test_one_multirc_question_is_too_small_for_validation_however_many_answers(tmp_path):
+    answers = [{"text": f"a{i}", "idx": i, "label": i % 2} for i in range(4)]
+    row = {"idx": 0, "passage": {"text": "P.", "questions": [{"question": "Q?", "idx": 0, "answers": answers}]}}
+    _write(tmp_path, "multirc", "train", [row])
+    _write(tmp_path, "multirc", "val", [row])
+    with pytest.raises(TaskDataError, match=r"has 4 row\(s\) in 1 question group\(s\).*at least 2 question groups"):
+        load_splits("multirc", DataConfig(source="local", data_dir=str(tmp_path)))

@@ -1,0 +1,100 @@
+"""Reading config sources: a YAML file, a dict and `key.sub=value` overrides, merged by OmegaConf.
+
+Every problem with a source is a `JobConfigError` that names it: the file (and the line and column
+of a YAML syntax error, or of a byte that is not UTF-8), or the override.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from capt.errors import CaptError
+
+
+class JobConfigError(CaptError, ValueError):
+    """A job config is invalid; the message lists every problem (key, value given, what is allowed)."""
+
+
+def merge_sources(path: str | os.PathLike | None, overrides: Sequence[str],
+                  base: dict[str, Any] | None) -> dict[str, Any]:
+    """Merge a YAML file, a dict and dot-list overrides with OmegaConf (later wins)."""
+    parts = [read_yaml_config(path)] if path else []
+    parts += [OmegaConf.create(base or {}), *parse_overrides(overrides)]
+    try:
+        return OmegaConf.to_container(OmegaConf.merge(*parts), resolve=True)
+    except OmegaConfBaseException as err:  # an interpolation such as ${missing.key}
+        key = getattr(err, "full_key", None)
+        where = "".join([f" {path}" if path else "", f" at key {key}" if key else ""])
+        raise JobConfigError(f"Cannot resolve the config{where}: {str(err).splitlines()[0]}.") from None
+
+
+def read_yaml_config(path: str | os.PathLike) -> DictConfig:
+    """A YAML config file as an OmegaConf mapping; `JobConfigError` names the file (and line and column)."""
+    text = _config_text(Path(path))
+    try:
+        loaded = OmegaConf.load(io.StringIO(text))  # OmegaConf's loader: typed floats, duplicate keys refused
+    except yaml.YAMLError as err:
+        raise JobConfigError(f"The config {path} is not valid YAML: {yaml_problem(err)}. Fix the file there "
+                             "(YAML indents with spaces, one `key: value` per line, each key once).") from None
+    except OSError:  # what OmegaConf raises for a single value at the top level
+        loaded = None
+    if not isinstance(loaded, DictConfig):
+        found = "a list" if loaded is not None else f"a single value ({type(yaml.safe_load(text)).__name__})"
+        raise JobConfigError(f"The config {path} must be a mapping of sections at the top level (lines like "
+                             f"`model:` and `train:`, see pipelines/configs/), but it holds {found}.")
+    return loaded
+
+
+def _config_text(path: Path) -> str:
+    """The text of a config file; a missing, unreadable or non-UTF-8 file is a `JobConfigError`."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobConfigError(f"The config file {path} does not exist; check --config (the shipped configs are "
+                             "in pipelines/configs/).") from None
+    except IsADirectoryError:
+        raise JobConfigError(f"The config {path} is a folder; --config takes a YAML file.") from None
+    except UnicodeDecodeError as err:
+        data = path.read_bytes()
+        line = data[:err.start].count(b"\n") + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)
+        raise JobConfigError(f"The config {path} is not UTF-8 text: byte {data[err.start]:#04x} at line {line}, "
+                             f"column {column}. Save it as UTF-8.") from None
+    except OSError as err:
+        raise JobConfigError(f"Cannot read the config {path}: {err.strerror or err}.") from None
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[DictConfig]:
+    """`key.sub=value` strings as OmegaConf mappings; raises once naming every malformed one."""
+    parsed, problems = [], []
+    for text in overrides:
+        key, sep, _ = text.partition("=")
+        if not sep or "" in key.strip().split("."):
+            problems.append(f"{text!r} is not key.sub=value")
+            continue
+        try:
+            parsed.append(OmegaConf.from_dotlist([text]))
+        except (yaml.YAMLError, OmegaConfBaseException) as err:
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            problems.append(f"{text!r} has a value that is not valid YAML ({problem}; quote it)")
+    if problems:
+        raise JobConfigError("Invalid overrides: " + "; ".join(problems) + " (e.g. train.max_steps=20).")
+    return parsed
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A PyYAML error as `line L, column C: problem (context)`, positions 1-based."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark, context, context_mark = (getattr(err, k, None) for k in ("problem_mark", "context", "context_mark"))
+    if context:
+        since = f" at line {context_mark.line + 1}, column {context_mark.column + 1}" if context_mark else ""
+        problem += f" ({context}{since})"
+    return (f"line {mark.line + 1}, column {mark.column + 1}: " if mark else "") + problem

@@ -1,0 +1,128 @@
+"""The bad-input matrix, part 2: `pipelines.promote`, `pipelines.report` and `pipelines.tracking` as real
+processes, against a closed port and a plain web server that is not MLflow (both on 127.0.0.1), plus
+`--debug` on all five entry points. Every case leaves the earlier outputs (a finished job, an earlier
+report) byte-for-byte as they were. Missing registered models and experiments need a real MLflow
+server: tests/integration/test_bad_inputs_mlflow.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.bad_inputs import (
+    Case,
+    Places,
+    assert_clean_failure,
+    check_case,
+    earlier_outputs,
+    error_paragraph,
+    folder_digest,
+    plain_http_server,
+    run_entry,
+)
+
+from pipelines.services import LOCALHOST, free_port
+
+PROMOTE = ["--model", "tiny-t5", "--task", "rte"]
+
+
+def _report(p: Places, *args: str) -> list[str]:
+    return ["--experiment", "capt-smoke", "--out", str(p.outputs / "reports"), *args]
+
+
+CASES = [
+    Case("promote-unreachable", "promote", lambda p: [*PROMOTE, "--tracking-uri", p.closed_uri],
+         "Cannot reach the MLflow tracking server"),
+    Case("promote-not-mlflow", "promote", lambda p: [*PROMOTE, "--tracking-uri", p.http_uri],
+         "is not an MLflow server"),
+    Case("promote-unknown-task", "promote", lambda p: ["--model", "tiny-t5", "--task", "mnli",
+                                                       "--tracking-uri", p.http_uri], "Unknown task 'mnli'"),
+    Case("promote-no-tracking-uri", "promote", lambda p: PROMOTE, "No tracking server"),
+    Case("report-unreachable", "report", lambda p: _report(p, "--tracking-uri", p.closed_uri),
+         "Cannot reach the MLflow tracking server"),
+    Case("report-not-mlflow", "report", lambda p: _report(p, "--tracking-uri", p.http_uri),
+         "is not an MLflow server"),
+    Case("report-no-tracking-uri", "report", lambda p: _report(p), "No tracking server"),
+    Case("report-out-is-a-file", "report",
+         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri, "--out", str(p.outputs / "reports" / "report.md")],
+         "report.md is a file; pass a folder"),
+    Case("report-out-under-a-file", "report",
+         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri,
+                    "--out", str(p.outputs / "job" / "result.json" / "reports")],
+         lambda p: f"is under {p.outputs / 'job' / 'result.json'}, which is a file"),
+    Case("report-out-holds-a-folder-named-report-md", "report",
+         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri, "--out", str(p.inputs / "odd-reports")],
+         "holds a folder named report.md"),
+    Case("tracking-sync-unreachable", "tracking",
+         lambda p: ["sync", "--root", str(p.outputs / "job"), "--tracking-uri", p.closed_uri],
+         "Cannot reach the MLflow tracking server (--tracking-uri)"),
+    Case("tracking-sync-not-mlflow", "tracking",
+         lambda p: ["sync", "--root", str(p.outputs / "job"), "--tracking-uri", p.http_uri],
+         "is not an MLflow server"),
+]
+
+DEBUG_CASES = [
+    Case("train-debug", "train", lambda p: ["--config", str(p.inputs / "list.yaml"), "--debug"],
+         "must be a mapping of sections"),
+    Case("sweep-debug", "sweep", lambda p: ["--config", str(p.inputs / "list.yaml"), "--debug"],
+         "must be a mapping of sections"),
+    Case("promote-debug", "promote", lambda p: [*PROMOTE, "--tracking-uri", p.closed_uri, "--debug"],
+         "Cannot reach"),
+    Case("report-debug", "report", lambda p: _report(p, "--tracking-uri", p.http_uri, "--debug"),
+         "is not an MLflow server"),
+    Case("tracking-debug", "tracking",
+         lambda p: ["sync", "--root", str(p.outputs), "--tracking-uri", p.closed_uri, "--debug"], "Cannot reach"),
+]
+
+
+@pytest.fixture(scope="module")
+def closed_uri() -> str:
+    """An http URI on 127.0.0.1 where nothing listens."""
+    return f"http://{LOCALHOST}:{free_port(LOCALHOST)}"
+
+
+@pytest.fixture(scope="module")
+def http_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A plain http.server on 127.0.0.1: it answers HTTP but is not MLflow."""
+    for server in plain_http_server(tmp_path_factory.mktemp("www")):
+        yield server.uri
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: str) -> Places:
+    inputs = tmp_path_factory.mktemp("bad-service-inputs")
+    (inputs / "list.yaml").write_text("- model\n- task\n", encoding="utf-8")
+    (inputs / "odd-reports" / "report.md").mkdir(parents=True)
+    return Places(earlier_outputs(tmp_path_factory.getbasetemp()), inputs, inputs, closed_uri, http_uri)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
+    check_case(case, places, tmp_path)
+    assert not any(tmp_path.iterdir()), "a failed run wrote into its working directory"
+
+
+@pytest.mark.parametrize("case", DEBUG_CASES, ids=[c.name for c in DEBUG_CASES])
+def test_debug_adds_the_traceback_to_the_same_paragraph(case: Case, places: Places, tmp_path: Path) -> None:
+    before = folder_digest(places.outputs)
+    proc = run_entry(case.entry, case.args(places), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert case.expected_phrase(places) in error_paragraph(proc.stderr)
+    assert folder_digest(places.outputs) == before
+
+
+def test_the_matrix_checks_cannot_pass_vacuously(tmp_path: Path) -> None:
+    """A changed byte changes the digest; a traceback, a second paragraph or a wrong status is not clean."""
+    (tmp_path / "a.txt").write_text("a", encoding="utf-8")
+    before = folder_digest(tmp_path)
+    (tmp_path / "a.txt").write_text("b", encoding="utf-8")
+    assert folder_digest(tmp_path) != before
+    for status, stderr in [(2, "Traceback (most recent call last):\nerror: bad\n"), (2, "error: bad\n\nmore\n"),
+                           (1, "error: bad\n"), (2, "error: other\n"), (2, "bad\n")]:
+        with pytest.raises(AssertionError):
+            assert_clean_failure(subprocess.CompletedProcess([], status, "", stderr), "bad")
+    assert_clean_failure(subprocess.CompletedProcess([], 2, "", "INFO loading\nerror: bad\n"), "bad")
