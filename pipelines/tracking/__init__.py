@@ -21,8 +21,7 @@ keep their original timestamps, registration first looks for the run's version.
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay
 of spooled operations), `sync` (`sync_pending` and its summary), `tracker` (`TrialTracker`), `pyfunc`
-(`CapsulePyfunc` and its
-registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
+(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
 The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
 """
 

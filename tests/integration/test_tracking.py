@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,13 +16,14 @@ from helpers.jobs import tiny_job
 from mlflow import MlflowClient
 
 from pipelines.config import flatten
-from pipelines.services import LocalMlflowServer
+from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
-from pipelines.tracking_spool import PENDING_FILE, RUN_FILE, Spool
+from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
 from pipelines.train import run
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "test-tracking"
 MODEL_NAME = "capt-tiny-t5-cb"  # CB here, RTE in test_promote_report: the two files share one server
 TAGS = {"task": "cb", "model": "tiny-t5", "method": "capt", "sweep": "test"}
@@ -161,7 +165,7 @@ def test_an_outage_spools_and_sync_uploads_once(
         "finish",
     ]
     assert [op["op"] for op in Spool(tmp_path / "s2" / PENDING_FILE).read()][0] == "start"
-    assert sync_pending(tmp_path) == 9
+    assert sync_pending(tmp_path).synced == 9
     assert not (tmp_path / "s1" / PENDING_FILE).exists() and not (tmp_path / "s2" / PENDING_FILE).exists()
     client = MlflowClient(mlflow_server.uri)
     late_run = json.loads((tmp_path / "s2" / RUN_FILE).read_text())["run_id"]
@@ -171,9 +175,54 @@ def test_an_outage_spools_and_sync_uploads_once(
         assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
     assert main(["sync", "--root", str(tmp_path), "--tracking-uri", mlflow_server.uri]) == 0
     assert "Synced 0 operation(s)" in capsys.readouterr().out
-    assert sync_pending(tmp_path) == 0
+    assert sync_pending(tmp_path).synced == 0
     assert len(client.get_metric_history(late_run, "validation_score")) == 2
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert (
         len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s2'")) == 1
     )
+
+
+def _sync_cli(root: Path, uri: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(root), "--tracking-uri", uri]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operation(
+    mlflow_server: LocalMlflowServer, tmp_path: Path
+) -> None:
+    closed, trial = f"http://127.0.0.1:{free_port()}", tmp_path / "jobs" / "s7"
+    offline = _tracker(closed, trial, 7, retry=RetryPolicy(budget_s=0.2, first_delay_s=0.1), reconnect_s=3600,
+                       system_metrics=False)
+    assert offline.start() is None
+    offline.log_params({"optim": {"lr": 0.3}})
+    for step, score in ((3, 50.0), (6, 62.5)):
+        offline.log_metrics({"validation_score": score}, step=step)
+    (tmp_path / "artifact").mkdir()
+    (tmp_path / "artifact" / "capsule.json").write_text("{}")
+    offline.finish({"metrics": {"test_score": 55.0}, "steps": 6}, tmp_path / "artifact", register=False)
+    lines = (trial / PENDING_FILE).read_text().splitlines(keepends=True)
+    lines.insert(2, "<<<merge conflict>>>\n")  # line 3: a hand edit gone wrong
+    lines.append('{"op": "metrics", "metr')  # line 7: torn by a crash mid-append
+    (trial / PENDING_FILE).write_text("".join(lines))
+    assert len(Spool(trial / PENDING_FILE)) == 7
+
+    synced = _sync_cli(tmp_path, mlflow_server.uri)
+    assert synced.returncode == 1, synced.stderr[-3000:]  # the dead letters did not reach the server
+    assert "Synced 5 operation(s)" in synced.stdout and "dead-lettered 2; 0 still pending" in synced.stdout
+    assert "jobs/s7: 5 synced, 2 dead-lettered now (2 in mlflow_failed.jsonl), 0 still pending" in synced.stdout
+    assert not (trial / PENDING_FILE).exists()
+    records = Spool(trial / FAILED_FILE).records()
+    assert [(r["line"], r["raw"]) for r in records] == [(3, "<<<merge conflict>>>"), (7, '{"op": "metrics", "metr')]
+    assert all(r["file"] == str(trial / PENDING_FILE) and r["reason"] for r in records)
+
+    client = MlflowClient(mlflow_server.uri)
+    run_id = json.loads((trial / RUN_FILE).read_text())["run_id"]
+    run_data = client.get_run(run_id)
+    assert run_data.info.status == "FINISHED" and run_data.data.params["optim.lr"] == "0.3"
+    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [3, 6]
+    assert run_data.data.metrics["test_score"] == 55.0
+    again = _sync_cli(tmp_path, mlflow_server.uri)
+    assert again.returncode == 1 and "Synced 0 operation(s)" in again.stdout
+    assert len(Spool(trial / FAILED_FILE).records()) == 2, "dead letters are kept until a person handles them"
