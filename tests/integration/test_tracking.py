@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 from helpers.jobs import tiny_job
 from mlflow import MlflowClient
 
+from capt.tasks import generate_rows
 from pipelines.config import flatten
+from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
 from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
@@ -226,3 +229,51 @@ def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operatio
     again = _sync_cli(tmp_path, mlflow_server.uri)
     assert again.returncode == 1 and "Synced 0 operation(s)" in again.stdout
     assert len(Spool(trial / FAILED_FILE).records()) == 2, "dead letters are kept until a person handles them"
+
+
+LOAD_IN_A_FRESH_PROCESS = """
+import json, sys
+import mlflow, pandas as pd
+predicted = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.DataFrame(json.loads(sys.argv[2])))
+import capt, pipelines.registry_model
+print(json.dumps({"labels": list(predicted), "capt": capt.__file__,
+                  "registry_model": pipelines.registry_model.__file__}))
+"""
+
+
+def _artifact_files(client: MlflowClient, model_id: str, path: str | None = None) -> list[str]:
+    files = []
+    for info in client.list_logged_model_artifacts(model_id, path):
+        files += _artifact_files(client, model_id, info.path) if info.is_dir else [info.path]
+    return files
+
+
+def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
+) -> None:
+    client = MlflowClient(mlflow_server.uri)
+    version = client.get_model_version(MODEL_NAME, tracked["version"])
+    assert version.source.startswith("models:/m-"), version.source  # a logged model (MLflow 3)
+    model_id = version.model_id or version.source.removeprefix("models:/")
+    files = _artifact_files(client, model_id)
+    assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/registry_model.py" in files
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
+    uri = f"models:/{MODEL_NAME}/{tracked['version']}"
+    requirements = Path(mlflow.artifacts.download_artifacts(f"models:/{model_id}/requirements.txt",
+                                                            dst_path=str(tmp_path), tracking_uri=mlflow_server.uri))
+    requirements = requirements.read_text().split()
+    assert not [line for line in requirements if "+" in line], requirements
+    assert f"capt=={metadata.version('capt')}" in requirements and any(r.startswith("torch==") for r in requirements)
+
+    rows = [{k: v for k, v in row.items() if k not in ("generated", "idx", "label")}
+            for row in generate_rows("cb", "val", 6, seed=3)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing points at this checkout
+    env |= {"MLFLOW_TRACKING_URI": mlflow_server.uri, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+    loaded = subprocess.run([sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, uri, json.dumps(rows)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-4000:]
+    answer = json.loads(loaded.stdout.strip().splitlines()[-1])
+    local = CapsulePredictor(tracked["result"]["artifact_dir"], tracked["result"]).predict_rows(rows)
+    assert answer["labels"] == local and len(local) == 6
+    for module in ("capt", "registry_model"):  # the version's own copy of the code, not a checkout's
+        assert "/code/" in answer[module] and not answer[module].startswith((str(ROOT), "/work/main")), answer
