@@ -259,8 +259,9 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/registry_model.py" in files
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
     uri = f"models:/{MODEL_NAME}/{tracked['version']}"
-    requirements = Path(mlflow.artifacts.download_artifacts(f"models:/{model_id}/requirements.txt",
-                                                            dst_path=str(tmp_path), tracking_uri=mlflow_server.uri))
+    location = client.get_logged_model(model_id).artifact_location
+    requirements = Path(mlflow.artifacts.download_artifacts(f"{location}/requirements.txt", dst_path=str(tmp_path),
+                                                            tracking_uri=mlflow_server.uri))
     requirements = requirements.read_text().split()
     assert not [line for line in requirements if "+" in line], requirements
     assert f"capt=={metadata.version('capt')}" in requirements and any(r.startswith("torch==") for r in requirements)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -233,3 +234,12 @@ def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
     assert format_cell(float("nan"), float("nan")) == "-"
     assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)
+
+
+def test_pyfunc_requirements_are_public_versions_and_name_the_project() -> None:
+    from pipelines.tracking.pyfunc import _public_version, _requirements
+
+    assert _public_version("2.13.0+cpu") == "2.13.0" and _public_version("1.0.0") == "1.0.0"
+    pins = _requirements()
+    assert not [pin for pin in pins if "+" in pin], pins
+    assert f"capt=={metadata.version('capt')}" in pins and any(pin.startswith("torch==") for pin in pins)
