@@ -149,16 +149,13 @@ class Spool:
         """
         line = json.dumps(op, default=str).encode("utf-8") + b"\n"
         with self.locked(), self.path.open("ab") as handle:
-            if handle.tell() > 0 and not self._ends_with_newline():
-                line = b"\n" + line
+            if handle.tell() > 0:
+                with self.path.open("rb") as tail:
+                    tail.seek(-1, os.SEEK_END)
+                    line = line if tail.read(1) == b"\n" else b"\n" + line
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
-
-    def _ends_with_newline(self) -> bool:
-        with self.path.open("rb") as handle:
-            handle.seek(-1, os.SEEK_END)
-            return handle.read(1) == b"\n"
 
     def lines(self) -> list[SpoolLine]:
         """Every non-blank line in order, corrupt ones included (their `op` is None)."""

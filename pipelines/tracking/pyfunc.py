@@ -40,8 +40,9 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
 
     Artifacts: ``capsule`` (the job's artifact directory) and ``result`` (its result.json, which names
     the base model, method options and evaluation mode). Loading rebuilds the base model by name
-    (built-in tiny models offline, hub ids from the Hugging Face cache or hub) and needs this project
-    installed; see `pipelines.registry_model`.
+    (built-in tiny models offline, hub ids from the Hugging Face cache or hub) with the version's own
+    copy of this project's code (see `_code_paths`); see `pipelines.registry_model`. MLflow builds it
+    from `capsule_model.py` (models from code), never from a pickle.
     """
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
