@@ -10,7 +10,10 @@ A trial keeps two small files in its state directory (usually the job's output d
   included, so a replay logs the very same points and MLflow drops exact duplicates).
 
 Operations that failed for a reason other than an unreachable server go to ``mlflow_failed.jsonl``
-(never replayed automatically; the error is logged).
+(the dead-letter file: never replayed automatically; the error is logged), and so do lines of the
+pending file that are not operations (a line torn by a crash during an append, a hand edit), with their
+raw text, file, line number and the reason. Nothing is ever dropped from the pending file unless it
+was applied or dead-lettered first.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,8 +86,45 @@ def call_with_retry(fn: Callable[[], T], is_transient: Callable[[BaseException],
             delay, attempt = min(delay * 2, policy.max_delay_s), attempt + 1
 
 
+OPERATIONS = ("start", "resume", "params", "metrics", "finish", "end")
+"""The kinds of operation a spool holds (the ``op`` key of each line)."""
+
+
+@dataclass(frozen=True)
+class SpoolLine:
+    """One non-blank line of a spool file: its operation, or its raw text and why it is not one."""
+
+    number: int
+    """1-based line number in the file."""
+    raw: bytes
+    """The line exactly as stored, without its newline."""
+    op: dict[str, Any] | None
+    """The parsed operation; None when the line is corrupt."""
+    reason: str | None = None
+    """Why the line is not an operation (None when it is one)."""
+
+
+def _parse_line(number: int, raw: bytes) -> SpoolLine:
+    try:
+        op = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return SpoolLine(number, raw, None, f"not UTF-8 text ({err.reason} at byte {err.start})")
+    except json.JSONDecodeError as err:
+        return SpoolLine(number, raw, None, f"not valid JSON ({err.msg} at column {err.colno}); a line torn "
+                                            "by a crash while it was being written looks like this")
+    if not isinstance(op, dict) or op.get("op") not in OPERATIONS:
+        return SpoolLine(number, raw, None, "not a tracking operation (a JSON object whose 'op' is one of "
+                                            f"{', '.join(OPERATIONS)})")
+    return SpoolLine(number, raw, op)
+
+
 class Spool:
-    """An append-only JSON-lines file of pending operations, guarded by an advisory file lock."""
+    """An append-only JSON-lines file of pending operations, guarded by an advisory file lock.
+
+    Nothing here deletes a line it cannot parse: `first` hands a corrupt line to the caller like any
+    other, and `quarantine` moves corrupt lines to another spool (the dead-letter file) before removing
+    them. Every write holds the lock, so an append never races a rewrite.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -92,7 +132,7 @@ class Spool:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold an exclusive lock (a tracker and a `sync` never replay the same file at once)."""
+        """Hold an exclusive lock on the file (not re-entrant: never nest two on one spool)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock_path.open("a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -102,38 +142,93 @@ class Spool:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def append(self, op: Mapping[str, Any]) -> None:
-        """Add one operation durably (flushed and fsynced)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(op, default=str) + "\n")
+        """Add one operation durably (flushed and fsynced).
+
+        A torn last line (a crash during an earlier append) is first closed with a newline, so that it
+        stays a line of its own (dead-lettered later) instead of swallowing this operation.
+        """
+        line = json.dumps(op, default=str).encode("utf-8") + b"\n"
+        with self.locked(), self.path.open("ab") as handle:
+            if handle.tell() > 0:
+                with self.path.open("rb") as tail:
+                    tail.seek(-1, os.SEEK_END)
+                    line = line if tail.read(1) == b"\n" else b"\n" + line
+            handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
 
-    def read(self) -> list[dict[str, Any]]:
-        """The pending operations in order; a torn last line (crash while writing) is skipped."""
+    def lines(self) -> list[SpoolLine]:
+        """Every non-blank line in order, corrupt ones included (their `op` is None)."""
         if not self.path.is_file():
             return []
-        ops = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                ops.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("%s:%d is not valid JSON (interrupted write?); skipped", self.path, number)
-        return ops
+        data = self.path.read_bytes().split(b"\n")
+        return [_parse_line(number, raw) for number, raw in enumerate(data, 1) if raw.strip()]
 
-    def replace(self, ops: list[dict[str, Any]]) -> None:
-        """Atomically rewrite the file with `ops`; an empty list removes it."""
-        if not ops:
+    def read(self) -> list[dict[str, Any]]:
+        """The operations in order; corrupt lines are left out here but stay in the file (see `lines`)."""
+        return [line.op for line in self.lines() if line.op is not None]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every non-blank line as JSON (for the dead-letter file, whose entries are not operations)."""
+        if not self.path.is_file():
+            return []
+        text = self.path.read_text(encoding="utf-8", errors="backslashreplace")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def first(self) -> SpoolLine | None:
+        """The first non-blank line (parsed or corrupt), or None when the spool is empty."""
+        with self.locked():
+            lines = self.lines()
+        return lines[0] if lines else None
+
+    def drop_first(self, expected: SpoolLine) -> None:
+        """Remove the first line, which must still be `expected` (lines appended meanwhile are kept)."""
+        with self.locked():
+            lines = self.lines()
+            if not lines or lines[0].raw != expected.raw:
+                raise RuntimeError(f"{self.path} changed under a replay: its first line is no longer line "
+                                   f"{expected.number}; nothing was removed")
+            self._rewrite(line.raw for line in lines[1:])
+
+    def quarantine(self, dead_letters: Spool) -> int:
+        """Move every corrupt line to `dead_letters` (raw text, file, line number, reason); return how many.
+
+        The dead letters are written (fsynced) before the lines leave this file: a crash in between
+        leaves a line in both files, never in neither.
+        """
+        with self.locked():
+            lines = self.lines()
+            corrupt = [line for line in lines if line.op is None]
+            for line in corrupt:
+                dead_letters.append(corrupt_line_record(self.path, line))
+            if corrupt:
+                self._rewrite(line.raw for line in lines if line.op is not None)
+        for line in corrupt:
+            logger.error("%s:%d is %s; moved to %s", self.path, line.number, line.reason, dead_letters.path)
+        return len(corrupt)
+
+    def _rewrite(self, raws: Iterable[bytes]) -> None:
+        """Atomically replace the file's content (caller holds the lock); no lines removes the file."""
+        data = b"".join(raw + b"\n" for raw in raws)
+        if not data:
             self.path.unlink(missing_ok=True)
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(op, default=str) + "\n" for op in ops), encoding="utf-8")
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, self.path)
 
     def __len__(self) -> int:
-        return len(self.read())
+        """How many lines wait here, corrupt ones included."""
+        return len(self.lines())
+
+
+def corrupt_line_record(path: Path, line: SpoolLine) -> dict[str, Any]:
+    """The dead-letter entry of a corrupt spool line: enough to inspect and repair it by hand."""
+    return {"raw": line.raw.decode("utf-8", errors="backslashreplace"), "file": str(path), "line": line.number,
+            "reason": line.reason, "dead_lettered_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def read_run_record(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -151,11 +246,12 @@ def write_run_record(state_dir: str | os.PathLike[str], record: Mapping[str, Any
     os.replace(tmp, path)
 
 
-def find_state_dirs(root: str | os.PathLike[str]) -> list[Path]:
-    """`root` itself if it holds a pending file, plus every directory below it that does (sorted)."""
+def find_state_dirs(root: str | os.PathLike[str], names: Iterable[str] = (PENDING_FILE,)) -> list[Path]:
+    """`root` itself if it holds one of the files `names`, plus every directory below it that does (sorted)."""
     root = Path(root)
-    found = {p.parent for p in root.rglob(PENDING_FILE)} if root.is_dir() else set()
-    return sorted(found)
+    if not root.is_dir():
+        return []
+    return sorted({path.parent for name in names for path in root.rglob(name)})
 
 
 def param_strings(params: Mapping[str, Any]) -> dict[str, str]:

@@ -13,12 +13,15 @@ replays the spool itself once the server answers again (probing at most every ``
 
     python -m pipelines.tracking sync --root OUTPUTS_DIR [--tracking-uri URI]
 
-replays whatever is left. Replays are idempotent: applied operations leave the spool, metric points
+replays whatever is left and prints, per trial folder, what was synced, dead-lettered (moved with the
+reason to ``mlflow_failed.jsonl``: operations the server refused, corrupt or torn spool lines) and is
+still pending; it exits 1 unless everything reached the server, 2 when ``--root`` is not a folder.
+Replays are idempotent: an operation leaves the spool only once applied or dead-lettered, metric points
 keep their original timestamps, registration first looks for the run's version.
 
-Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply, replay
-and sync of spooled operations), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its
-registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
+Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay
+of spooled operations), `sync` (`sync_pending` and its summary), `tracker` (`TrialTracker`), `pyfunc`
+(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
 The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
 """
 
@@ -26,12 +29,12 @@ from __future__ import annotations
 
 from pipelines.tracking.cli import main
 from pipelines.tracking.client import CAPSULE_MODEL, TRIAL_KEY_TAG, TrackingError, is_transient
-from pipelines.tracking.operations import sync_pending
 from pipelines.tracking.pyfunc import CapsulePyfunc
 from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
+from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
 from pipelines.tracking.tracker import TrialTracker
 from pipelines.tracking_spool import RetryPolicy, TrackingUnavailable
 
-__all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "Registry", "RetryPolicy", "TrackingError",
-           "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs", "is_transient", "main",
-           "sync_pending"]
+__all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
+           "SyncSummary", "TrackingError", "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs",
+           "is_transient", "main", "sync_pending"]

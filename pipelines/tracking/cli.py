@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
+import os
 
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
-from pipelines.tracking.operations import sync_pending
-from pipelines.tracking_spool import PENDING_FILE, RetryPolicy, Spool, TrackingUnavailable, find_state_dirs
+from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
+from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RetryPolicy
 
 DESCRIPTION = "MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry."
+EXIT_INCOMPLETE = 1
+"""Exit status when some operation is still pending or dead-lettered."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,17 +28,42 @@ def main(argv: list[str] | None = None) -> int:
     add_debug_flag(sync)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _sync(args), args.debug, expected=(TrackingError,))
+    return run_cli(lambda: sync_command(args.root, args.tracking_uri, args.retry_s), args.debug,
+                   expected=(TrackingError,))
 
 
-def _sync(args: argparse.Namespace) -> int:
-    if args.tracking_uri:  # checked before anything is replayed (otherwise each trial's recorded URI is used)
-        check_mlflow_server(args.tracking_uri, "MLflow tracking server (--tracking-uri)")
-    try:
-        count = sync_pending(args.root, args.tracking_uri, RetryPolicy(budget_s=args.retry_s))
-    except TrackingUnavailable as err:  # nothing lost: the operations stay pending for the next sync
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    left = sum(len(Spool(d / PENDING_FILE)) for d in find_state_dirs(args.root))
-    print(f"Synced {count} operation(s) under {args.root}; {left} still pending.")
-    return 0 if left == 0 else 1
+def sync_command(root: str, tracking_uri: str | None, retry_s: float) -> int:
+    """Run the sync, print its summary; 0 when everything reached the server, 1 when not.
+
+    A bad root or a `--tracking-uri` that is down or not MLflow raises (the entry point prints it, exit 2).
+    """
+    if tracking_uri:  # checked before anything is replayed (otherwise each trial's recorded URI is used)
+        check_mlflow_server(tracking_uri, "MLflow tracking server (--tracking-uri)")
+    summary = sync_pending(root, tracking_uri, RetryPolicy(budget_s=retry_s))
+    print(summary_text(summary))
+    return 0 if summary.complete else EXIT_INCOMPLETE
+
+
+def summary_text(summary: SyncSummary) -> str:
+    """Totals, one line per folder with anything left or any error, and what to do about what is left."""
+    if not summary.folders:
+        return f"Nothing to sync under {summary.root}: no {PENDING_FILE} or {FAILED_FILE} there."
+    lines = [f"Synced {summary.synced} operation(s) under {summary.root}; dead-lettered {summary.dead_lettered}; "
+             f"{summary.pending} still pending."]
+    lines += [_folder_line(summary, folder) for folder in summary.folders
+              if folder.pending or folder.dead_letters or folder.error]
+    if summary.pending:
+        lines.append(f"Pending operations stay in each folder's {PENDING_FILE}: run this command again once "
+                     "the server answers (or fix the error shown).")
+    if summary.dead_letters:
+        lines.append(f"{summary.dead_letters} dead-lettered operation(s) or line(s) are kept, with the reason, "
+                     f"in {FAILED_FILE}: they are never replayed automatically. Fix the cause, move the "
+                     f"operations back into {PENDING_FILE} (or log them by hand), then delete the entries.")
+    return "\n".join(lines)
+
+
+def _folder_line(summary: SyncSummary, folder: FolderSync) -> str:
+    name = os.path.relpath(folder.state_dir, summary.root)
+    text = (f"  {name}: {folder.synced} synced, {folder.dead_lettered} dead-lettered now "
+            f"({folder.dead_letters} in {FAILED_FILE}), {folder.pending} still pending")
+    return text + (f" ({folder.error})" if folder.error else "")

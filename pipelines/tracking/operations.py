@@ -1,5 +1,5 @@
-"""Spooled MLflow operations: apply one (start, resume, params, metrics, finish, end), replay a trial's
-spool in order, and `sync_pending` for every state dir under a folder."""
+"""Spooled MLflow operations: apply one (start, resume, params, metrics, finish, end) and replay a trial's
+spool in order (`pipelines.tracking.sync` replays every state dir under a folder)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from pipelines.tracking.client import (
     TRIAL_KEY_TAG,
     TrackingError,
     _client,
-    _dir_lock,
-    _own_http_retries,
     is_transient,
 )
 from pipelines.tracking.pyfunc import _register
@@ -26,12 +24,9 @@ from pipelines.tracking_spool import (
     FAILED_FILE,
     PARAMS_PER_BATCH,
     PENDING_FILE,
-    RetryPolicy,
     Spool,
-    call_with_retry,
     chunks,
     final_metrics,
-    find_state_dirs,
     read_run_record,
     write_run_record,
 )
@@ -148,18 +143,22 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
 
 @dataclass
 class _Replayer:
-    """Replays a trial's spool in order; applied operations leave the file one by one."""
+    """Replays a trial's spool in order; each operation leaves the file once applied or dead-lettered."""
 
     state_dir: Path
     tracking_uri: str | None = None
-    applied: int = 0
+    synced: int = 0
+    """Operations applied to the server."""
+    dead_lettered: int = 0
+    """Operations the server refused and corrupt lines, moved to the dead-letter file."""
     _clients: dict[str, MlflowClient] = field(default_factory=dict)
 
     def uri_for(self, op: dict) -> str:
         """The override URI, else the one recorded with the op, else MLFLOW_TRACKING_URI."""
         uri = self.tracking_uri or op.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            raise TrackingError("No tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
+            raise TrackingError(f"No tracking URI for the operations spooled in {self.state_dir}: pass "
+                                "--tracking-uri or set MLFLOW_TRACKING_URI.")
         return uri
 
     def apply(self, op: dict) -> Any:
@@ -169,43 +168,36 @@ class _Replayer:
         return _apply(client, uri, self.state_dir, op)
 
     def replay(self) -> int:
-        """Apply every pending op; transient errors propagate (the rest stays pending)."""
-        spool = Spool(self.state_dir / PENDING_FILE)
-        ops = spool.read()
-        while ops:
+        """Apply every pending op; how many were synced so far.
+
+        Transient errors, refused credentials and a missing URI propagate (the rest stays pending);
+        an operation the server refuses for any other reason, and a corrupt line, is dead-lettered.
+        """
+        spool, dead_letters = Spool(self.state_dir / PENDING_FILE), Spool(self.state_dir / FAILED_FILE)
+        self.dead_lettered += spool.quarantine(dead_letters)
+        while (line := spool.first()) is not None:
+            if line.op is None:
+                self.dead_lettered += spool.quarantine(dead_letters)  # torn by a writer during this replay
+                continue
+            self.uri_for(line.op)
             try:
-                self.apply(ops[0])
+                self.apply(line.op)
+                self.synced += 1
             except Exception as exc:
-                if is_transient(exc):
+                if is_transient(exc) or _access_refused(exc):
                     raise
-                _dead_letter(self.state_dir, ops[0], exc)
-            ops = ops[1:]
-            spool.replace(ops)
-            self.applied += 1
-        return self.applied
+                _dead_letter(self.state_dir, line.op, exc)
+                self.dead_lettered += 1
+            spool.drop_first(line)
+        return self.synced
+
+
+def _access_refused(exc: BaseException) -> bool:
+    """401/403: the credentials are wrong for the whole server, not this operation; keep it pending."""
+    return isinstance(exc, RestException) and exc.get_http_status_code() in (401, 403)
 
 
 def _dead_letter(state_dir: Path, op: dict, exc: BaseException) -> None:
     logger.error("MLflow %s operation of %s failed (%s: %s); kept in %s", op.get("op"), state_dir,
                  type(exc).__name__, exc, state_dir / FAILED_FILE, exc_info=exc)
     Spool(state_dir / FAILED_FILE).append({**op, "error": f"{type(exc).__name__}: {exc}"})
-
-
-def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
-                 retry: RetryPolicy | None = None) -> int:
-    """Replay the pending operations of `root` (a state dir, or any folder above state dirs).
-
-    Returns how many operations were applied. Raises `TrackingUnavailable` (after the retry budget)
-    when the server does not answer; what was applied before stays applied.
-    """
-    _own_http_retries()
-    total = 0
-    for state_dir in find_state_dirs(root):
-        replayer = _Replayer(state_dir, tracking_uri)
-        with _dir_lock(state_dir):
-            try:
-                call_with_retry(replayer.replay, is_transient, retry or RetryPolicy(), f"sync {state_dir}")
-            finally:
-                total += replayer.applied
-        logger.info("Synced %d operation(s) from %s", replayer.applied, state_dir)
-    return total

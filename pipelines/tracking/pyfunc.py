@@ -1,6 +1,6 @@
 """The capsule pyfunc of the Model Registry: `CapsulePyfunc`, its signature, requirements and registration.
 
-`CapsulePyfunc` is pickled by reference; it stays importable as `pipelines.tracking.CapsulePyfunc`.
+Each version is logged as models from code (`pipelines/tracking/capsule_model.py`), never as a pickle.
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from packaging.version import InvalidVersion, Version
 
+import capt
+import pipelines
 from pipelines.tracking.client import CAPSULE_MODEL, _fluent_uri
 from pipelines.tracking_spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 
 _REQUIREMENTS = ("mlflow", "torch", "transformers", "safetensors", "tokenizers", "numpy", "pandas", "pydantic")
+PROJECT_DISTRIBUTION = "capt"
+"""The distribution that ships the `capt` and `pipelines` packages (pyproject.toml)."""
+MODEL_CODE = Path(__file__).with_name("capsule_model.py")
+"""The models-from-code file of every registered version."""
 
 
 class CapsulePyfunc(mlflow.pyfunc.PythonModel):
@@ -33,8 +40,9 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
 
     Artifacts: ``capsule`` (the job's artifact directory) and ``result`` (its result.json, which names
     the base model, method options and evaluation mode). Loading rebuilds the base model by name
-    (built-in tiny models offline, hub ids from the Hugging Face cache or hub) and needs this project
-    installed; see `pipelines.registry_model`.
+    (built-in tiny models offline, hub ids from the Hugging Face cache or hub) with the version's own
+    copy of this project's code (see `_code_paths`); see `pipelines.registry_model`. MLflow builds it
+    from `capsule_model.py` (models from code), never from a pickle.
     """
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
@@ -49,13 +57,42 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
         return self._predictor.predict_frame(model_input)
 
 
+def _public_version(version: str) -> str:
+    """`version` without its local tag (torch's CPU wheel reports ``2.13.0+cpu``, which no index serves)."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0]
+
+
 def _requirements() -> list[str]:
-    """Pinned pip requirements of the pyfunc (explicit: inferring them would load the model again)."""
+    """Pinned pip requirements of the pyfunc (explicit: inferring them would load the model again).
+
+    Versions are public ones (no ``+cpu``) so that a fresh environment can install them; the project
+    itself is named with its version (``capt==X``) so a version says which release it needs.
+    """
     pins = []
-    for name in _REQUIREMENTS:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            pins.append(f"{name}=={metadata.version(name)}")
+    for name in (*_REQUIREMENTS, PROJECT_DISTRIBUTION):
+        try:
+            pins.append(f"{name}=={_public_version(metadata.version(name))}")
+        except metadata.PackageNotFoundError:
+            logger.warning("%s is not installed: the registered pyfunc's requirements leave it out", name)
     return pins
+
+
+def _code_paths() -> list[str]:
+    """The `capt` and `pipelines` packages, copied into every version (``code/``) and loaded from there.
+
+    Why carry them although ``capt==X`` is a requirement: a capsule artifact and the code that reads
+    it (`pipelines.registry_model`, `pipelines.methods`, `capt`) change together. MLflow puts a
+    version's ``code/`` first on ``sys.path`` before it runs the model file, so a load in a fresh
+    process uses exactly the code that trained and wrote this capsule, whatever checkout the caller
+    stands in (a cwd checkout at another commit would otherwise win) and even where the project is
+    not installed; only the third-party requirements must be there. The cost is a few hundred KB of
+    source per version. A process that already imported `capt`/`pipelines` (promote, tests) keeps
+    its own modules: MLflow only prepends to ``sys.path``, it does not re-import.
+    """
+    return [str(Path(package.__file__).parent) for package in (capt, pipelines)]
 
 
 def _signature(task: str, label_names: tuple[str, ...]) -> tuple[Any, pd.DataFrame]:
@@ -90,9 +127,9 @@ def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, 
         result_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
-                name=CAPSULE_MODEL, python_model=CapsulePyfunc(), signature=signature, input_example=example,
+                name=CAPSULE_MODEL, python_model=str(MODEL_CODE), signature=signature, input_example=example,
                 artifacts={"capsule": str(artifact_dir), "result": str(result_path)},
-                pip_requirements=_requirements())
+                pip_requirements=_requirements(), code_paths=_code_paths())
         version = mlflow.register_model(info.model_uri, name, tags=tags)
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):

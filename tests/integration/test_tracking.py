@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +16,17 @@ import pytest
 from helpers.jobs import tiny_job
 from mlflow import MlflowClient
 
+from capt.tasks import generate_rows
 from pipelines.config import flatten
-from pipelines.services import LocalMlflowServer
+from pipelines.registry_model import CapsulePredictor
+from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
-from pipelines.tracking_spool import PENDING_FILE, RUN_FILE, Spool
+from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
 from pipelines.train import run
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "test-tracking"
 MODEL_NAME = "capt-tiny-t5-cb"  # CB here, RTE in test_promote_report: the two files share one server
 TAGS = {"task": "cb", "model": "tiny-t5", "method": "capt", "sweep": "test"}
@@ -161,7 +168,7 @@ def test_an_outage_spools_and_sync_uploads_once(
         "finish",
     ]
     assert [op["op"] for op in Spool(tmp_path / "s2" / PENDING_FILE).read()][0] == "start"
-    assert sync_pending(tmp_path) == 9
+    assert sync_pending(tmp_path).synced == 9
     assert not (tmp_path / "s1" / PENDING_FILE).exists() and not (tmp_path / "s2" / PENDING_FILE).exists()
     client = MlflowClient(mlflow_server.uri)
     late_run = json.loads((tmp_path / "s2" / RUN_FILE).read_text())["run_id"]
@@ -170,10 +177,104 @@ def test_an_outage_spools_and_sync_uploads_once(
         assert len(client.get_metric_history(run_id, "validation_score")) == 2
         assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
     assert main(["sync", "--root", str(tmp_path), "--tracking-uri", mlflow_server.uri]) == 0
-    assert "Synced 0 operation(s)" in capsys.readouterr().out
-    assert sync_pending(tmp_path) == 0
+    assert f"Nothing to sync under {tmp_path}" in capsys.readouterr().out
+    assert sync_pending(tmp_path).synced == 0
     assert len(client.get_metric_history(late_run, "validation_score")) == 2
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert (
         len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s2'")) == 1
     )
+
+
+def _sync_cli(root: Path, uri: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(root), "--tracking-uri", uri]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operation(
+    mlflow_server: LocalMlflowServer, tmp_path: Path
+) -> None:
+    closed, trial = f"http://127.0.0.1:{free_port()}", tmp_path / "jobs" / "s7"
+    offline = _tracker(closed, trial, 7, retry=RetryPolicy(budget_s=0.2, first_delay_s=0.1), reconnect_s=3600,
+                       system_metrics=False)
+    assert offline.start() is None
+    offline.log_params({"optim": {"lr": 0.3}})
+    for step, score in ((3, 50.0), (6, 62.5)):
+        offline.log_metrics({"validation_score": score}, step=step)
+    (tmp_path / "artifact").mkdir()
+    (tmp_path / "artifact" / "capsule.json").write_text("{}")
+    offline.finish({"metrics": {"test_score": 55.0}, "steps": 6}, tmp_path / "artifact", register=False)
+    lines = (trial / PENDING_FILE).read_text().splitlines(keepends=True)
+    lines.insert(2, "<<<merge conflict>>>\n")  # line 3: a hand edit gone wrong
+    lines.append('{"op": "metrics", "metr')  # line 7: torn by a crash mid-append
+    (trial / PENDING_FILE).write_text("".join(lines))
+    assert len(Spool(trial / PENDING_FILE)) == 7
+
+    synced = _sync_cli(tmp_path, mlflow_server.uri)
+    assert synced.returncode == 1, synced.stderr[-3000:]  # the dead letters did not reach the server
+    assert "Synced 5 operation(s)" in synced.stdout and "dead-lettered 2; 0 still pending" in synced.stdout
+    assert "jobs/s7: 5 synced, 2 dead-lettered now (2 in mlflow_failed.jsonl), 0 still pending" in synced.stdout
+    assert not (trial / PENDING_FILE).exists()
+    records = Spool(trial / FAILED_FILE).records()
+    assert [(r["line"], r["raw"]) for r in records] == [(3, "<<<merge conflict>>>"), (7, '{"op": "metrics", "metr')]
+    assert all(r["file"] == str(trial / PENDING_FILE) and r["reason"] for r in records)
+
+    client = MlflowClient(mlflow_server.uri)
+    run_id = json.loads((trial / RUN_FILE).read_text())["run_id"]
+    run_data = client.get_run(run_id)
+    assert run_data.info.status == "FINISHED" and run_data.data.params["optim.lr"] == "0.3"
+    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [3, 6]
+    assert run_data.data.metrics["test_score"] == 55.0
+    again = _sync_cli(tmp_path, mlflow_server.uri)
+    assert again.returncode == 1 and "Synced 0 operation(s)" in again.stdout
+    assert len(Spool(trial / FAILED_FILE).records()) == 2, "dead letters are kept until a person handles them"
+
+
+LOAD_IN_A_FRESH_PROCESS = """
+import json, sys
+import mlflow, pandas as pd
+predicted = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.DataFrame(json.loads(sys.argv[2])))
+import capt, pipelines.registry_model
+print(json.dumps({"labels": list(predicted), "capt": capt.__file__,
+                  "registry_model": pipelines.registry_model.__file__}))
+"""
+
+
+def _artifact_files(client: MlflowClient, model_id: str, path: str | None = None) -> list[str]:
+    files = []
+    for info in client.list_logged_model_artifacts(model_id, path):
+        files += _artifact_files(client, model_id, info.path) if info.is_dir else [info.path]
+    return files
+
+
+def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
+) -> None:
+    client = MlflowClient(mlflow_server.uri)
+    version = client.get_model_version(MODEL_NAME, tracked["version"])
+    assert version.source.startswith("models:/m-"), version.source  # a logged model (MLflow 3)
+    model_id = version.model_id or version.source.removeprefix("models:/")
+    files = _artifact_files(client, model_id)
+    assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/registry_model.py" in files
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
+    uri = f"models:/{MODEL_NAME}/{tracked['version']}"
+    location = client.get_logged_model(model_id).artifact_location
+    requirements = Path(mlflow.artifacts.download_artifacts(f"{location}/requirements.txt", dst_path=str(tmp_path),
+                                                            tracking_uri=mlflow_server.uri))
+    requirements = requirements.read_text().split()
+    assert not [line for line in requirements if "+" in line], requirements
+    assert f"capt=={metadata.version('capt')}" in requirements and any(r.startswith("torch==") for r in requirements)
+
+    rows = [{k: v for k, v in row.items() if k not in ("generated", "idx", "label")}
+            for row in generate_rows("cb", "val", 6, seed=3)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing points at this checkout
+    env |= {"MLFLOW_TRACKING_URI": mlflow_server.uri, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+    loaded = subprocess.run([sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, uri, json.dumps(rows)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-4000:]
+    answer = json.loads(loaded.stdout.strip().splitlines()[-1])
+    local = CapsulePredictor(tracked["result"]["artifact_dir"], tracked["result"]).predict_rows(rows)
+    assert answer["labels"] == local and len(local) == 6
+    for module in ("capt", "registry_model"):  # the version's own copy of the code, not a checkout's
+        assert "/code/" in answer[module] and not answer[module].startswith((str(ROOT), "/work/main")), answer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking_spool import (
+    FAILED_FILE,
     PARAM_VALUE_LIMIT,
     PENDING_FILE,
     RetryPolicy,
@@ -74,18 +76,49 @@ def test_transient_errors_are_connection_problems_and_5xx_only() -> None:
     assert not is_transient(ValueError("x"))
 
 
-def test_spool_appends_reads_in_order_skips_a_torn_line_and_removes_when_empty(tmp_path: Path) -> None:
+def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_path: Path) -> None:
     spool = Spool(tmp_path / PENDING_FILE)
     spool.append({"op": "params", "params": {"a": "1"}})
     spool.append({"op": "metrics", "metrics": {"loss": 1.0}, "step": 1})
-    with spool.path.open("a") as handle:
-        handle.write('{"op": "fin')  # a crash mid-write
     assert [op["op"] for op in spool.read()] == ["params", "metrics"]
-    spool.replace(spool.read()[1:])
-    assert len(spool) == 1
-    assert find_state_dirs(tmp_path) == [tmp_path]
-    spool.replace([])
-    assert not spool.path.exists() and find_state_dirs(tmp_path) == []
+    first = spool.first()
+    assert first is not None and first.op == {"op": "params", "params": {"a": "1"}}
+    spool.drop_first(first)
+    with pytest.raises(RuntimeError, match="nothing was removed"):
+        spool.drop_first(first)  # the first line is another one now
+    assert len(spool) == 1 and find_state_dirs(tmp_path) == [tmp_path]
+    spool.drop_first(spool.first())
+    assert not spool.path.exists() and find_state_dirs(tmp_path) == [] and spool.first() is None
+
+
+def test_a_torn_last_line_is_kept_and_the_next_append_is_not_swallowed(tmp_path: Path) -> None:
+    spool, dead = Spool(tmp_path / PENDING_FILE), Spool(tmp_path / FAILED_FILE)
+    spool.append({"op": "params", "params": {"a": "1"}})
+    with spool.path.open("a") as handle:
+        handle.write('{"op": "fin')  # a crash mid-append
+    spool.append({"op": "end", "status": "FAILED", "timestamp": 1})
+    assert [op["op"] for op in spool.read()] == ["params", "end"]
+    assert [(line.number, line.raw, line.op is None) for line in spool.lines()] == [
+        (1, b'{"op": "params", "params": {"a": "1"}}', False), (2, b'{"op": "fin', True),
+        (3, b'{"op": "end", "status": "FAILED", "timestamp": 1}', False)]
+    assert len(spool) == 3  # the torn line still waits: nothing is skipped silently
+    assert spool.quarantine(dead) == 1
+    [record] = dead.records()
+    assert record["raw"] == '{"op": "fin' and record["line"] == 2 and record["file"] == str(spool.path)
+    assert "not valid JSON" in record["reason"] and "torn" in record["reason"]
+    assert [op["op"] for op in spool.read()] == ["params", "end"] and len(spool) == 2
+
+
+def test_every_kind_of_corrupt_line_is_dead_lettered_with_its_reason(tmp_path: Path) -> None:
+    spool, dead = Spool(tmp_path / PENDING_FILE), Spool(tmp_path / FAILED_FILE)
+    spool.path.write_bytes(b'{"op": "params", "params": {}}\n\xff\xfe{"op": "end"}\n[1, 2]\n\n'
+                           b'{"op": "teleport"}\n{"op": "metrics", "metrics": {}, "step": 1, "timestamp": 1}\n')
+    assert spool.quarantine(dead) == 3
+    reasons = {record["line"]: (record["raw"], record["reason"]) for record in dead.records()}
+    assert reasons[2][0] == '\\xff\\xfe{"op": "end"}' and "not UTF-8" in reasons[2][1]
+    assert reasons[3][0] == "[1, 2]" and "not a tracking operation" in reasons[3][1]
+    assert reasons[5][0] == '{"op": "teleport"}' and "not a tracking operation" in reasons[5][1]
+    assert [op["op"] for op in spool.read()] == ["params", "metrics"] and len(spool) == 2
 
 
 def test_params_are_flat_strings_within_the_limit_and_metrics_numeric() -> None:
@@ -114,11 +147,50 @@ def test_an_unreachable_server_never_fails_the_trial_and_spools_everything(
     ops = Spool(tmp_path / PENDING_FILE).read()
     assert [op["op"] for op in ops] == ["start", "params", "metrics", "finish"]
     assert ops[2]["metrics"] == {"loss": 1.0} and all(op["tracking_uri"] == closed for op in ops)
-    with pytest.raises(TrackingUnavailable):
-        sync_pending(tmp_path, retry=RetryPolicy(budget_s=0.0))
+    summary = sync_pending(tmp_path, retry=RetryPolicy(budget_s=0.0))
+    assert (summary.synced, summary.pending) == (0, 4) and "no answer after" in summary.folders[0].error
     assert len(Spool(tmp_path / PENDING_FILE)) == 4  # nothing lost
     assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1
-    assert closed in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "Synced 0 operation(s)" in out and "4 still pending" in out and closed in out
+
+
+def _spool_of_two_trials(root: Path, uri: str) -> None:
+    """Two trial folders spooled against `uri`, the first with a corrupt line and a torn last line."""
+    for name in ("a", "b"):
+        spool = Spool(root / name / PENDING_FILE)
+        spool.append({"op": "start", "experiment": "e", "run_name": name, "tags": {}, "trial_key": name,
+                      "timestamp": 1, "tracking_uri": uri})
+        spool.append({"op": "params", "params": {"x": "1"}, "tracking_uri": uri})
+    with (root / "a" / PENDING_FILE).open("a") as handle:
+        handle.write('not json\n{"op": "metr')
+
+
+def test_sync_with_the_server_down_dead_letters_corrupt_lines_and_keeps_the_rest_pending(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    _spool_of_two_trials(tmp_path, closed)
+    summary = sync_pending(tmp_path, retry=RetryPolicy(budget_s=0.0))
+    counts = {f.state_dir.name: (f.synced, f.dead_lettered, f.pending, f.dead_letters) for f in summary.folders}
+    assert counts == {"a": (0, 2, 2, 2), "b": (0, 0, 2, 0)}
+    assert (summary.synced, summary.dead_lettered, summary.pending, summary.complete) == (0, 2, 4, False)
+    assert closed in summary.folders[0].error and summary.folders[1].error == summary.folders[0].error
+    raws = [record["raw"] for record in Spool(tmp_path / "a" / FAILED_FILE).records()]
+    assert raws == ["not json", '{"op": "metr']
+    assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1  # still pending, dead letters kept
+    out = capsys.readouterr().out
+    assert "Synced 0 operation(s)" in out and "dead-lettered 0; 4 still pending" in out
+    assert "  a: 0 synced, 0 dead-lettered now (2 in mlflow_failed.jsonl), 2 still pending" in out
+
+
+def test_sync_of_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-folder"
+    assert main(["sync", "--root", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --root") and str(missing) in err and "does not exist" in err
+    assert err.count("\n") == 1, "one paragraph"
+    assert main(["sync", "--root", str(tmp_path)]) == 0
+    assert "Nothing to sync under" in capsys.readouterr().out
 
 
 def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None) -> VersionInfo:
@@ -162,3 +234,12 @@ def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
     assert format_cell(float("nan"), float("nan")) == "-"
     assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)
+
+
+def test_pyfunc_requirements_are_public_versions_and_name_the_project() -> None:
+    from pipelines.tracking.pyfunc import _public_version, _requirements
+
+    assert _public_version("2.13.0+cpu") == "2.13.0" and _public_version("1.0.0") == "1.0.0"
+    pins = _requirements()
+    assert not [pin for pin in pins if "+" in pin], pins
+    assert f"capt=={metadata.version('capt')}" in pins and any(pin.startswith("torch==") for pin in pins)
