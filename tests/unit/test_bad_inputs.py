@@ -10,7 +10,7 @@ Part 2 (promote, report, tracking, --debug) and part 3 (`capt.load_capsule`) are
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,9 @@ from helpers.bad_inputs import (
     Places,
     check_case,
     earlier_outputs,
-    plain_http_server,
     rte_rows,
     write_rte,
 )
-
-from pipelines.services import LOCALHOST, free_port
 
 SMOKE_JOB = str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml")
 NOT_UTF8 = b"\xff\xfe"
@@ -140,19 +137,6 @@ CASES = [
     Case("sweep-not-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.http_uri}"],
          "is not an MLflow server"),
 ]
-
-
-@pytest.fixture(scope="module")
-def closed_uri() -> str:
-    """An http URI on 127.0.0.1 where nothing listens."""
-    return f"http://{LOCALHOST}:{free_port(LOCALHOST)}"
-
-
-@pytest.fixture(scope="module")
-def http_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A plain http.server on 127.0.0.1: it answers HTTP but is not MLflow."""
-    for server in plain_http_server(tmp_path_factory.mktemp("www")):
-        yield server.uri
 
 
 @pytest.fixture(scope="module")

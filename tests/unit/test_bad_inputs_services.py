@@ -8,7 +8,6 @@ server: tests/integration/test_bad_inputs_mlflow.py.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,8 @@ from helpers.bad_inputs import (
     earlier_outputs,
     error_paragraph,
     folder_digest,
-    plain_http_server,
     run_entry,
 )
-
-from pipelines.services import LOCALHOST, free_port
 
 PROMOTE = ["--model", "tiny-t5", "--task", "rte"]
 
@@ -76,19 +72,6 @@ DEBUG_CASES = [
     Case("tracking-debug", "tracking",
          lambda p: ["sync", "--root", str(p.outputs), "--tracking-uri", p.closed_uri, "--debug"], "Cannot reach"),
 ]
-
-
-@pytest.fixture(scope="module")
-def closed_uri() -> str:
-    """An http URI on 127.0.0.1 where nothing listens."""
-    return f"http://{LOCALHOST}:{free_port(LOCALHOST)}"
-
-
-@pytest.fixture(scope="module")
-def http_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A plain http.server on 127.0.0.1: it answers HTTP but is not MLflow."""
-    for server in plain_http_server(tmp_path_factory.mktemp("www")):
-        yield server.uri
 
 
 @pytest.fixture(scope="module")
