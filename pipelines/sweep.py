@@ -21,13 +21,12 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import JobConfigError, model_slug  # noqa: E402
+from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
 TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a non-zero request
-_PASSED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAPT_DATA_DIR", "MLFLOW_TRACKING_USERNAME",
-               "MLFLOW_TRACKING_PASSWORD", "OMP_NUM_THREADS")
 
 
 def param_space(sweep: SweepConfig) -> dict:
@@ -102,47 +101,6 @@ def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
         return
     with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
         yield server.uri
-
-
-@contextlib.contextmanager
-def ray_cluster(num_cpus: int | None) -> Iterator[None]:
-    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1."""
-    import ray
-
-    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    address = os.environ.get("RAY_ADDRESS")
-    try:
-        if address:
-            ray.init(address=address, runtime_env={"env_vars": env})
-        else:
-            options = _local_ray_options(env)
-            ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, **options)
-            logger.info("Local Ray dashboard (token auth; `ray get-auth-token` prints the token): "
-                        "http://127.0.0.1:%d", options["dashboard_port"])
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
-        raise SystemExit(f"error: cannot start or reach {where} ({err}). Check `ray status`, start a head with "
-                         "`ray start --head`, or unset RAY_ADDRESS to run on a local Ray.") from err
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def _local_ray_options(env: dict[str, str]) -> dict:
-    """ray.init options of the local Ray: its dashboard on 127.0.0.1 only (token-authenticated), and every
-    worker's state API pointed at it.
-
-    Ray Train's controller asks the state API (served by the dashboard) whether it is alive, and the state
-    API finds its cluster from RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, else the last `ray start` on the
-    machine. Without a dashboard, or with a stale `/tmp/ray/ray_current_cluster`, each call waits for its
-    timeout and every trial's teardown stalls about 12 s.
-    """
-    from pipelines.services import LOCALHOST, free_port
-
-    port = free_port(LOCALHOST)
-    return {"include_dashboard": True, "dashboard_host": LOCALHOST, "dashboard_port": port,
-            "runtime_env": {"env_vars": {**env, "RAY_API_SERVER_ADDRESS": f"http://{LOCALHOST}:{port}"}}}
 
 
 def results_table(grid) -> tuple[str, list[dict]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Self
 
 from pipelines.services.base import _Service
+from pipelines.services.private import RAY_LOOPBACK_ENV
 from pipelines.services.probe import (
     _POLL_S,
     LOCALHOST,
@@ -74,8 +75,8 @@ class LocalRayHead(_Service):
     for Ray's usual one), so heads can start side by side. ``python`` in job entrypoints is this venv's.
     :meth:`stop` stops only THIS head: its daemons share the process group of ``ray start`` (run in a
     new session), and its job drivers are found by ``RAY_ADDRESS``; ``ray stop --force`` would kill
-    every Ray on the machine. Ray resolves ``--node-ip-address 127.0.0.1`` to the machine's address
-    and its GCS listens on all interfaces: on a shared network, firewall it.
+    every Ray on the machine. Every port of the head (GCS, raylet, dashboard, agents, workers) listens
+    on 127.0.0.1 only (``RAY_LOOPBACK_ENV``): nothing on another machine can reach it.
 
     ``auth_mode`` is always explicit, because Ray 2.60 silently turns token auth on when
     ``~/.ray/auth_token`` exists (any local ``ray.init()`` creates one) and clients then fail with 401.
@@ -161,7 +162,7 @@ class LocalRayHead(_Service):
             self._make_temp_dir()
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        env |= self.client_env()
+        env |= self.client_env() | RAY_LOOPBACK_ENV
         logger.info("starting Ray head at %s (dashboard %s)", self.address, self.dashboard_url)
         self._launcher = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
