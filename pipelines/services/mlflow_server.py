@@ -37,8 +37,8 @@ class LocalMlflowServer(_Service):
     The port is fixed at construction: ``stop()`` then ``start()`` serves the same URI and data.
 
     ``basic_auth=(admin, password)`` serves MLflow's basic-auth app (password of 12+ characters): users
-    and grants in ``basic_auth.db``, ``default_permission = NONE`` (a user sees only what is granted);
-    clients set ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``.
+    and grants in ``basic_auth.db``, ``default_permission = NO_PERMISSIONS`` (a user sees only what it
+    created or was granted); clients set ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``.
     """
 
     def __init__(
@@ -83,7 +83,7 @@ class LocalMlflowServer(_Service):
             return {}
         config = self.root_dir / "basic_auth.ini"
         config.write_text(
-            f"[mlflow]\ndefault_permission = NONE\ndatabase_uri = sqlite:///{self.root_dir}/basic_auth.db\n"
+            f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{self.root_dir}/basic_auth.db\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         )
         config.chmod(0o600)
