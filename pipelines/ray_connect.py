@@ -39,7 +39,10 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
             if address:
                 import ray
 
-                ray.init(address=address, runtime_env={"env_vars": worker_settings()})
+                settings = worker_settings()
+                ray.init(address=address, runtime_env={"env_vars": settings})
+                logger.info("Ray cluster at %s: workers get %s from this driver and any credentials from their "
+                            "own nodes' environment", address, ", ".join(settings) or "no variable")
             else:
                 stack.enter_context(_local_ray(num_cpus))
         except (ConnectionError, RuntimeError, ValueError) as err:
