@@ -114,8 +114,12 @@ class LocalRayHead(_Service):
         return f"http://{LOCALHOST}:{self.dashboard_port}"
 
     def client_env(self) -> dict[str, str]:
-        """Auth variables for this head's clients (``ray job submit``, ``ray.init``): merge into their env."""
-        env = {"RAY_AUTH_MODE": self.auth_mode}
+        """Variables for this head's clients (``ray job submit``, ``ray.init``): merge into their env.
+
+        Auth, and ``RAY_LOOPBACK_ENV``: without it ``ray.init`` turns the address 127.0.0.1 into the
+        machine's address, where this head does not listen.
+        """
+        env = {"RAY_AUTH_MODE": self.auth_mode, **RAY_LOOPBACK_ENV}
         return env | ({"RAY_AUTH_TOKEN_PATH": str(self.token_path)} if self.token_path is not None else {})
 
     def _write_token(self) -> None:
@@ -162,7 +166,7 @@ class LocalRayHead(_Service):
             self._make_temp_dir()
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        env |= self.client_env() | RAY_LOOPBACK_ENV
+        env |= self.client_env()
         logger.info("starting Ray head at %s (dashboard %s)", self.address, self.dashboard_url)
         self._launcher = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
