@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 
 from pipelines.cli_errors import add_debug_flag, run_cli  # noqa: E402
 from pipelines.config import model_slug  # noqa: E402
+from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
     TRIAL_CPU,
@@ -32,8 +33,6 @@ from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa:
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
-_PASSED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAPT_DATA_DIR", "MLFLOW_TRACKING_USERNAME",
-               "MLFLOW_TRACKING_PASSWORD", "OMP_NUM_THREADS")
 
 
 def param_space(sweep: SweepConfig) -> dict:
@@ -115,51 +114,6 @@ def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
         return
     with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
         yield server.uri
-
-
-@contextlib.contextmanager
-def ray_cluster(num_cpus: int | None) -> Iterator[None]:
-    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1."""
-    from pipelines.services import ServiceError, check_reachable
-
-    fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
-    address = os.environ.get("RAY_ADDRESS")
-    if address:  # ray.init waits minutes for an address where nothing listens
-        check_reachable(address, "Ray cluster (RAY_ADDRESS)", fix)
-    import ray
-
-    env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
-    try:
-        if address:
-            ray.init(address=address, runtime_env={"env_vars": env})
-        else:
-            options = _local_ray_options(env)
-            ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, **options)
-            logger.info("Local Ray dashboard (token auth; `ray get-auth-token` prints the token): "
-                        "http://127.0.0.1:%d", options["dashboard_port"])
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
-        raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def _local_ray_options(env: dict[str, str]) -> dict:
-    """ray.init options of the local Ray: its dashboard on 127.0.0.1 only (token-authenticated), and every
-    worker's state API pointed at it.
-
-    Ray Train's controller asks the state API (served by the dashboard) whether it is alive, and the state
-    API finds its cluster from RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, else the last `ray start` on the
-    machine. Without a dashboard, or with a stale `/tmp/ray/ray_current_cluster`, each call waits for its
-    timeout and every trial's teardown stalls about 12 s.
-    """
-    from pipelines.services import LOCALHOST, free_port
-
-    port = free_port(LOCALHOST)
-    return {"include_dashboard": True, "dashboard_host": LOCALHOST, "dashboard_port": port,
-            "runtime_env": {"env_vars": {**env, "RAY_API_SERVER_ADDRESS": f"http://{LOCALHOST}:{port}"}}}
 
 
 def results_table(grid) -> tuple[str, list[dict]]:

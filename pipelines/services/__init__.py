@@ -6,7 +6,7 @@ that stopping one never touches another MLflow or Ray on the same machine.
 
 Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `base` (what both
 services share), `mlflow_server` (`LocalMlflowServer`), `ray_head` (`LocalRayHead`,
-`ray_cluster_stragglers`).
+`ray_cluster_stragglers`), `private` (owner-only token files and folders, loopback-only listeners).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -34,16 +35,21 @@ class LocalMlflowServer(_Service):
     server's filesystem, which Ray workers in other containers or nodes do not share. Lean mode
     (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``, one worker) starts in seconds in about 0.5 GB.
     The port is fixed at construction: ``stop()`` then ``start()`` serves the same URI and data.
+
+    ``basic_auth=(admin, password)`` serves MLflow's basic-auth app (password of 12+ characters): users
+    and grants in ``basic_auth.db``, ``default_permission = NO_PERMISSIONS`` (a user sees only what it
+    created or was granted); clients set ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``.
     """
 
     def __init__(
         self, root_dir: str | os.PathLike[str], host: str = LOCALHOST, port: int | None = None,
-        startup_timeout: float = 120.0,
+        startup_timeout: float = 120.0, basic_auth: tuple[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.root_dir = Path(root_dir).resolve()
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.startup_timeout = startup_timeout
+        self.basic_auth = basic_auth
         self.db_path = self.root_dir / "mlflow.db"
         self.artifacts_dir = self.root_dir / "artifacts"
         self.log_path = self.root_dir / "mlflow-server.log"
@@ -69,7 +75,21 @@ class LocalMlflowServer(_Service):
             "--backend-store-uri", f"sqlite:///{self.db_path}",
             "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
             "--host", self.host, "--port", str(self.port), "--workers", "1",
-        ]  # fmt: skip
+        ] + (["--app-name", "basic-auth"] if self.basic_auth else [])  # fmt: skip
+
+    def _auth_env(self) -> dict[str, str]:
+        """Environment of the basic-auth app: its config (no access without a grant) and its admin."""
+        if self.basic_auth is None:
+            return {}
+        config = self.root_dir / "basic_auth.ini"
+        config.write_text(
+            f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{self.root_dir}/basic_auth.db\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        config.chmod(0o600)
+        admin, password = self.basic_auth
+        return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32),
+                "MLFLOW_AUTH_ADMIN_USERNAME": admin, "MLFLOW_AUTH_ADMIN_PASSWORD": password}
 
     def start(self, wait: bool = True) -> Self:
         """Launch the server; with ``wait``, block until ``GET /health`` answers 200."""
@@ -82,7 +102,7 @@ class LocalMlflowServer(_Service):
             )
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self._auth_env()}
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
             self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,

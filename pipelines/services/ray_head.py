@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Self
 
 from pipelines.services.base import _Service
+from pipelines.services.private import RAY_LOOPBACK_ENV
 from pipelines.services.probe import (
     _POLL_S,
     LOCALHOST,
@@ -74,8 +75,8 @@ class LocalRayHead(_Service):
     for Ray's usual one), so heads can start side by side. ``python`` in job entrypoints is this venv's.
     :meth:`stop` stops only THIS head: its daemons share the process group of ``ray start`` (run in a
     new session), and its job drivers are found by ``RAY_ADDRESS``; ``ray stop --force`` would kill
-    every Ray on the machine. Ray resolves ``--node-ip-address 127.0.0.1`` to the machine's address
-    and its GCS listens on all interfaces: on a shared network, firewall it.
+    every Ray on the machine. Every port of the head (GCS, raylet, dashboard, agents, workers) listens
+    on 127.0.0.1 only (``RAY_LOOPBACK_ENV``): nothing on another machine can reach it.
 
     ``auth_mode`` is always explicit, because Ray 2.60 silently turns token auth on when
     ``~/.ray/auth_token`` exists (any local ``ray.init()`` creates one) and clients then fail with 401.
@@ -113,8 +114,12 @@ class LocalRayHead(_Service):
         return f"http://{LOCALHOST}:{self.dashboard_port}"
 
     def client_env(self) -> dict[str, str]:
-        """Auth variables for this head's clients (``ray job submit``, ``ray.init``): merge into their env."""
-        env = {"RAY_AUTH_MODE": self.auth_mode}
+        """Variables for this head's clients (``ray job submit``, ``ray.init``): merge into their env.
+
+        Auth, and ``RAY_LOOPBACK_ENV``: without it ``ray.init`` turns the address 127.0.0.1 into the
+        machine's address, where this head does not listen.
+        """
+        env = {"RAY_AUTH_MODE": self.auth_mode, **RAY_LOOPBACK_ENV}
         return env | ({"RAY_AUTH_TOKEN_PATH": str(self.token_path)} if self.token_path is not None else {})
 
     def _write_token(self) -> None:

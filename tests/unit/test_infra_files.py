@@ -77,9 +77,21 @@ def test_rayjob_uses_token_auth_and_mlflow_from_a_secret(rayjob: dict[str, Any])
     cluster = rayjob["spec"]["rayClusterSpec"]
     assert cluster["authOptions"]["mode"] == "token"
     pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
-    for pod in pods:
+    for pod in pods:  # the head runs the job driver, the workers run the trials: both log to MLflow
         env = {e["name"]: e for c in pod["spec"]["containers"] for e in c.get("env", [])}
-        assert "secretKeyRef" in env["MLFLOW_TRACKING_URI"]["valueFrom"]
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            assert "secretKeyRef" in env[name]["valueFrom"] and "value" not in env[name], name
+
+
+def test_no_credential_travels_in_job_metadata() -> None:
+    rayjob = yaml.safe_load((INFRA / "kuberay" / "rayjob.yaml").read_text())
+    runtime_env = yaml.safe_load(rayjob["spec"].get("runtimeEnvYAML", "")) or {}
+    assert "env_vars" not in runtime_env, "Ray shows a runtime env in its APIs and logs: credentials go in the pods' env"
+    cluster = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
+    for commands in (cluster["head_start_ray_commands"], cluster["worker_start_ray_commands"]):
+        start = next(c for c in commands if "ray start" in c)
+        assert ". ~/capt/cluster.env" in start and "set -a" in start, "the nodes' own environment holds them"
+    assert "runtime_env" not in yaml.safe_dump(cluster) and "runtime-env" not in yaml.safe_dump(cluster)
 
 
 @pytest.mark.parametrize("name", ["cpu_2proc", "single_gpu", "multi_gpu_8"])
@@ -176,3 +188,26 @@ def test_dockerfile_installs_torch_before_the_project_and_runs_as_non_root() -> 
     assert torch_at < project_at
     users = [line.split()[1] for line in instructions if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
+
+
+def test_cluster_sh_binds_loopback_unless_told_and_refuses_every_interface(tmp_path: Path) -> None:
+    default = _cluster_sh(_complete_env(tmp_path), "--check")
+    assert default.returncode == 0 and "--host 127.0.0.1 " in default.stdout, default.stderr
+    private = _cluster_sh(_complete_env(tmp_path) | {"MLFLOW_HOST": "10.0.0.5"}, "--check")
+    assert "--host 10.0.0.5 " in private.stdout
+    every = _cluster_sh(_complete_env(tmp_path) | {"MLFLOW_HOST": "0.0.0.0"}, "--check")
+    assert every.returncode != 0 and "MLFLOW_HOST=0.0.0.0" in every.stderr and "TLS" in every.stderr
+    allowed = _cluster_sh(_complete_env(tmp_path) | {"MLFLOW_HOST": "0.0.0.0", "MLFLOW_ALLOW_ALL_INTERFACES": "1"},
+                          "--check")
+    assert allowed.returncode == 0 and "--host 0.0.0.0 " in allowed.stdout
+
+
+def test_cluster_sh_gives_no_access_without_a_grant(tmp_path: Path) -> None:
+    done = _cluster_sh(_complete_env(tmp_path))  # PYTHON=true: the server command returns at once
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / ".mlflow-server" / "basic_auth.ini"
+    assert "default_permission = NO_PERMISSIONS" in config.read_text()
+    assert config.stat().st_mode & 0o777 == 0o600 and config.parent.stat().st_mode & 0o777 == 0o700
+    from mlflow.server.auth.permissions import get_permission
+
+    assert not get_permission("NO_PERMISSIONS").can_read, "the name MLflow knows, with no right at all"

@@ -1,0 +1,123 @@
+"""The sweep's Ray: a cluster named by RAY_ADDRESS, or a local Ray closed to the network.
+
+Credentials (MLFLOW_TRACKING_PASSWORD and the like) never travel in a runtime_env: Ray shows runtime
+envs in plain text in the dashboard's job, actor and task APIs and writes them into its session logs.
+Workers read them from their own environment instead: the local Ray's daemons and workers are children
+of the driver and inherit its environment; a cluster's nodes get them from a secret of their own
+(see infra/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.services.private import RAY_LOOPBACK_ENV
+
+logger = logging.getLogger("pipelines.sweep")
+
+# Settings (never credentials) that a cluster's workers take from the driver's machine.
+SETTINGS_FOR_WORKERS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAPT_DATA_DIR", "OMP_NUM_THREADS")
+
+
+def worker_settings() -> dict[str, str]:
+    """The runtime_env variables a cluster's workers get from the driver: SETTINGS_FOR_WORKERS only."""
+    return {name: os.environ[name] for name in SETTINGS_FOR_WORKERS if name in os.environ}
+
+
+@contextlib.contextmanager
+def ray_cluster(num_cpus: int | None) -> Iterator[None]:
+    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1 only."""
+    from pipelines.services import ServiceError, check_reachable
+
+    fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # ray.init waits minutes for an address where nothing listens
+        check_reachable(address, "Ray cluster (RAY_ADDRESS)", fix)
+    with contextlib.ExitStack() as stack:
+        try:
+            if address:
+                import ray
+
+                settings = worker_settings()
+                ray.init(address=address, runtime_env={"env_vars": settings})
+                logger.info("Ray cluster at %s: workers get %s from this driver and any credentials from their "
+                            "own nodes' environment", address, ", ".join(settings) or "no variable")
+            else:
+                stack.enter_context(_local_ray(num_cpus))
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
+            raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
+        import ray
+
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the block (the local Ray's processes inherit them); restore after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _local_ray(num_cpus: int | None) -> Iterator[None]:
+    """A local Ray with token auth, its dashboard and every port it can bind on 127.0.0.1, and its session
+    folder (logs, sockets) below a folder only this user can open.
+
+    Ray Train's controller asks the state API (served by the dashboard) whether it is alive, and the state
+    API finds its cluster from RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, else the last `ray start` on the
+    machine. Without a dashboard, or with a stale `ray_current_cluster` file, each call waits for its
+    timeout and every trial's teardown stalls about 12 s.
+    """
+    from pipelines.services import LOCALHOST, free_port
+    from pipelines.services.private import private_ray_token_file, private_temp_dir
+
+    token_file = private_ray_token_file()
+    temp_dir = private_temp_dir("capt-ray") / "ray"  # Ray makes its own temp dir 777: the parent is private
+    port = free_port(LOCALHOST)
+    with _environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
+        _warn_if_ray_was_imported_too_early()
+        import ray
+
+        ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, include_dashboard=True,
+                 dashboard_host=LOCALHOST, dashboard_port=port, _node_ip_address=LOCALHOST, _temp_dir=str(temp_dir))
+        logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
+        yield
+
+
+def _warn_if_ray_was_imported_too_early() -> None:
+    """Ray reads RAY_LOOPBACK_ENV when it is imported: say so when that happened before it was set."""
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
+        logger.warning("Ray was imported before the sweep set %s: its node address will not be 127.0.0.1 and "
+                       "its daemons will listen on every interface (token-protected).", RAY_LOOPBACK_ENV)
+
+
+def _what_is_in_force(port: int, token_file: Path | None, temp_dir: Path) -> str:
+    """One line for the log: auth, where the dashboard listens, which ports (if any) are open beyond 127.0.0.1."""
+    from pipelines.services.private import listening_sockets, open_to_the_network
+
+    token = f"the token is in {token_file} (mode 600)" if token_file else "the token comes from RAY_AUTH_TOKEN"
+    listening = listening_sockets(os.getpid())
+    exposed = open_to_the_network(os.getpid())
+    reach = ("no port listens beyond 127.0.0.1" if not exposed else "listening on all interfaces: "
+             + ", ".join(f"{name} {ip}:{p}" for ip, p, name in exposed))
+    return (f"Local Ray: token auth on ({token}; `ray get-auth-token` prints it); dashboard and job API on "
+            f"http://127.0.0.1:{port}; {len(listening)} ports of this sweep (Ray, MLflow), {reach}; "
+            f"logs in {temp_dir}/session_latest/logs")
