@@ -15,12 +15,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, as `ray job submit` does)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.cli_errors import add_debug_flag, run_cli  # noqa: E402
-from pipelines.config import model_slug  # noqa: E402
+from pipelines.config import JobConfigError, model_slug  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
@@ -109,11 +110,24 @@ def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
         yield None
         return
     if uri:
+        refuse_credentials_in_uri(uri)
         check_mlflow_server(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
         yield uri
         return
     with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
         yield server.uri
+
+
+def refuse_credentials_in_uri(uri: str) -> None:
+    """A tracking URI with `user:password@` would travel to every trial in Ray's metadata and run records."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        shown = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+        raise JobConfigError(
+            f"tracking.uri (or MLFLOW_TRACKING_URI) holds credentials ({shown} with a user name or password in "
+            "it): they would be visible in Ray's job metadata and in every trial's run record. Give the URI "
+            "without them and set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD in the environment of the "
+            "driver and of the cluster's nodes (infra/README.md).")
 
 
 def results_table(grid) -> tuple[str, list[dict]]:

@@ -46,7 +46,8 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
             resources_per_worker=worker_bundle(resources),
         ),
         run_config=ray.train.RunConfig(
-            name=name, storage_path=str(config.storage_root() / config.name / "train"),
+            # keyed like the job folder: a changed config never meets the Train state of another one
+            name=Path(job["output_dir"]).name, storage_path=str(config.storage_root() / config.name / "train"),
             failure_config=ray.train.FailureConfig(max_failures=config.failure.worker_max_failures),
             callbacks=[TuneReportCallback()],
         ),

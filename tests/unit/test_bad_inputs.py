@@ -136,6 +136,9 @@ CASES = [
          env=lambda p: {"RAY_ADDRESS": p.closed_uri.removeprefix("http://")}),
     Case("sweep-not-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.http_uri}"],
          "is not an MLflow server"),
+    Case("sweep-credentials-in-uri", "sweep",
+         lambda p: [*_sweep("tracked.yaml")(p), "tracking.uri=http://ann:s3cret@127.0.0.1:5000"],
+         "holds credentials"),
 ]
 
 

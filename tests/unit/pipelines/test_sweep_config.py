@@ -192,3 +192,12 @@ def test_resources_are_checked(tmp_path):
     assert "resources.gpus_per_worker=1.5" in message and "whole number of GPUs" in message
     assert "resources.custom_per_worker={'GPU': 1}: GPU: built into Ray" in message
     assert "resources.pending_timeout_s=-1" in message
+
+
+def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
+    from pipelines.sweep import refuse_credentials_in_uri
+
+    refuse_credentials_in_uri("http://127.0.0.1:5000")  # no user info: accepted
+    with pytest.raises(JobConfigError, match="holds credentials") as caught:
+        refuse_credentials_in_uri("https://ann:s3cret@mlflow.example:5443/")
+    assert "s3cret" not in str(caught.value) and "mlflow.example:5443" in str(caught.value)
