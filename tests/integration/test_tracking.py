@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
 from pipelines.config import flatten
+from pipelines.job_outputs import claim_job_folder
 from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
@@ -43,12 +44,13 @@ def tracked(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPathF
     """One CaPT job trained with its tracker live, as the sweep's rank-0 worker does it."""
     out = tmp_path_factory.mktemp("trial")
     config = tiny_job(out, task={"name": "cb"}, train={"max_epochs": 6, "eval_every_steps": 3})
-    tracker = _tracker(mlflow_server.uri, out, 0, system_metrics_interval_s=0.5)
-    run_id = tracker.start()
-    tracker.log_params(flatten(config.to_dict()))
-    result = run(config, lambda record: tracker.log_metrics(record, step=record["step"]))
-    _wait_for_system_metrics(MlflowClient(mlflow_server.uri), run_id)
-    version = tracker.finish(result, result["artifact_dir"], register=True)
+    with claim_job_folder(config):  # before the tracker writes its run record there, as the sweep's worker does
+        tracker = _tracker(mlflow_server.uri, out, 0, system_metrics_interval_s=0.5)
+        run_id = tracker.start()
+        tracker.log_params(flatten(config.to_dict()))
+        result = run(config, lambda record: tracker.log_metrics(record, step=record["step"]))
+        _wait_for_system_metrics(MlflowClient(mlflow_server.uri), run_id)
+        version = tracker.finish(result, result["artifact_dir"], register=True)
     return {"config": config, "result": result, "run_id": run_id, "version": version, "out": out}
 
 
