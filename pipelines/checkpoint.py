@@ -130,16 +130,19 @@ def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, 
         if not (directory / name).is_file():
             raise DamagedCheckpointError(
                 f"Cannot resume from {directory}: {name} is missing, so the checkpoint is incomplete (a damaged or "
-                f"hand-edited folder). Restart this job from step 0: delete {directory} and run it again, or run "
-                f"it with train.resume=false (which replaces this job's old outputs).")
+                f"hand-edited folder). {_restart_hint(directory)}")
     accelerator.load_state(str(directory))
     try:
         loop = LoopState.from_json((directory / LOOP_FILE).read_text())
     except (ValueError, KeyError, TypeError) as err:
         raise DamagedCheckpointError(
-            f"Cannot resume from {directory}: {LOOP_FILE} is unreadable ({err}). Restart this job from step 0: "
-            f"delete {directory} and run it again, or run it with train.resume=false.") from err
+            f"Cannot resume from {directory}: {LOOP_FILE} is unreadable ({err}). {_restart_hint(directory)}") from err
     return loop, load_file(str(directory / BEST_FILE))
+
+
+def _restart_hint(directory: Path) -> str:
+    return (f"Restart this job from step 0: delete {directory} and run it again, or run it with "
+            f"train.resume=false (which replaces this job's old outputs).")
 
 
 def required_files(accelerator) -> list[str]:
