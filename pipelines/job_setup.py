@@ -17,7 +17,7 @@ from capt.errors import CaptError
 from pipelines.checkpoint import install_hooks
 from pipelines.config import JobConfig
 from pipelines.methods import adapt, default_lr, default_optimizer, parameter_groups, sequence_overhead
-from pipelines.models import load_model
+from pipelines.models import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -111,15 +111,17 @@ def load_data(config: JobConfig) -> tasks.Splits:
     return tasks.load_splits(section.name, data)
 
 
-def build_job(config: JobConfig) -> Job:
-    """Build and prepare every piece of the job described by `config`."""
+def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
+    """Build and prepare every piece of the job described by `config`; `loaded`: its base model, already loaded
+    (e.g. from `pipelines.model_cache`), instead of loading it here."""
     from accelerate.utils import set_seed
 
     accelerator = make_accelerator(config)
     _check_batch(config, accelerator.num_processes)
     set_seed(config.seed)
     splits = load_data(config)
-    loaded = load_model(config.model.name, tasks.get(config.task.name).num_labels, config.model.dtype)
+    if loaded is None:
+        loaded = load_model(config.model.name, num_labels(config), config.model.dtype)
     model = adapt(loaded.model, config.method.name, config.method.options)
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
                               capsule_slots=sequence_overhead(config.method.name, config.method.options))
@@ -146,6 +148,11 @@ def build_job(config: JobConfig) -> Job:
                 len(splits.test), total_steps)
     return Job(config, accelerator, model, loaded.model, loaded.tokenizer, loaded.family, collator, splits,
                loader, optimizer, scheduler, trainable, total_steps, output_dir)
+
+
+def num_labels(config: JobConfig) -> int:
+    """Classes of the configured task (the size of an encoder model's classifier head)."""
+    return tasks.get(config.task.name).num_labels
 
 
 def _check_batch(config: JobConfig, processes: int) -> None:

@@ -84,7 +84,7 @@ def forget_model_shapes() -> None:
 def _shape_or_problem(name: str) -> ModelShape | str:
     """Cached, failures included: a sweep validates every trial of a model, one config read (or hub call) each."""
     try:
-        config = _read_config(name)
+        config = read_model_config(name)
     except ImportError as err:
         return f"model.name={name!r}: {err}"
     except (OSError, ValueError, KeyError) as err:
@@ -100,7 +100,7 @@ def _shape_or_problem(name: str) -> ModelShape | str:
                       spec.accepts_baselines(config.model_type))
 
 
-def _read_config(name: str):
+def read_model_config(name: str):
     """The transformers config of `name`: built for tiny models, from the cache or a local folder for the
     rest, and from the hub (config.json only) when it is not cached and HF_HUB_OFFLINE is not set."""
     from transformers import AutoConfig

@@ -1,4 +1,4 @@
-"""Sweep tasks x models x methods x seeds with Ray Tune; each trial trains with Ray Train + Accelerate.
+"""Sweep tasks x models x methods x seeds with Ray Tune; each trial trains with Accelerate (on Ray Train for N workers).
 
     ray job submit --working-dir . -- python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
     python pipelines/sweep.py                      # laptop: local Ray + local MLflow, embedded smoke sweep
@@ -25,10 +25,11 @@ from pipelines.config import JobConfigError, model_slug  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
-    TRIAL_CPU,
     PendingWatch,
     check_local_fit,
     pending_timeout,
+    runs_in_trial_process,
+    trial_resources,
 )
 from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa: E402
 
@@ -77,7 +78,7 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
     if local:
         check_local_fit(sweep.resources, cluster)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), {"cpu": TRIAL_CPU})
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), trial_resources(sweep.resources))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)
@@ -89,14 +90,25 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
             tune_config=tune.TuneConfig(
                 metric="validation_score", mode="max", num_samples=sweep.num_samples, scheduler=scheduler,
                 max_concurrent_trials=max_concurrent(sweep, cluster, local),
+                # one-worker trials run in the trial process: reusing it skips a process start and a model load
+                reuse_actors=runs_in_trial_process(sweep.resources),
                 trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
             run_config=tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
-                                      failure_config=tune.FailureConfig(max_failures=sweep.failure.trial_max_failures)),
+                                      failure_config=tune.FailureConfig(max_failures=trial_retries(sweep))),
         )
     with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch:
         grid = tuner.fit()
     watch.raise_if_gave_up()
     return grid
+
+
+def trial_retries(sweep: SweepConfig) -> int:
+    """Tune's retries of a failed trial. A one-worker trial has no Ray Train worker group to restart: Tune retries
+    it as often as both levels together would have started its worker, (trial + 1) x (worker + 1) - 1 times."""
+    failure = sweep.failure
+    if runs_in_trial_process(sweep.resources):
+        return (failure.trial_max_failures + 1) * (failure.worker_max_failures + 1) - 1
+    return failure.trial_max_failures
 
 
 @contextlib.contextmanager

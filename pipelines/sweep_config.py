@@ -62,7 +62,8 @@ class FailureSection:
     trial_max_failures: NonNegativeInt = 1
     """Tune retries of a failed trial (it resumes from its own checkpoint)."""
     worker_max_failures: NonNegativeInt = 1
-    """Ray Train restarts of a trial's worker group."""
+    """Ray Train restarts of a trial's worker group. A one-worker trial runs in its Tune trial process instead:
+    Tune retries it (trial_max_failures + 1) x (worker_max_failures + 1) - 1 times."""
 
 
 @dataclass(config=_STRICT)

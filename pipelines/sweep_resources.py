@@ -1,13 +1,16 @@
 """What a sweep's trials ask of Ray (`ResourcesSection`) and whether they get it: a trial the local Ray the
 sweep starts cannot hold is refused before it starts; on a cluster a wait is reported, then given up on.
 
-Where a trial waits: the Tune trial itself asks only `TRIAL_CPU` and starts at once; inside it, Ray Train's
-`TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles = [resources of one
-worker] * num_workers, and waits for it. Train drops that placement group after
-RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`),
-so a request no node can meet waits forever, and its only trace is a PENDING placement group in the GCS.
-That is what `PendingWatch` reads (`ray.util.placement_group_table`): the same demand `ray status` lists
-under "Pending Demands" and an autoscaler adds nodes for.
+Where a trial waits (`trial_resources` decides what a trial asks Tune for):
+- One worker: the job runs in the Tune trial's own process (`pipelines.sweep_trial`), which asks for that
+  worker's resources. Tune reserves a placement group [resources of one worker] for the trial and waits for it.
+- Several workers: the Tune trial itself asks only `TRIAL_CPU` and starts at once; inside it, Ray Train's
+  `TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles = [resources of one
+  worker] * num_workers, and waits for it. Train drops that placement group after
+  RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`).
+Either way a request no node can meet waits forever, and its only trace is a PENDING placement group of that
+shape in the GCS. That is what `PendingWatch` reads (`ray.util.placement_group_table`): the same demand
+`ray status` lists under "Pending Demands" and an autoscaler adds nodes for.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pipelines.config import JobConfigError
 
 logger = logging.getLogger(__name__)
 
-TRIAL_CPU = 0.1  # the trial function only drives its TorchTrainer; Tune needs a non-zero request
+TRIAL_CPU = 0.1  # a trial of several workers only drives its TorchTrainer; Tune needs a non-zero request
 LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
 _MAX_REPORT_EVERY_S = 60.0
 _MIN_REPORT_EVERY_S = 5.0
@@ -90,10 +93,26 @@ def worker_bundle(resources) -> dict[str, float]:
     return bundle | {name: float(amount) for name, amount in resources.custom_per_worker.items()}
 
 
+def runs_in_trial_process(resources) -> bool:
+    """Whether a trial runs its job in the Tune trial's own process (one worker) rather than on Ray Train."""
+    return resources.num_workers == 1
+
+
+def trial_resources(resources):
+    """What one Tune trial asks for (`tune.with_resources`): its worker's bundle when it runs the job itself,
+    else `TRIAL_CPU` for the process that drives the Ray Train worker group."""
+    if runs_in_trial_process(resources):
+        from ray.tune import PlacementGroupFactory
+
+        return PlacementGroupFactory([worker_bundle(resources)])
+    return {"cpu": TRIAL_CPU}
+
+
 def trial_demand(resources) -> dict[str, float]:
-    """What one trial holds while it trains: its workers plus the trial's own `TRIAL_CPU`."""
+    """What one trial holds while it trains: its workers, plus `TRIAL_CPU` for a trial that drives Ray Train."""
     demand = {name: amount * resources.num_workers for name, amount in worker_bundle(resources).items()}
-    demand["CPU"] += TRIAL_CPU
+    if not runs_in_trial_process(resources):
+        demand["CPU"] += TRIAL_CPU
     return demand
 
 
@@ -136,9 +155,10 @@ def check_local_fit(resources, cluster: dict[str, float]) -> None:
         short = [f"{resources.num_workers} workers of GPU {resources.gpus_per_worker:g} do not fit on "
                  f"{cluster.get('GPU', 0.0):g} GPU(s) (a fraction of a GPU never spans two)"]
     cpus_short = demand["CPU"] > cluster.get("CPU", 0.0) + 1e-9
+    driver = "" if runs_in_trial_process(resources) else f" plus CPU {TRIAL_CPU:g} for the trial itself"
     raise ResourcesError(
         f"resources: one trial needs {fmt(demand)} ({resources.num_workers} worker(s) x {fmt(worker_bundle(resources))}"
-        f" plus CPU {TRIAL_CPU:g} for the trial itself), but the local Ray this sweep started has "
+        f"{driver}), but the local Ray this sweep started has "
         f"{fmt({name: cluster.get(name, 0.0) for name in demand})}: {'; '.join(short)}. Lower resources.num_workers, "
         "cpus_per_worker, gpus_per_worker or custom_per_worker, "
         + ("give the local Ray more CPUs with --num-cpus, or " if cpus_short else "")
@@ -162,6 +182,11 @@ class PendingWatch:
     """A driver-side thread that reports the sweep's worker placement groups while they wait and, after
     `timeout_s` with no worker group of the sweep starting, stops Tune gracefully (its state saved for
     --resume, as on Ctrl+C) and keeps the reason in `verdict`.
+
+    The placement groups it watches have the shape [worker bundle] * num_workers: Ray Train's worker groups,
+    and for one-worker trials the Tune trial's own placement group (Tune reserves exactly that shape,
+    `trial_resources`). A reused trial process keeps its placement group: the next trial starts without a new
+    one, so only a newly created placement group counts as a start, and a wait ends after two polls without any.
     """
 
     def __init__(self, resources, timeout_s: float | None, poll_s: float = 2.0) -> None:
@@ -240,7 +265,8 @@ class PendingWatch:
 
         pg = pending[0]
         state = pg["stats"]["scheduling_state"]
-        text = (f"the Ray Train workers of {len(pending)} trial(s) have waited {waited:.0f} s for a placement group "
+        who = "the trial processes" if runs_in_trial_process(self.resources) else "the Ray Train workers"
+        text = (f"{who} of {len(pending)} trial(s) have waited {waited:.0f} s for a placement group "
                 f"{fmt(self._bundle)} * {self.resources.num_workers} ({pg['strategy']}), the shape an autoscaler is "
                 f"asked for; scheduling state {state}: {_STATES.get(state, 'waiting for the scheduler')}.")
         if ray.is_initialized():

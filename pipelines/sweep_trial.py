@@ -1,14 +1,23 @@
-"""One Tune trial: a Ray Train `TorchTrainer` whose workers run `pipelines.train.run` with Accelerate.
+"""One Tune trial: the Accelerate job of one grid point, tracked in MLflow and reported to Tune.
 
-The Tune function trainable builds and fits the trainer itself (Ray 2.60 Train V2; `Tuner(trainer)` is
-deprecated) and forwards worker reports to Tune with `TuneReportCallback`. World rank 0 alone logs to
-MLflow over HTTP; every rank reports to Ray Train the same number of times.
+How it runs depends on `resources.num_workers` (`pipelines.sweep_resources.runs_in_trial_process`):
+- One worker: the job runs inside the Tune trial's own process, which asks Tune for that worker's resources.
+  Ray Train would start a controller actor and a worker group for every trial (new Python processes that
+  import torch, a placement group, a process group) and tear them down afterwards: seconds to tens of
+  seconds of fixed cost per trial, for capsule jobs whose own work may be a second. Tune reuses the trial
+  process between trials (`reuse_actors`), which keeps its frozen base models (`pipelines.model_cache`).
+- Several workers: the Tune function trainable builds and fits a Ray Train `TorchTrainer` itself (Ray 2.60
+  Train V2; `Tuner(trainer)` is deprecated) and forwards worker reports to Tune with `TuneReportCallback`.
+Either way `tracked_job` runs the job: the folder claimed, world rank 0 alone logging to MLflow over HTTP,
+every validation reported, the capsule registered before the final report.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +26,19 @@ from pydantic import TypeAdapter
 from pipelines.config import flatten, model_slug, validate_job_config
 from pipelines.job_outputs import claim_job_folder, config_hash
 from pipelines.sweep_config import SweepConfig, trial_job
-from pipelines.sweep_resources import worker_bundle
+from pipelines.sweep_resources import runs_in_trial_process, worker_bundle
 
 logger = logging.getLogger(__name__)
 CLAIM_WAIT_S = 60.0
 """How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
+RESET_WAIT_S = "60"
+"""Seconds Tune waits for a finished trial's thread before reusing its process (Tune's own default, 2 s, can be
+shorter than a stopped trial's clean-up, e.g. marking its MLflow run failed, and then fails the next trial)."""
 
 
 def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None) -> None:
-    """Tune function trainable: fit one TorchTrainer for the grid point in `params["point"]`."""
-    import ray.train
+    """Tune function trainable: run the job of the grid point in `params["point"]`, in this process or on Ray Train."""
     from ray import tune
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
@@ -37,17 +46,55 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     entry = next(e for e in config.methods if e.key == point["method"])
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     name = tune.get_context().get_trial_name()
+    loop_config = {"job": job, "tracking": _tracking(config, job, point, entry, searched, name, tracking_uri)}
+    if runs_in_trial_process(config.resources):
+        _run_in_trial_process(loop_config, config.resources.cpus_per_worker)
+    else:
+        _fit_torch_trainer(config, loop_config)
+
+
+def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
+    """The job in this (reused) process, with the torch threads a Ray Train worker of `cpus` CPUs would have."""
+    import torch
+    from ray import tune
+
+    from pipelines.model_cache import BASE_MODELS
+
+    os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", RESET_WAIT_S)  # read by Tune when it resets this process
+    # Ray sets OMP_NUM_THREADS for every actor from its CPUs (unless set already), as it does for Train workers.
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, math.floor(cpus)))
+    torch.set_num_threads(threads)
+    _forget_accelerate_state()
+    tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
+                final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
+                                     "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
+
+
+def _forget_accelerate_state() -> None:
+    """Accelerate keeps one state per process: a reused trial process starts each job from none, as a new one does."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
     resources = config.resources
     trainer = TorchTrainer(
         train_loop_per_worker=worker_loop,
-        train_loop_config={"job": job, "tracking": _tracking(config, job, point, entry, searched, name, tracking_uri)},
+        train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=resources.num_workers, use_gpu=resources.gpus_per_worker > 0,
             resources_per_worker=worker_bundle(resources),
         ),
         run_config=ray.train.RunConfig(
             # keyed like the job folder: a changed config never meets the Train state of another one
-            name=Path(job["output_dir"]).name, storage_path=str(config.storage_root() / config.name / "train"),
+            name=Path(loop_config["job"]["output_dir"]).name,
+            storage_path=str(config.storage_root() / config.name / "train"),
             failure_config=ray.train.FailureConfig(max_failures=config.failure.worker_max_failures),
             callbacks=[TuneReportCallback()],
         ),
@@ -73,24 +120,30 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: run the job; rank 0 tracks it in MLflow."""
     import ray.train
 
+    tracked_job(loop_config, ray.train.report, is_main=ray.train.get_context().get_world_rank() == 0)
+
+
+def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,
+                base_models=None, final_extra: Callable[[], dict[str, float]] | None = None) -> None:
+    """Run the job of `loop_config` in this process: every validation goes to `report_to` (and to MLflow from the
+    main process), then the final result, after the tracker finished (the capsule registered)."""
     from pipelines.train import run
 
     config = validate_job_config(loop_config["job"])
-    rank = ray.train.get_context().get_world_rank()
     tracker = None
 
     def report(metrics: dict[str, Any]) -> None:
         numeric = _numeric(metrics)
         if tracker is not None:
             tracker.log_metrics(numeric, step=int(metrics["step"]))
-        ray.train.report(numeric)
+        report_to(numeric)
 
     # The folder is claimed before the tracker reads or writes its run record there. A restarted worker
-    # group can start while the previous attempt's process is still exiting, hence the wait.
+    # group or trial can start while the previous attempt's process is still exiting, hence the wait.
     with claim_job_folder(config, wait_s=CLAIM_WAIT_S):
-        tracker = _start_tracker(loop_config["tracking"], config) if rank == 0 else None
+        tracker = _start_tracker(loop_config["tracking"], config) if is_main else None
         try:
-            result = run(config, report)
+            result = run(config, report, base_models=base_models)
         except BaseException:
             if tracker is not None:
                 tracker.fail()  # the run ends FAILED; a retried trial reopens the same run
@@ -98,7 +151,9 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
         if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
             tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
     final = result["metrics"]
-    ray.train.report({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"]})
+    extra = final_extra() if final_extra is not None else {}
+    report_to({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"],
+               **_numeric(extra)})
 
 
 def _start_tracker(tracking: dict[str, Any], config):

@@ -32,8 +32,9 @@ from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
-from pipelines.job_setup import Job, build_job
+from pipelines.job_setup import Job, build_job, num_labels
 from pipelines.methods import model_inputs, save_artifact
+from pipelines.model_cache import BaseModelCache
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -51,8 +52,11 @@ class _Meter:
     started: float = 0.0
 
 
-def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
+def run(config: JobConfig, report: Report | None = None, base_models: BaseModelCache | None = None) -> dict[str, Any]:
     """Run the job described by `config`; `report(metrics)` is called on every rank at each validation.
+
+    `base_models`: a cache to take the base model from and give it back to (the sweep's single-worker trials,
+    whose process is reused between trials); None loads it afresh, as a one-off job should.
 
     The job first claims its output folder (see `pipelines.job_outputs`): one job per folder, and never
     another config's outputs. With `train.resume`, a folder that already holds the finished result of
@@ -65,7 +69,14 @@ def run(config: JobConfig, report: Report | None = None) -> dict[str, Any]:
             logger.info("%s already holds the finished result of this job: not training again",
                         config.resolved_output_dir())
             return finished
-        return fit(build_job(config), report)
+        if base_models is None:
+            return fit(build_job(config), report)
+        with base_models.lease(config.model.name, num_labels(config), config.model.dtype,
+                               config.method.name) as loaded:
+            job = build_job(config, loaded)
+            result = fit(job, report)
+            job.accelerator.unwrap_model(job.model).detach()  # the cache keeps the bare base model
+            return result
 
 
 def fit(job: Job, report: Report | None = None) -> dict[str, Any]:

@@ -16,24 +16,33 @@ from pipelines.sweep_resources import (
     check_local_fit,
     pending_timeout,
     trial_demand,
+    trial_resources,
     worker_bundle,
 )
 
 CONFIGS = Path(__file__).resolve().parents[3] / "pipelines" / "configs"
 
 
-def test_a_trial_needs_its_workers_and_its_own_cpu():
+def test_a_ray_train_trial_needs_its_workers_and_its_own_cpu():
     res = ResourcesSection(num_workers=2, cpus_per_worker=1.5, gpus_per_worker=0.5, custom_per_worker={"tpu": 1})
     assert worker_bundle(res) == {"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}
     assert trial_demand(res) == {"CPU": 3.1, "GPU": 1.0, "tpu": 2.0}
+    assert trial_resources(res) == {"cpu": 0.1}, "the trial process only drives its worker group"
     assert "GPU" not in worker_bundle(ResourcesSection())
+
+
+def test_a_one_worker_trial_asks_tune_for_its_worker_and_nothing_more():
+    res = ResourcesSection(cpus_per_worker=1.5, gpus_per_worker=0.5, custom_per_worker={"tpu": 1})
+    assert trial_demand(res) == {"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}
+    factory = trial_resources(res)
+    assert factory.bundles == [{"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}] and factory.strategy == "PACK"
 
 
 def test_a_gpu_trial_on_a_cpu_machine_is_refused_with_the_numbers():
     with pytest.raises(ResourcesError) as err:
         check_local_fit(ResourcesSection(gpus_per_worker=1), {"CPU": 2.0})
     message = str(err.value)
-    assert "one trial needs {CPU: 1.1, GPU: 1} (1 worker(s) x {CPU: 1, GPU: 1} plus CPU 0.1" in message
+    assert "one trial needs {CPU: 1, GPU: 1} (1 worker(s) x {CPU: 1, GPU: 1}), but" in message
     assert "has {CPU: 2, GPU: 0}: GPU needs 1, has 0" in message and "--num-cpus" not in message
 
 
@@ -52,11 +61,14 @@ def test_gpu_fractions_never_span_two_gpus():
 
 def test_concurrency_counts_every_resource_and_is_kept_on_a_cluster():
     gpu = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["data_source=generated", "models=[tiny-t5]"])
-    # 8 GPUs hold 8 trials, but 16 CPUs only 3 (4 CPUs per worker + 0.1 each).
-    assert max_concurrent(gpu, {"CPU": 16.0, "GPU": 8.0}) == 3
+    # 8 GPUs hold 8 trials, but 16 CPUs only 4 (one worker of 4 CPUs each, run in the trial process).
+    assert max_concurrent(gpu, {"CPU": 16.0, "GPU": 8.0}) == 4
+    two_workers = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["data_source=generated", "models=[tiny-t5]",
+                                                                        "resources.num_workers=2"])
+    assert max_concurrent(two_workers, {"CPU": 16.0, "GPU": 8.0}) == 1, "8.1 CPUs a trial: its 2 workers + 0.1"
     capped = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated",
                                                        "resources.max_concurrent_trials=6"])
-    assert max_concurrent(capped, {"CPU": 2.0}) == 1, "lowered to what the local Ray holds"
+    assert max_concurrent(capped, {"CPU": 2.0}) == 2, "lowered to what the local Ray holds"
     assert max_concurrent(capped, {"CPU": 2.0}, local=False) == 6, "kept on a cluster that may scale up"
     assert max_concurrent(gpu, {"CPU": 8.0}, local=False) == 1, "no GPU yet: one trial, the autoscaler is asked"
 
@@ -91,7 +103,7 @@ def test_the_watch_reports_then_gives_up_on_a_worker_group_that_waits(caplog):
     assert "placement group {CPU: 1, gpu_x: 1} * 1 (PACK)" in reports[0] and "INFEASIBLE" in reports[0]
     assert watch.verdict is None
     watch.check(30.0, _table(tune_trial, _pg("b", "PENDING", WORKER)))
-    with pytest.raises(ResourcesError, match=r"gave up after resources.pending_timeout_s=30: the Ray Train workers .* waited 30 s .*--resume"):
+    with pytest.raises(ResourcesError, match=r"gave up after resources.pending_timeout_s=30: the trial processes .* waited 30 s .*--resume"):
         watch.raise_if_gave_up()
 
 
