@@ -1,7 +1,7 @@
-"""Chaos during a sweep: a Ray Train worker SIGKILLed twice in one trial (Ray Train restarts the worker group
-once, then Tune retries the trial) and the MLflow server stopped and restarted. The sweep must end with the
-capsules of a calm run of the same sweep, bit for bit, one MLflow run per trial and one registry version per
-capsule."""
+"""Chaos during a sweep: the process of a one-worker trial (it runs its job in the Tune trial process)
+SIGKILLed twice mid-training (Tune retries it each time, from its checkpoint) and the MLflow server stopped and
+restarted. The sweep must end with the capsules of a calm run of the same sweep, bit for bit, one MLflow run per
+trial and one registry version per capsule."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SEEDS = (0, 1)
 SWEEP = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks=[rte]", f"seeds={list(SEEDS)}",
          f"name={NAME}", "data_source=generated", "job.task.generated_size=48", "job.task.max_eval_examples=8",
          "job.train.max_steps=120", "job.train.eval_every_steps=10", "resources.max_concurrent_trials=1",
-         # Two kills: the first is Ray Train's one restart, the second fails the trial and Tune retries it.
+         # Tune retries a one-worker trial (1 + 1) x (1 + 1) - 1 = 3 times: both kills are retried.
          "failure.worker_max_failures=1", "failure.trial_max_failures=1", "tracking.retry_s=2"]
 TIMEOUT_S = 900
 
@@ -94,11 +94,11 @@ def _first_checkpointed_job(jobs: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def _live_train_workers(dashboard_url: str, exclude: set[int]) -> list[int]:
-    """Pids of the alive Ray Train worker actors on the head (Ray's state API), without `exclude`."""
+def _live_trial_processes(dashboard_url: str, exclude: set[int]) -> list[int]:
+    """Pids of the alive Tune trial actors on the head (Ray's state API), without `exclude`."""
     from ray.util.state import list_actors
 
-    actors = list_actors(address=dashboard_url, filters=[("class_name", "=", "RayTrainWorker"),
+    actors = list_actors(address=dashboard_url, filters=[("class_name", "=", "ImplicitFunc"),
                                                           ("state", "=", "ALIVE")], raise_on_missing_output=False)
     return [a.pid for a in actors if a.pid and a.pid not in exclude and Path(f"/proc/{a.pid}").exists()]
 
@@ -112,13 +112,13 @@ def _spooled_during_outage(ray_temp_dir: Path, job_dir: Path) -> bool:
     return False
 
 
-def _kill_worker(sweep: Sweep, job_dir: Path, dashboard_url: str, after_step: int) -> int:
-    """SIGKILL the trial's Ray Train worker once a checkpoint past `after_step` exists; the killed step."""
+def _kill_trial(sweep: Sweep, job_dir: Path, dashboard_url: str, after_step: int) -> int:
+    """SIGKILL the trial's process once a checkpoint past `after_step` exists; the killed step."""
     sweep.wait_for(f"a checkpoint after step {after_step} in {job_dir.name}",
                    lambda: (_checkpoint_step(job_dir) or 0) > after_step)
     killed_pids = {k["pid"] for k in sweep.killed}
-    workers = sweep.wait_for("a live Ray Train worker", lambda: _live_train_workers(dashboard_url, killed_pids))
-    assert len(workers) == 1, f"one trial at a time, one worker each: {workers}"
+    workers = sweep.wait_for("a live trial process", lambda: _live_trial_processes(dashboard_url, killed_pids))
+    assert len(workers) == 1, f"one trial at a time: {workers}"
     step = _checkpoint_step(job_dir) or after_step + 1
     assert not (job_dir / "result.json").exists(), "the trial must still be training when its worker is killed"
     os.kill(workers[0], signal.SIGKILL)
@@ -185,14 +185,14 @@ def _calm_run(storage: Path, server: LocalMlflowServer, env: dict[str, str]) -> 
 
 def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], dashboard_url: str,
                ray_temp_dir: Path) -> tuple[Sweep, float, dict]:
-    """The same sweep with two kills of one trial's worker and an MLflow stop/restart in between."""
+    """The same sweep with two kills of one trial's process and an MLflow stop/restart in between."""
     sweep = Sweep(storage, server.start(), env)
     try:
         sweep.start()
         job_dir = sweep.wait_for("the first checkpoint", lambda: _first_checkpointed_job(sweep.jobs))
-        first_step = _kill_worker(sweep, job_dir, dashboard_url, after_step=0)
-        server.stop()  # MLflow goes down while Ray Train restarts the worker group
-        _kill_worker(sweep, job_dir, dashboard_url, after_step=first_step)  # resumed, then killed again
+        first_step = _kill_trial(sweep, job_dir, dashboard_url, after_step=0)
+        server.stop()  # MLflow goes down while Tune retries the trial
+        _kill_trial(sweep, job_dir, dashboard_url, after_step=first_step)  # resumed, then killed again
         server.start()  # back before Tune's retry of the trial finishes it
         wall = sweep.finish()
         sweep.outage_felt = _spooled_during_outage(ray_temp_dir, job_dir)
@@ -219,7 +219,7 @@ def _assert_same_capsules(calm: dict, chaos: dict) -> None:
                 assert other[name].dtype == tensor.dtype and other[name].equal(tensor), f"{key} {file}:{name}"
 
 
-def test_worker_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, tmp_path, monkeypatch):
+def test_trial_process_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", ray_head.client_env()["RAY_AUTH_MODE"])  # for the state API calls
     env = _env(ray_head)
     calm_wall, calm = _calm_run(tmp_path / "calm", LocalMlflowServer(tmp_path / "mlflow-calm"), env)
@@ -227,8 +227,10 @@ def test_worker_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray
                                           ray_head.dashboard_url, ray_head.temp_dir)
     print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s; kills: {sweep.killed}")
     assert len(sweep.killed) == 2 and sweep.killed[0]["pid"] != sweep.killed[1]["pid"]
-    assert sweep.outage_felt, "the restarted worker spooled its MLflow calls while the server was down"
-    assert _tune_failures(sweep.storage) == [0, 1], "Ray Train gave up after the second kill; Tune retried"
-    errors = [p.read_text() for p in (sweep.storage / NAME).glob("*/error.txt")]  # Tune's record of the failure
-    assert len(errors) == 1 and "WorkerGroupError" in errors[0] and f"pid: {sweep.killed[1]['pid']}" in errors[0]
+    assert sweep.outage_felt, "the retried trial spooled its MLflow calls while the server was down"
+    assert _tune_failures(sweep.storage) == [0, 2], "Tune retried the killed trial twice"
+    errors = [p.read_text() for p in (sweep.storage / NAME).glob("*/error.txt")]  # Tune's record of the failures
+    assert len(errors) == 1 and errors[0].count("The actor died unexpectedly") == 2, errors
+    assert errors[0].count("class_name: ImplicitFunc") == 2, "the trial processes died, not Ray Train workers"
+    assert all(f"pid: {kill['pid']}" in errors[0] for kill in sweep.killed), errors
     _assert_same_capsules(calm, chaos)

@@ -99,14 +99,18 @@ class _Output:
         return "".join(self.lines)
 
 
-def _wait_for_train_workers(dashboard: str, token: str, process: subprocess.Popen[str]) -> None:
-    """Until a Ray Train worker actor exists: the trial's actors and tasks are then in the state API."""
+TRIAL_ACTOR = "ImplicitFunc"
+"""Class of a Tune trial's actor (a one-worker trial runs its job in it, see `pipelines.sweep_trial`)."""
+
+
+def _wait_for_the_trial(dashboard: str, token: str, process: subprocess.Popen[str]) -> None:
+    """Until the Tune trial's actor exists: the trial's actors and tasks are then in the state API."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if "RayTrainWorker" in _get(dashboard + "/api/v0/actors?detail=1&limit=10000", token)[1]:
+        if TRIAL_ACTOR in _get(dashboard + "/api/v0/actors?detail=1&limit=10000", token)[1]:
             return
         time.sleep(1.0)
-    raise AssertionError("no Ray Train worker showed up in the state API while the sweep ran")
+    raise AssertionError("no trial actor showed up in the state API while the sweep ran")
 
 
 def test_a_local_sweep_keeps_the_canary_out_of_ray_and_listens_on_loopback_only(tmp_path):
@@ -130,20 +134,20 @@ def test_a_local_sweep_keeps_the_canary_out_of_ray_and_listens_on_loopback_only(
         token = token_path.read_text().strip()
         _assert_the_job_api_wants_the_token(dashboard, token)
 
-        _wait_for_train_workers(dashboard, token, process)
+        _wait_for_the_trial(dashboard, token, process)
         answers = _ray_api_answers(dashboard, token)
         ports = {port for _, port, _ in listening_sockets(process.pid)}
         exposed = open_to_the_network(process.pid)
         assert {int(in_force[1]), mlflow_port} <= ports, "the dashboard and MLflow must be among the listeners"
-        # torch.distributed's rendezvous store (TCPStore) of a training trial binds every interface and torch
-        # has no option to change that; everything of Ray and MLflow must be on loopback.
-        assert [entry for entry in exposed if not entry[2].startswith("ray::RayTrainWorker")] == [], exposed
+        # A one-worker trial trains in its own process without torch.distributed (whose rendezvous store binds
+        # every interface): everything of Ray, MLflow and the trial must be on loopback.
+        assert exposed == [], exposed
         assert process.wait(timeout=600) == 0, output.text()[-5000:]
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert "RayTrainWorker" in answers["/api/v0/actors?detail=1&limit=10000"], "the trial's actors were listed"
+    assert TRIAL_ACTOR in answers["/api/v0/actors?detail=1&limit=10000"], "the trial's actors were listed"
     assert [path for path, body in answers.items() if canary in body] == []
     private_dir = short_tmp / f"capt-ray-{os.getuid()}"
     assert private_dir.stat().st_mode & 0o777 == 0o700
@@ -207,7 +211,7 @@ def test_a_sweep_on_a_ray_head_takes_credentials_from_the_nodes_not_from_job_met
         assert {head.dashboard_port, head.port} <= {port for _, port, _ in sockets}
         assert exposed == [], f"listening beyond 127.0.0.1: {exposed}"  # the trial has ended: no TCPStore
         assert "pipelines/sweep.py" in answers["/api/jobs/"], "the submitted job was listed"
-        assert "RayTrainWorker" in answers["/api/v0/actors?detail=1&limit=10000"]
+        assert TRIAL_ACTOR in answers["/api/v0/actors?detail=1&limit=10000"]
         assert [path for path, body in answers.items() if canary in body] == []
         for root in (head.temp_dir, tmp_path / "sweeps"):
             searched, holding = _files_holding(root, canary)

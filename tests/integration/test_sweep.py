@@ -1,5 +1,6 @@
 """End-to-end sweeps on a real Ray head and a real MLflow server: `ray job submit`, DDP trials, the
-registry and promotion, driver kill + --resume, and an MLflow outage during a trial."""
+registry and promotion, driver kill + --resume, an MLflow outage during a trial, and one-worker trials
+in a reused trial process that keeps its base model."""
 
 from __future__ import annotations
 
@@ -122,6 +123,42 @@ def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server,
     experiment = client.get_experiment_by_name("capt-it-resume")
     names = [r.info.run_name for r in client.search_runs([experiment.experiment_id])]
     assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(2)], "one MLflow run per trial"
+
+
+def _final_tune_results(experiment: Path) -> dict[int, dict]:
+    """Per seed: the last result Tune recorded for the trial (its `result.json` holds one JSON line per report)."""
+    finals = {}
+    for path in experiment.glob("*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        finals[rows[-1]["config"]["point"]["seed"]] = rows[-1]
+    return finals
+
+
+def test_a_reused_trial_process_trains_the_next_trial_on_its_cached_base_model(ray_head, mlflow_server, tmp_path):
+    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
+    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-reuse", f"storage_path={tmp_path}",
+               f"tracking.uri={mlflow_server.uri}", "tracking.register=false", "seeds=[0,1]",
+               "resources.max_concurrent_trials=1"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    finals = _final_tune_results(tmp_path / "it-reuse")
+    assert sorted(finals) == [0, 1]
+    first, second = finals[0], finals[1]
+    assert first["process_id"] == second["process_id"], "Tune reused the trial process"
+    assert (first["base_model_loads"], first["base_model_hits"]) == (1, 0)
+    assert (second["base_model_loads"], second["base_model_hits"]) == (1, 1), "the second trial loaded no weights"
+    assert first["torch_threads"] == second["torch_threads"] == 1, "as a Ray Train worker of 1 CPU"
+    client = _mlflow().MlflowClient(mlflow_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("capt-it-reuse").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["rte/tiny-t5/capt/s0", "rte/tiny-t5/capt/s1"]
+    for run in runs:
+        result = json.loads((_job_folder(tmp_path / "it-reuse" / "jobs", f"rte-tiny-t5-capt-s{run.data.tags['seed']}")
+                             / "result.json").read_text())
+        assert run.info.status == "FINISHED" and run.data.metrics["test_score"] == pytest.approx(
+            result["metrics"]["test_score"])
+        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation_score")}
+        assert logged == {r["step"]: r["validation_score"] for r in result["history"]}
+        assert finals[int(run.data.tags["seed"])]["validation_score"] == result["metrics"]["best_validation_score"]
 
 
 def _outputs(folder: Path) -> dict[str, int]:

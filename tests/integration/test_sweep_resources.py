@@ -28,14 +28,14 @@ def test_a_local_gpu_request_without_gpus_is_refused_before_any_trial(tmp_path):
     proc = _sweep(tmp_path, env, "resources.gpus_per_worker=1", "--num-cpus", "2")
     assert proc.returncode == 2, proc.stderr[-3000:]
     error = proc.stderr.split("error: ", 1)[1]
-    assert "one trial needs {CPU: 1.1, GPU: 1} (1 worker(s) x {CPU: 1, GPU: 1} plus CPU 0.1" in error
+    assert "one trial needs {CPU: 1, GPU: 1} (1 worker(s) x {CPU: 1, GPU: 1}), but" in error
     assert "has {CPU: 2, GPU: 0}: GPU needs 1, has 0" in error
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "smoke" / "jobs").exists(), "no trial started"
 
 
 def test_a_cluster_wait_is_reported_then_given_up_at_the_pending_timeout(ray_head, tmp_path):
-    # A custom resource no node has: the trial starts (it asks 0.1 CPU), its Ray Train worker group waits.
+    # A custom resource no node has: the one-worker trial asks Tune for it, and its placement group waits.
     env = {**os.environ, **ray_head.client_env(), "RAY_ADDRESS": ray_head.address}
     proc = _sweep(tmp_path, env, "resources.custom_per_worker={capt_test_accelerator: 1}",
                   "resources.pending_timeout_s=20")
