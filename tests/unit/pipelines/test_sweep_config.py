@@ -102,8 +102,8 @@ def test_a_trial_whose_config_changed_gets_its_own_folder(tmp_path):
 
 def test_concurrency_follows_the_cluster():
     sweep = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated"])
-    assert max_concurrent(sweep, {"CPU": 2.0}) == 1
-    assert max_concurrent(sweep, {"CPU": 16.0}) == 14
+    assert max_concurrent(sweep, {"CPU": 2.0}) == 2, "one CPU a trial: its job runs in the trial process"
+    assert max_concurrent(sweep, {"CPU": 16.0}) == 16
     gpu = load_sweep_config(CONFIGS / "paper" / "qwen2.5-1.5b.yaml", ["data_source=generated"])
     assert max_concurrent(gpu, {"CPU": 64.0, "GPU": 8.0}) == 4
 

@@ -125,3 +125,14 @@ def test_other_placement_groups_are_not_the_sweeps():
     for now in (20.0, 30.0):
         watch.check(now, _table(_pg("ours", "PENDING", {"CPU": 1.0}, 2)))
     assert watch.verdict is not None
+
+
+def test_a_one_worker_trial_gets_as_many_attempts_from_tune_as_both_levels_gave():
+    from pipelines.sweep import trial_retries
+
+    one = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated", "failure.trial_max_failures=2",
+                                                     "failure.worker_max_failures=1"])
+    assert trial_retries(one) == 5, "3 Tune attempts x 2 worker starts = 6 attempts"
+    two = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated", "failure.trial_max_failures=2",
+                                                     "resources.num_workers=2"])
+    assert trial_retries(two) == 2, "Ray Train restarts the workers itself"
