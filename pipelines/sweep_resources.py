@@ -185,8 +185,8 @@ class PendingWatch:
 
     The placement groups it watches have the shape [worker bundle] * num_workers: Ray Train's worker groups,
     and for one-worker trials the Tune trial's own placement group (Tune reserves exactly that shape,
-    `trial_resources`). A reused trial process keeps its placement group: the next trial starts without a new
-    one, so only a newly created placement group counts as a start, and a wait ends after two polls without any.
+    `trial_resources`). A reused trial process keeps its placement group, so its next trial is no new start;
+    a wait still ends after two polls in a row with none of these placement groups pending.
     """
 
     def __init__(self, resources, timeout_s: float | None, poll_s: float = 2.0) -> None:
