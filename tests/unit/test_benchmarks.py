@@ -50,6 +50,22 @@ def test_a_missed_target_says_by_how_much():
     assert not missed.met and "0.210x" in missed.detail and "20.0 %" in missed.detail
 
 
+def test_a_missed_lower_bound_says_by_how_much():
+    assert common.at_least("efficiency", 0.85, 0.8).met
+    missed = common.at_least("efficiency", 0.6, 0.8)
+    assert not missed.met and missed.goal == ">= 0.8" and "0.200" in missed.detail and "25.0 %" in missed.detail
+
+
+def test_pipeline_overhead_states_both_targets_for_the_minute_trials():
+    row = {"trials": 3, "trial_s": 61.2, "overhead_per_trial_net_s": 6.5, "sweep_efficiency": 0.83}
+    overhead, efficiency = pipeline_overhead.minute_targets(row)
+    assert not overhead.met and overhead.goal == "<= 5 s" and "3 trial(s) of 61 s" in overhead.name
+    assert efficiency.met and efficiency.measured == 0.83
+    for quick in (True, False):
+        overrides = pipeline_overhead.settings(quick)["minute_overrides"]
+        assert any(o.startswith("job.train.max_steps=") for o in overrides)
+
+
 def test_step_cost_gives_a_ratio_to_the_floor_for_every_method(tmp_path):
     config = {"archs": [{"arch": "t5-base", "changes": TINY_T5, "batch": 2, "seq": 8, "target": 2},
                         {"arch": "llama-3.2-1b", "changes": TINY_LLAMA, "batch": 2, "seq": 8, "target": 2}],
