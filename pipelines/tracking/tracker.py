@@ -116,9 +116,10 @@ class TrialTracker:
 
     @property
     def background_problems(self) -> list[str]:
-        """What uploading the spooled points could not do: operations MLflow refused, unexpected errors."""
+        """What uploading the spooled points could not do: dead-lettered operations, unexpected errors."""
         refused = self._refused_in_background
-        problems = [f"{refused} spooled operation(s) refused by MLflow, kept in {self.state_dir / FAILED_FILE}"]
+        problems = [f"{refused} spooled operation(s) dead-lettered (refused by MLflow or corrupt), kept in "
+                    f"{self.state_dir / FAILED_FILE}"]
         return (problems if refused else []) + self._uploader.errors
 
     def finish(self, result: Mapping[str, Any], artifact_dir: str | os.PathLike[str], register: bool) -> str | None:
