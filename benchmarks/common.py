@@ -94,6 +94,14 @@ def at_most(name: str, measured: float, limit: float, unit: str = "x") -> Target
     return Target(name, f"<= {limit:g}{unit}", measured, met, detail)
 
 
+def at_least(name: str, measured: float, goal: float, unit: str = "") -> Target:
+    """A `measured >= goal` target; a miss says by how much, absolute and relative."""
+    met = measured >= goal
+    detail = "met" if met else (f"missed by {goal - measured:.3f}{unit} "
+                                f"({(1 - measured / goal) * 100:.1f} % under the goal)")
+    return Target(name, f">= {goal:g}{unit}", measured, met, detail)
+
+
 def now_iso() -> str:
     """The current UTC time, ISO 8601, to the second."""
     return datetime.now(UTC).replace(microsecond=0).isoformat()

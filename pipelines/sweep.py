@@ -13,8 +13,9 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, as `ray job submit` does)
@@ -112,22 +113,50 @@ def trial_retries(sweep: SweepConfig) -> int:
 
 
 @contextlib.contextmanager
-def tracking_server(sweep: SweepConfig) -> Iterator[str | None]:
-    """The MLflow URI to use: the configured one (checked now), or a local server started and stopped here."""
+def tracking_server(sweep: SweepConfig, wait: bool = True) -> Iterator[TrackingEndpoint]:
+    """The MLflow server to use: the configured one (checked now), or a local server started and stopped here.
+
+    With ``wait=False`` the local server is only launched: the caller starts Ray meanwhile and calls
+    `TrackingEndpoint.ready` before the first trial. Leaving the block stops the server.
+    """
     from pipelines.services import LocalMlflowServer
     from pipelines.services.mlflow_probe import check_mlflow_server
 
     uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not sweep.tracking.enabled:
-        yield None
+        yield TrackingEndpoint(None)
         return
     if uri:
         refuse_credentials_in_uri(uri)
         check_mlflow_server(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
-        yield uri
+        yield TrackingEndpoint(uri)
         return
-    with LocalMlflowServer(Path(sweep.tracking.local_dir)) as server:
-        yield server.uri
+    server = LocalMlflowServer(Path(sweep.tracking.local_dir)).start(wait=wait)
+    try:
+        yield TrackingEndpoint(server.uri, server)
+    finally:
+        server.stop()
+
+
+@dataclass
+class TrackingEndpoint:
+    """The sweep's tracking URI (None: tracking off) and, for a local server, the server behind it."""
+
+    uri: str | None
+    """What trials log to."""
+    local_server: Any = None
+    """The `LocalMlflowServer` this sweep started, if any."""
+
+    def release(self) -> None:
+        """Nothing more will be logged: a local server may begin shutting down (the block's end waits for it)."""
+        if self.local_server is not None:
+            self.local_server.terminate()
+
+    def ready(self) -> str | None:
+        """The URI, once the server answers (a local server still starting is waited for)."""
+        if self.local_server is not None:
+            self.local_server.wait_ready()
+        return self.uri
 
 
 def refuse_credentials_in_uri(uri: str) -> None:
@@ -193,11 +222,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides)
-    with tracking_server(sweep) as uri, ray_cluster(args.num_cpus):
+    # The local MLflow server boots while Ray starts; both are up before the first trial.
+    with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
+        uri = endpoint.ready()
         grid = run_sweep(sweep, uri, args.resume)
         table, rows = results_table(grid)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
+        endpoint.release()  # the local server shuts down while Ray does
     print(f"\n{table}\n")
     _print_where_to_look(sweep, uri, champions)
     return 0 if all(r["status"] == "done" for r in rows) else 1

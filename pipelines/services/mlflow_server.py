@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +64,11 @@ class LocalMlflowServer(_Service):
     def uri(self) -> str:
         """Tracking URI for ``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's main process (the leader of its process group) while it runs."""
+        return self._proc.pid if self.running else None
 
     @property
     def running(self) -> bool:
@@ -133,6 +140,15 @@ class LocalMlflowServer(_Service):
             f"The MLflow server at {self.uri} {problem}. "
             f"Last lines of {self.log_path}:\n{log_tail(self.log_path, self._log_offset)}"
         )
+
+    def terminate(self) -> None:
+        """Ask the server to shut down (SIGTERM to its group) without waiting; `stop` then waits for it.
+
+        Its shutdown takes about 1.5 s: a caller with other things to stop sends this first.
+        """
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the server's process group and wait for it (SIGKILL after ``timeout``)."""

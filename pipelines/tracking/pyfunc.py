@@ -19,6 +19,7 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
 from packaging.version import InvalidVersion, Version
 
 import capt
@@ -95,16 +96,48 @@ def _code_paths() -> list[str]:
     return [str(Path(package.__file__).parent) for package in (capt, pipelines)]
 
 
-def _signature(task: str, label_names: tuple[str, ...]) -> tuple[Any, pd.DataFrame]:
-    """(signature or None, input example) from schema-valid unlabelled rows of `task`."""
+def _signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
+    """(signature, input example) from schema-valid unlabelled rows of `task`.
+
+    Always a signature: without one MLflow would load the model to infer it from the example. Rows
+    whose layout has no column schema get an output-only signature.
+    """
     from pipelines.registry_model import example_rows
 
-    example = pd.DataFrame(example_rows(task, 2))
+    example, outputs = pd.DataFrame(example_rows(task, 2)), [label_names[0]] * 2
     try:
-        return mlflow.models.infer_signature(example, [label_names[0]] * len(example)), example
-    except Exception as exc:  # noqa: BLE001 - nested layouts (MultiRC, CSQA): no column schema
-        logger.info("No input signature for %s rows (%s); logging the input example only", task, exc)
-        return None, example
+        return mlflow.models.infer_signature(example, outputs), example
+    except Exception as exc:  # noqa: BLE001 - a layout MLflow cannot describe as columns
+        logger.info("No input schema for %s rows (%s); the signature describes the output only", task, exc)
+        return ModelSignature(inputs=None, outputs=mlflow.models.infer_signature(example.iloc[:, :1],
+                                                                                  outputs).outputs), example
+
+
+class _PyfuncWithoutServingCheck:
+    """`mlflow.pyfunc` as `Model.log`'s flavor, logged without the serving-input check.
+
+    That check loads the just-saved model and predicts on the input example: for a capsule, a rebuild
+    of the base model in the middle of every trial's finish. The example is still stored and checked
+    against the (explicit) signature; the model's own loading is tested where it belongs, on load.
+    `Model.log` hands its ``validate_serving_input`` keyword to the flavor too, which pyfunc's
+    `save_model` would refuse, hence this wrapper.
+    """
+
+    __name__ = "mlflow.pyfunc"
+
+    @staticmethod
+    def save_model(*, validate_serving_input: bool = True, **kwargs: Any) -> None:
+        """`mlflow.pyfunc.save_model` with MLflow's keyword for the serving check removed."""
+        mlflow.pyfunc.save_model(**kwargs)
+
+
+def _log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict[str, str],
+                model_code: Path = MODEL_CODE) -> Any:
+    """Log the models-from-code pyfunc `model_code` to the active run; nothing loads the model on the way."""
+    return Model.log(
+        artifact_path=None, name=CAPSULE_MODEL, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
+        flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature,
+        input_example=example, artifacts=artifacts, pip_requirements=_requirements(), code_paths=_code_paths())
 
 
 def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path) -> str:
@@ -126,10 +159,7 @@ def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, 
         result_path = Path(tmp) / "result.json"
         result_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
         with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name=CAPSULE_MODEL, python_model=str(MODEL_CODE), signature=signature, input_example=example,
-                artifacts={"capsule": str(artifact_dir), "result": str(result_path)},
-                pip_requirements=_requirements(), code_paths=_code_paths())
+            info = _log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)})
         version = mlflow.register_model(info.model_uri, name, tags=tags)
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -13,7 +14,9 @@ from typing import Any
 
 from pipelines.tracking.client import _dir_lock, _now_ms, _own_http_retries, is_transient
 from pipelines.tracking.operations import _dead_letter, _Replayer
+from pipelines.tracking.uploader import BackgroundUploader
 from pipelines.tracking_spool import (
+    FAILED_FILE,
     PENDING_FILE,
     RetryPolicy,
     Spool,
@@ -31,7 +34,10 @@ class TrialTracker:
     """One trial's MLflow run, from world rank 0 only; a restarted trial (same `state_dir`) reuses it.
 
     Never raises for tracking problems: an unreachable server spools operations (see the package
-    docstring), any other failure is logged and kept in ``mlflow_failed.jsonl``. With
+    docstring), any other failure is logged and kept in ``mlflow_failed.jsonl``. `log_metrics` never
+    waits for the server: it appends the points to the spool and a background thread uploads them
+    (`BackgroundUploader`); `finish` and `fail` upload what is left first, and `finish` logs what the
+    thread could not upload (also in `background_problems`). With
     ``system_metrics``, MLflow samples CPU/GPU/memory every ``system_metrics_interval_s`` while the
     run is live (``system/...``); a run shorter than one interval has none.
     """
@@ -56,6 +62,9 @@ class TrialTracker:
         self._failed_at = 0.0
         self._monitor: Any = None
         self._replayer = _Replayer(self.state_dir)
+        self._lock = threading.Lock()  # one upload at a time: the training thread's or the uploader's
+        self._uploader = BackgroundUploader(self._upload_spooled, f"mlflow-upload-{run_name}")
+        self._refused_in_background = 0
         _own_http_retries()
 
     @property
@@ -95,17 +104,32 @@ class TrialTracker:
         self._submit({"op": "params", "params": param_strings(params)})
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Numeric entries of `metrics` at `step` (a `step` key in the dict is ignored)."""
+        """Numeric entries of `metrics` at `step` (a `step` key in the dict is ignored).
+
+        Returns once the points are in the spool (durable); the background thread uploads them.
+        """
         if self.finished:
             return
-        self._submit({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
-                      "timestamp": _now_ms()})
+        self.spool.append({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
+                           "timestamp": _now_ms(), "tracking_uri": self.tracking_uri})
+        self._uploader.wake()
+
+    @property
+    def background_problems(self) -> list[str]:
+        """What uploading the spooled points could not do: dead-lettered operations, unexpected errors."""
+        refused = self._refused_in_background
+        problems = [f"{refused} spooled operation(s) dead-lettered (refused by MLflow or corrupt), kept in "
+                    f"{self.state_dir / FAILED_FILE}"]
+        return (problems if refused else []) + self._uploader.errors
 
     def finish(self, result: Mapping[str, Any], artifact_dir: str | os.PathLike[str], register: bool) -> str | None:
         """Final metrics, result.json and the artifact; register a version when `register`; end FINISHED.
 
         Returns the new registry version (None when not registering or when spooled).
         """
+        self._uploader.close()
+        self._upload_spooled()  # what the thread had not reached yet, counted like its own work
+        self._report_background_problems()
         self._stop_monitor()
         if self.finished:
             self._submit(None)
@@ -119,6 +143,7 @@ class TrialTracker:
 
     def fail(self) -> None:
         """End the run FAILED (the trial raised), unless it already finished."""
+        self._uploader.close()
         self._stop_monitor()
         if self.finished:
             return
@@ -132,8 +157,22 @@ class TrialTracker:
         if exc_type is not None:
             self.fail()
 
+    def _upload_spooled(self) -> None:
+        """Replay the spool (the background thread's work), counting what the server refused."""
+        before = self._replayer.dead_lettered
+        self._submit(None)
+        self._refused_in_background += self._replayer.dead_lettered - before
+
+    def _report_background_problems(self) -> None:
+        for problem in self.background_problems:
+            logger.error("MLflow run %s (%s): %s", self.run_id, self.state_dir, problem)
+
     def _submit(self, op: dict | None, force: bool = False) -> None:
         """Replay the spool, then apply `op`; spool `op` when the server does not answer."""
+        with self._lock:
+            self._submit_unlocked(op, force)
+
+    def _submit_unlocked(self, op: dict | None, force: bool) -> None:
         if op is not None:
             op["tracking_uri"] = self.tracking_uri
         if self.offline and not force and time.monotonic() - self._failed_at < self.reconnect_s:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,11 +21,14 @@ from helpers.jobs import tiny_job
 from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
+from capt.tasks import get as task_spec
 from pipelines.config import flatten
 from pipelines.job_outputs import claim_job_folder
 from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
+from pipelines.tracking.client import _fluent_uri
+from pipelines.tracking.pyfunc import _log_pyfunc, _signature
 from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
 from pipelines.train import run
 
@@ -280,3 +287,97 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     assert answer["labels"] == local and len(local) == 6
     for module in ("capt", "registry_model"):  # the version's own copy of the code, not a checkout's
         assert "/code/" in answer[module] and not answer[module].startswith((str(ROOT), "/work/main")), answer
+
+
+@contextlib.contextmanager
+def _not_answering(server: LocalMlflowServer) -> Iterator[None]:
+    """The server's processes stopped (SIGSTOP): connections open, no answer comes, until the block ends."""
+    group = os.getpgid(server.pid)
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
+def test_log_metrics_returns_while_the_server_does_not_answer_and_finish_uploads_every_point(
+    mlflow_server: LocalMlflowServer, tmp_path: Path
+) -> None:
+    tracker = _tracker(mlflow_server.uri, tmp_path, 11, system_metrics=False)
+    run_id = tracker.start()
+    logging_thread = threading.Thread(
+        target=lambda: [tracker.log_metrics({"validation_score": float(s)}, step=s) for s in (1, 2, 3)])
+    with _not_answering(mlflow_server):
+        logging_thread.start()
+        logging_thread.join(timeout=20)  # a hang detector: the old tracker waited 30 s per request here
+        returned = not logging_thread.is_alive()
+        spooled = [op["step"] for op in Spool(tmp_path / PENDING_FILE).read()]
+    logging_thread.join()
+    assert returned, "log_metrics waited for a server that does not answer"
+    assert spooled == [1, 2, 3], "the points are durable before the server has them (a crash loses none)"
+    tracker.finish({"metrics": {"test_score": 1.0}, "steps": 3}, tmp_path / "no-artifact", register=False)
+    client = MlflowClient(mlflow_server.uri)
+    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert not (tmp_path / PENDING_FILE).exists() and tracker.background_problems == []
+
+
+def test_a_metric_refused_in_the_background_is_reported_at_finish_and_dead_lettered(
+    mlflow_server: LocalMlflowServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tracker = _tracker(mlflow_server.uri, tmp_path, 12, system_metrics=False)
+    run_id = tracker.start()
+    tracker.log_metrics({"validation_score": 1.0}, step=1)
+    tracker.log_metrics({"not a metric name!": 2.0}, step=2)  # MLflow refuses the name
+    tracker.log_metrics({"validation_score": 3.0}, step=3)
+    tracker.finish({"metrics": {}, "steps": 3}, tmp_path / "no-artifact", register=False)
+    [problem] = tracker.background_problems
+    assert problem.startswith("1 spooled operation(s) dead-lettered") and str(tmp_path / FAILED_FILE) in problem
+    assert problem in caplog.text
+    [dead] = Spool(tmp_path / FAILED_FILE).records()
+    assert dead["op"] == "metrics" and dead["step"] == 2 and "not a metric name!" in dead["error"]
+    client = MlflowClient(mlflow_server.uri)
+    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [1, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+COUNTING_MODEL = """
+import os
+import mlflow
+
+
+class CountingModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context):
+        with open(os.environ["CAPT_TEST_MODEL_CALLS"], "a") as calls:
+            calls.write("load\\n")
+
+    def predict(self, context, model_input, params=None):
+        with open(os.environ["CAPT_TEST_MODEL_CALLS"], "a") as calls:
+            calls.write("predict\\n")
+        return ["entailment"] * len(model_input)
+
+
+mlflow.models.set_model(CountingModel())
+"""
+
+
+def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_model(
+    mlflow_server: LocalMlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, model_code = tmp_path / "calls.txt", tmp_path / "counting_model.py"
+    model_code.write_text(COUNTING_MODEL)
+    monkeypatch.setenv("CAPT_TEST_MODEL_CALLS", str(calls))
+    signature, example = _signature("cb", task_spec("cb").label_names)
+    client = MlflowClient(mlflow_server.uri)
+    run_id = client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
+    with _fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
+        info = _log_pyfunc(signature, example, {"result": str(model_code)}, model_code=model_code)
+    assert not calls.exists(), f"logging ran the model: {calls.read_text().split()}"
+    with _fluent_uri(mlflow_server.uri):
+        local = mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model"))
+    stored = mlflow.models.Model.load(local)
+    assert stored.signature == signature and stored.signature.inputs.input_names() == ["premise", "hypothesis"]
+    assert stored.load_input_example(local).to_dict("records") == example.to_dict("records")
+    predicted = mlflow.pyfunc.load_model(local).predict(example)
+    assert list(predicted) == ["entailment", "entailment"]
+    assert calls.read_text().split() == ["load", "predict"], "the counter sees a load and a predict"

@@ -50,6 +50,22 @@ def test_a_missed_target_says_by_how_much():
     assert not missed.met and "0.210x" in missed.detail and "20.0 %" in missed.detail
 
 
+def test_a_missed_lower_bound_says_by_how_much():
+    assert common.at_least("efficiency", 0.85, 0.8).met
+    missed = common.at_least("efficiency", 0.6, 0.8)
+    assert not missed.met and missed.goal == ">= 0.8" and "0.200" in missed.detail and "25.0 %" in missed.detail
+
+
+def test_pipeline_overhead_states_both_targets_for_the_minute_trials():
+    row = {"trials": 3, "trial_s": 61.2, "overhead_per_trial_net_s": 6.5, "sweep_efficiency": 0.83}
+    overhead, efficiency = pipeline_overhead.minute_targets(row)
+    assert not overhead.met and overhead.goal == "<= 5 s" and "3 trial(s) of 61 s" in overhead.name
+    assert efficiency.met and efficiency.measured == 0.83
+    for quick in (True, False):
+        overrides = pipeline_overhead.settings(quick)["minute_overrides"]
+        assert any(o.startswith("job.train.max_steps=") for o in overrides)
+
+
 def test_step_cost_gives_a_ratio_to_the_floor_for_every_method(tmp_path):
     config = {"archs": [{"arch": "t5-base", "changes": TINY_T5, "batch": 2, "seq": 8, "target": 2},
                         {"arch": "llama-3.2-1b", "changes": TINY_LLAMA, "batch": 2, "seq": 8, "target": 2}],
@@ -151,7 +167,10 @@ def test_pipeline_overhead_reads_the_sweep_log_and_runs_the_trial_jobs_in_proces
     assert pipeline_overhead.mlflow_start_in_log(log) == 12.5
     starts = [{"component": "ray.init (local)", "median_s": 5.0}, {"component": "ray.shutdown", "median_s": 1.0},
               {"component": pipeline_overhead.MLFLOW_IN_SWEEP, "median_s": 12.5}]
-    assert pipeline_overhead.fixed_costs(starts) == 18.5
+    assert pipeline_overhead.fixed_costs(starts) == 13.5, "Ray starts while the server does: counted once"
+    probes = [*starts[:2], {"component": pipeline_overhead.MLFLOW_PROBE, "median_s": 6.0},
+              {"component": "mlflow server stop", "median_s": 1.5}]
+    assert pipeline_overhead.fixed_costs(probes) == 12.5
     config = pipeline_overhead.settings(quick=True)
     measured = pipeline_overhead.run_in_process(config, tmp_path, 0, limit=1)
     assert measured["trials"] == 1 and measured["wall_s"] >= measured["fit_s"] > 0

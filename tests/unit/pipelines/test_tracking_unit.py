@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -243,3 +244,37 @@ def test_pyfunc_requirements_are_public_versions_and_name_the_project() -> None:
     pins = _requirements()
     assert not [pin for pin in pins if "+" in pin], pins
     assert f"capt=={metadata.version('capt')}" in pins and any(pin.startswith("torch==") for pin in pins)
+
+
+def test_the_background_uploader_keeps_unexpected_errors_and_goes_on(tmp_path: Path) -> None:
+    from pipelines.tracking.uploader import BackgroundUploader
+
+    calls, done = [], [threading.Event(), threading.Event()]
+
+    def upload() -> None:
+        calls.append(len(calls))
+        done[calls[-1]].set()
+        if calls == [0]:
+            raise ValueError("a bug in the upload")
+
+    uploader = BackgroundUploader(upload, "test")
+    uploader.close()  # never woken: nothing to stop
+    for event in done:
+        uploader.wake()
+        assert event.wait(timeout=60)
+    uploader.close()
+    assert calls == [0, 1] and uploader.errors == ["ValueError: a bug in the upload"]
+
+
+def test_metrics_logged_while_offline_stay_in_the_spool_in_order(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    tracker = TrialTracker(closed, "exp", "rte/tiny-t5/capt/s0", {}, tmp_path, system_metrics=False,
+                           retry=RetryPolicy(budget_s=0.2, first_delay_s=0.1), reconnect_s=3600)
+    tracker.start()
+    for step in (1, 2, 3):
+        tracker.log_metrics({"loss": float(step)}, step=step)
+    tracker.fail()
+    ops = Spool(tmp_path / PENDING_FILE).read()
+    assert [(op["op"], op.get("step")) for op in ops] == [("start", None), ("metrics", 1), ("metrics", 2),
+                                                          ("metrics", 3), ("end", None)]
+    assert tracker.background_problems == []
