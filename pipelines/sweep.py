@@ -25,9 +25,9 @@ from pipelines.config import JobConfigError, model_slug  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
-    TRIAL_CPU,
     PendingWatch,
     check_local_fit,
+    driver_resources,
     pending_timeout,
 )
 from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa: E402
@@ -56,8 +56,8 @@ def _trial_name(trial) -> str:
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
 
-def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int:
-    """Trials the cluster holds at once, every resource of a trial counted (see `ResourcesSection`)."""
+def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int | None:
+    """Tune's bound on trials at once (None: none, on a cluster that may scale; see `ResourcesSection`)."""
     return _trials_at_once(sweep.resources, cluster, local)
 
 
@@ -77,7 +77,7 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
     if local:
         check_local_fit(sweep.resources, cluster)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), {"cpu": TRIAL_CPU})
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), driver_resources(cluster))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)
