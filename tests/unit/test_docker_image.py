@@ -40,7 +40,7 @@ def hadolint() -> str | None:
 def test_home_is_the_users_home_and_the_gpus_are_exposed() -> None:
     text = DOCKERFILE.read_text()
     env = final_env(text)
-    user_home = re.search(r"useradd [^\n]*--create-home[^\n]* (\w+)\n", text).group(1)
+    user_home = re.search(r"useradd [^\n]*--create-home[^\n]*? (\w+)\s*(?:\\\n|\n)", text).group(1)
     # Ray's launcher mounts file_mounts under the container's $HOME; the commands run as this user read `~`.
     assert env["HOME"] == f"/home/{user_home}"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
@@ -95,3 +95,15 @@ def test_dockerignore_keeps_the_venv_git_and_secrets_out_but_not_what_is_copied(
     copied = [src for name, args in instructions(DOCKERFILE.read_text()) if name == "COPY"
               for src in args.split()[:-1] if not src.startswith("--")]
     assert copied and not [src for src in copied if _ignored(src.rstrip("/"), patterns)]
+
+
+def test_the_folders_of_the_launchers_file_mounts_belong_to_the_user() -> None:
+    """Ray's launcher bind-mounts each file of `file_mounts` at its path under the image's HOME; a folder the
+    image lacks, Docker creates owned by root."""
+    import yaml
+
+    text = DOCKERFILE.read_text()
+    home = final_env(text)["HOME"]
+    created = re.search(r"install -d -o capt -g capt ([^\n]+)", text).group(1).split()
+    for remote in yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())["file_mounts"]:
+        assert str(Path(remote.replace("~", home, 1)).parent) in created, remote
