@@ -1,6 +1,6 @@
 """Sweep tasks x models x methods x seeds with Ray Tune; each trial trains with Accelerate (on Ray Train for N workers).
 
-    ray job submit --working-dir . -- python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
     python pipelines/sweep.py                      # laptop: local Ray + local MLflow, embedded smoke sweep
     python pipelines/sweep.py --config FILE --resume   # finish an interrupted sweep, no trial twice
 """
@@ -58,8 +58,8 @@ def _trial_name(trial) -> str:
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
 
-def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int:
-    """Trials the cluster holds at once, every resource of a trial counted (see `ResourcesSection`)."""
+def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int | None:
+    """Tune's bound on trials at once (None: none, on a cluster that may scale; see `ResourcesSection`)."""
     return _trials_at_once(sweep.resources, cluster, local)
 
 
@@ -79,7 +79,7 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
     if local:
         check_local_fit(sweep.resources, cluster)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), trial_resources(sweep.resources))
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), trial_resources(sweep.resources, cluster))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)

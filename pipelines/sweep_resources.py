@@ -3,10 +3,13 @@ sweep starts cannot hold is refused before it starts; on a cluster a wait is rep
 
 Where a trial waits (`trial_resources` decides what a trial asks Tune for):
 - One worker: the job runs in the Tune trial's own process (`pipelines.sweep_trial`), which asks for that
-  worker's resources. Tune reserves a placement group [resources of one worker] for the trial and waits for it.
-- Several workers: the Tune trial itself asks only `TRIAL_CPU` and starts at once; inside it, Ray Train's
-  `TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles = [resources of one
-  worker] * num_workers, and waits for it. Train drops that placement group after
+  worker's resources, so the whole trial is on one node by construction. Tune reserves a placement group
+  [resources of one worker] for the trial and waits for it.
+- Several workers: the Tune trial itself (the trial driver) asks only `driver_resources` and starts at once:
+  one unit of `TRIAL_DRIVER_RESOURCE`, which only the cluster's CPU head declares (so a driver never takes a
+  slice of a GPU node and splits its trial over two nodes), or `TRIAL_CPU` where no node declares it. Inside
+  it, Ray Train's `TorchTrainer` (Train V2) reserves one placement group for its worker group, bundles =
+  [resources of one worker] * num_workers, and waits for it. Train drops that placement group after
   RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`).
 Either way a request no node can meet waits forever, and its only trace is a PENDING placement group of that
 shape in the GCS. That is what `PendingWatch` reads (`ray.util.placement_group_table`): the same demand
@@ -30,6 +33,9 @@ from pipelines.config import JobConfigError
 logger = logging.getLogger(__name__)
 
 TRIAL_CPU = 0.1  # a trial of several workers only drives its TorchTrainer; Tune needs a non-zero request
+# Declared by the head of ray_cluster.yaml and infra/kuberay/rayjob.yaml (a CPU node): one unit per trial driver,
+# so drivers stay off GPU workers, and the amount declared bounds the drivers (processes) the head hosts.
+TRIAL_DRIVER_RESOURCE = "capt_trial_driver"
 LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
 _MAX_REPORT_EVERY_S = 60.0
 _MIN_REPORT_EVERY_S = 5.0
@@ -52,9 +58,10 @@ class ResourcesSection:
     """Custom Ray resources per worker, e.g. {"accelerator_type:A100": 0.001} to land on A100 nodes, or a
     resource your nodes declare with `ray start --resources`."""
     max_concurrent_trials: PositiveInt | None = None
-    """Upper bound on trials at once. Default: as many as the cluster holds now (every resource of a trial
-    counted). On the local Ray a larger value is lowered to that; on a cluster it is kept, so an autoscaler
-    can add nodes for the trials that wait."""
+    """Upper bound on trials at once. On the local Ray the sweep starts: as many as it holds (every resource
+    of a trial counted), and a larger value is lowered to that. On a cluster (RAY_ADDRESS): no bound by
+    default, so Tune queues every trial and an autoscaler sees the whole demand and adds nodes up to its
+    max_workers; a value given here is kept as given (it caps the nodes a sweep takes)."""
     pending_timeout_s: NonNegativeFloat | None = None
     """Seconds the trials' Ray Train workers may wait for their resources with no worker group of the sweep
     starting meanwhile; then the sweep stops (state saved for --resume) with an error naming the resources
@@ -78,6 +85,9 @@ class ResourcesSection:
         if built_in:
             raise ValueError(f"{', '.join(built_in)}: built into Ray, set by cpus_per_worker and gpus_per_worker "
                              "(custom_per_worker is for resources that nodes declare themselves)")
+        if TRIAL_DRIVER_RESOURCE in value:
+            raise ValueError(f"{TRIAL_DRIVER_RESOURCE}: the trial drivers' own resource, declared by the cluster's "
+                             "head for them; name a resource your worker nodes declare")
         return value
 
 
@@ -98,21 +108,33 @@ def runs_in_trial_process(resources) -> bool:
     return resources.num_workers == 1
 
 
-def trial_resources(resources):
+def trial_resources(resources, cluster: dict[str, float]):
     """What one Tune trial asks for (`tune.with_resources`): its worker's bundle when it runs the job itself,
-    else `TRIAL_CPU` for the process that drives the Ray Train worker group."""
+    else `driver_resources(cluster)` for the process that drives the Ray Train worker group."""
     if runs_in_trial_process(resources):
         from ray.tune import PlacementGroupFactory
 
         return PlacementGroupFactory([worker_bundle(resources)])
-    return {"cpu": TRIAL_CPU}
+    return driver_resources(cluster)
 
 
-def trial_demand(resources) -> dict[str, float]:
-    """What one trial holds while it trains: its workers, plus `TRIAL_CPU` for a trial that drives Ray Train."""
+def driver_resources(cluster: dict[str, float]) -> dict[str, float]:
+    """Ray resources of a multi-worker trial's driver (the Tune trial that runs its TorchTrainer), decided once
+    from `cluster` (`ray.cluster_resources()`): one unit of `TRIAL_DRIVER_RESOURCE` where a node declares it
+    (the head of this project's cluster files), else `TRIAL_CPU` (the local Ray, a cluster without it)."""
+    if cluster.get(TRIAL_DRIVER_RESOURCE, 0.0) >= 1:
+        return {TRIAL_DRIVER_RESOURCE: 1.0}
+    return {"CPU": TRIAL_CPU}
+
+
+def trial_demand(resources, driver: dict[str, float] | None = None) -> dict[str, float]:
+    """What one trial holds while it trains: its workers, plus its driver (default: `TRIAL_CPU`) for a trial
+    that drives Ray Train (a one-worker trial is its own worker)."""
     demand = {name: amount * resources.num_workers for name, amount in worker_bundle(resources).items()}
-    if not runs_in_trial_process(resources):
-        demand["CPU"] += TRIAL_CPU
+    if runs_in_trial_process(resources):
+        return demand
+    for name, amount in (driver or {"CPU": TRIAL_CPU}).items():
+        demand[name] = demand.get(name, 0.0) + amount
     return demand
 
 
@@ -134,14 +156,15 @@ def trials_that_fit(resources, cluster: dict[str, float]) -> int:
     return int(fits)
 
 
-def max_concurrent(resources, cluster: dict[str, float], local: bool = True) -> int:
-    """Trials at once: those that fit now; `max_concurrent_trials` lowers that locally and is kept as given on
-    a cluster (an autoscaler adds nodes for the trials that wait)."""
-    fits = max(1, trials_that_fit(resources, cluster))
+def max_concurrent(resources, cluster: dict[str, float], local: bool = True) -> int | None:
+    """Tune's `max_concurrent_trials`. Local Ray: the trials that fit now, `max_concurrent_trials` lowering
+    that. Cluster: `max_concurrent_trials` as given, None (no bound) without it: the nodes present at start
+    say nothing of what an autoscaler can add, and it adds nodes only for demand it sees queued."""
     wanted = resources.max_concurrent_trials
-    if wanted is None:
-        return fits
-    return min(fits, wanted) if local else wanted
+    if not local:
+        return wanted
+    fits = max(1, trials_that_fit(resources, cluster))
+    return fits if wanted is None else min(fits, wanted)
 
 
 def check_local_fit(resources, cluster: dict[str, float]) -> None:

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.sweep_resources import (
+    TRIAL_CPU,
+    TRIAL_DRIVER_RESOURCE,
+    driver_resources,
+    runs_in_trial_process,
+    trial_demand,
+    worker_bundle,
+)
+
 CLUSTER_YAML = Path(__file__).resolve().parents[2] / "ray_cluster.yaml"
+PAPER = CLUSTER_YAML.parent / "pipelines" / "configs" / "paper"
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +42,51 @@ def test_validates_with_rays_launcher_schema(prepared: dict[str, Any]) -> None:
     assert prepared["head_node_type"] in prepared["available_node_types"]
 
 
-def test_head_is_cpu_only_and_takes_no_work(prepared: dict[str, Any]) -> None:
+def test_head_is_cpu_only_and_hosts_only_trial_drivers(prepared: dict[str, Any]) -> None:
     head = prepared["available_node_types"][prepared["head_node_type"]]
-    assert head["resources"] == {"CPU": 0}
+    assert head["resources"]["CPU"] == 0 and set(head["resources"]) == {"CPU", TRIAL_DRIVER_RESOURCE}
     assert any("--num-cpus=0" in command for command in prepared["head_start_ray_commands"])
+    assert driver_resources(head["resources"]) == {TRIAL_DRIVER_RESOURCE: 1.0}
+
+
+@pytest.mark.parametrize("config", sorted(PAPER.glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_paper_trial_fits_on_one_gpu_node_with_its_driver_on_the_head(prepared: dict[str, Any], config: Path) -> None:
+    """A driver asking CPU would land on a GPU worker (the head has none) and push the trial's own worker to a
+    second node; on the head's resource the whole worker group fits on one node of some worker type."""
+    from pipelines.sweep_config import load_sweep_config
+
+    resources = load_sweep_config(config, ["data_source=generated", "models=[tiny-t5]"]).resources
+    nodes = dict(prepared["available_node_types"])
+    head = nodes.pop(prepared["head_node_type"])
+    demand = trial_demand(resources, driver_resources(head["resources"]))
+    on_workers = {name: amount for name, amount in demand.items() if name != TRIAL_DRIVER_RESOURCE}
+    assert any(all(node["resources"].get(k, 0) >= v for k, v in on_workers.items()) for node in nodes.values())
+    if runs_in_trial_process(resources):  # the trial process is its one worker: no driver anywhere
+        assert demand == trial_demand(resources, {"CPU": TRIAL_CPU}) == worker_bundle(resources)
+        return
+    with_cpu_driver = trial_demand(resources, {"CPU": TRIAL_CPU})
+    assert not all(nodes["gpu_1x"]["resources"].get(k, 0) >= v for k, v in with_cpu_driver.items())
+
+
+def test_every_node_pulls_with_its_own_instance_profile(raw: dict[str, Any]) -> None:
+    profiles = {name: node["node_config"]["IamInstanceProfile"]["Name"]
+                for name, node in raw["available_node_types"].items()}
+    head = profiles.pop(raw["head_node_type"])
+    assert head == "capt-ray-head" and set(profiles.values()) == {"capt-ray-worker"}
+    guide = (CLUSTER_YAML.parent / "infra" / "README.md").read_text()
+    for name in ("capt-ray-head", "capt-ray-worker", "AmazonEC2ContainerRegistryReadOnly", "iam:PassRole"):
+        assert name in guide, f"infra/README.md must say how to create {name}"
+    assert any("aws ecr get-login-password" in c for c in raw["initialization_commands"])
+
+
+def test_shared_storage_is_mounted_on_every_node_and_used_by_the_paper_sweeps(raw: dict[str, Any]) -> None:
+    init = " ".join(raw["initialization_commands"])
+    assert re.search(r"mount -t nfs4 .*fs-\w+\.efs\.[\w-]+\.amazonaws\.com:/ /mnt/shared", init)
+    assert "chown 1000:1000 /mnt/shared/capt" in init, "the image's user (uid 1000) must be able to write"
+    assert "--volume /mnt/shared:/mnt/shared" in raw["docker"]["run_options"]
+    assert any("/mnt/shared/capt" in c and "writable" in c for c in raw["setup_commands"])
+    for config in sorted(PAPER.glob("*.yaml")):
+        assert yaml.safe_load(config.read_text())["storage_path"].startswith("/mnt/shared/capt/"), config.name
 
 
 def test_gpu_worker_types_and_bounds(prepared: dict[str, Any]) -> None:

@@ -11,9 +11,12 @@ from pipelines.sweep import max_concurrent
 from pipelines.sweep_config import ResourcesSection, load_sweep_config
 from pipelines.sweep_resources import (
     LOCAL_PENDING_TIMEOUT_S,
+    TRIAL_CPU,
+    TRIAL_DRIVER_RESOURCE,
     PendingWatch,
     ResourcesError,
     check_local_fit,
+    driver_resources,
     pending_timeout,
     trial_demand,
     trial_resources,
@@ -27,14 +30,15 @@ def test_a_ray_train_trial_needs_its_workers_and_its_own_cpu():
     res = ResourcesSection(num_workers=2, cpus_per_worker=1.5, gpus_per_worker=0.5, custom_per_worker={"tpu": 1})
     assert worker_bundle(res) == {"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}
     assert trial_demand(res) == {"CPU": 3.1, "GPU": 1.0, "tpu": 2.0}
-    assert trial_resources(res) == {"cpu": 0.1}, "the trial process only drives its worker group"
+    assert trial_resources(res, {"CPU": 2.0}) == {"CPU": 0.1}, "the trial process only drives its worker group"
+    assert trial_resources(res, {"CPU": 0.0, TRIAL_DRIVER_RESOURCE: 4.0}) == {TRIAL_DRIVER_RESOURCE: 1.0}
     assert "GPU" not in worker_bundle(ResourcesSection())
 
 
 def test_a_one_worker_trial_asks_tune_for_its_worker_and_nothing_more():
     res = ResourcesSection(cpus_per_worker=1.5, gpus_per_worker=0.5, custom_per_worker={"tpu": 1})
     assert trial_demand(res) == {"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}
-    factory = trial_resources(res)
+    factory = trial_resources(res, {"CPU": 2.0, TRIAL_DRIVER_RESOURCE: 4.0})
     assert factory.bundles == [{"CPU": 1.5, "GPU": 0.5, "tpu": 1.0}] and factory.strategy == "PACK"
 
 
@@ -59,7 +63,7 @@ def test_gpu_fractions_never_span_two_gpus():
     check_local_fit(ResourcesSection(num_workers=4, gpus_per_worker=0.5), {"CPU": 8.0, "GPU": 2.0})
 
 
-def test_concurrency_counts_every_resource_and_is_kept_on_a_cluster():
+def test_concurrency_counts_every_resource_locally_and_is_kept_on_a_cluster():
     gpu = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["data_source=generated", "models=[tiny-t5]"])
     # 8 GPUs hold 8 trials, but 16 CPUs only 4 (one worker of 4 CPUs each, run in the trial process).
     assert max_concurrent(gpu, {"CPU": 16.0, "GPU": 8.0}) == 4
@@ -70,7 +74,30 @@ def test_concurrency_counts_every_resource_and_is_kept_on_a_cluster():
                                                        "resources.max_concurrent_trials=6"])
     assert max_concurrent(capped, {"CPU": 2.0}) == 2, "lowered to what the local Ray holds"
     assert max_concurrent(capped, {"CPU": 2.0}, local=False) == 6, "kept on a cluster that may scale up"
-    assert max_concurrent(gpu, {"CPU": 8.0}, local=False) == 1, "no GPU yet: one trial, the autoscaler is asked"
+
+
+@pytest.mark.parametrize("cluster", [{"CPU": 0.0, TRIAL_DRIVER_RESOURCE: 16.0}, {"CPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}])
+def test_a_cluster_queues_every_trial_whatever_it_holds_at_start(cluster):
+    """A head with min_workers 0 has no GPU at start: a cap from the nodes present would run one trial at a
+    time and the autoscaler would never see the queued demand it scales on."""
+    gpu = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["data_source=generated", "models=[tiny-t5]"])
+    assert max_concurrent(gpu, cluster, local=False) is None, "no bound: Tune queues every trial"
+    assert max_concurrent(gpu, cluster, local=True) == 1, "the local Ray keeps the trials that fit (at least one)"
+
+
+def test_a_trial_driver_takes_the_heads_own_resource_where_a_node_declares_it():
+    assert driver_resources({"CPU": 0.0, TRIAL_DRIVER_RESOURCE: 16.0}) == {TRIAL_DRIVER_RESOURCE: 1.0}
+    assert driver_resources({"CPU": 8.0, "GPU": 2.0}) == {"CPU": TRIAL_CPU}, "local Ray, a cluster without it"
+    assert driver_resources({"CPU": 8.0, TRIAL_DRIVER_RESOURCE: 0.5}) == {"CPU": TRIAL_CPU}, "not one whole unit"
+    res = ResourcesSection(num_workers=2, cpus_per_worker=4, gpus_per_worker=1)
+    # On the head's resource the driver adds no CPU: the worker group alone is what a GPU node must hold.
+    assert trial_demand(res, {TRIAL_DRIVER_RESOURCE: 1.0}) == {"CPU": 8.0, "GPU": 2.0, TRIAL_DRIVER_RESOURCE: 1.0}
+    assert trial_demand(res) == trial_demand(res, {"CPU": TRIAL_CPU}) == {"CPU": 8.1, "GPU": 2.0}
+
+
+def test_workers_cannot_ask_for_the_trial_drivers_resource():
+    with pytest.raises(ValueError, match=rf"{TRIAL_DRIVER_RESOURCE}: the trial drivers' own resource"):
+        ResourcesSection(custom_per_worker={TRIAL_DRIVER_RESOURCE: 1})
 
 
 def test_the_pending_timeout_defaults_to_on_locally_and_off_on_a_cluster():
