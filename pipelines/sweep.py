@@ -152,14 +152,15 @@ def _fmt(value) -> str:
 
 
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
-    """Promote the best capsule of every (model, task) this sweep registered; returns the model names."""
-    from pipelines.promote import PromotionError, promote
+    """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
+    model names."""
+    from pipelines.promote import SELECTION_METRIC, PromotionError, promote
 
     capsule_rows = {e.key for e in sweep.methods if e.name == "capt"}
     names = []
     for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
         try:
-            promote(tracking_uri=tracking_uri, model=model, task=task)
+            promote(tracking_uri=tracking_uri, model=model, task=task, metric=SELECTION_METRIC)
             names.append(f"capt-{model}-{task}")
         except PromotionError as err:
             logger.warning("Not promoted: %s", err)

@@ -12,7 +12,7 @@ import pytest
 import requests
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.promote import PromotionError, choose_best, metric_value
+from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
@@ -207,6 +207,18 @@ def test_best_version_prefers_the_tag_then_keeps_the_champion_on_ties() -> None:
     assert choose_best(versions[1:], "test_score")[0].version == 2  # no champion: the newest of the best
     with pytest.raises(PromotionError, match="No version has a numeric 'accuracy'"):
         choose_best(versions, "accuracy")
+
+
+def test_a_metric_is_chosen_in_its_known_or_stated_direction() -> None:
+    versions = [_version(1, 60.0), _version(2, 55.0)]
+    assert choose_best(versions, "test_score", metric_direction("test_score"))[0].version == 1
+    assert choose_best(versions, "test_score", higher_is_better=False)[0].version == 2
+    assert metric_direction("best_validation_score") is True and metric_direction("train_loss") is False
+    assert metric_direction("my_cost", higher_is_better=False) is False
+    with pytest.raises(PromotionError, match="'accuracy': its direction is unknown.*--lower-is-better"):
+        metric_direction("accuracy")
+    with pytest.raises(PromotionError, match="for this metric higher is better"):
+        metric_direction("best_validation_score", higher_is_better=False)
 
 
 def _run(task: str, method: str, seed: int, value: float, validation: float = 0.0, model: str = "t5-base",
