@@ -5,9 +5,11 @@
 
 One table per base model (run tag ``model``) plus an Average column (the mean of the task means), as
 Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). Runs count when
-FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. When several runs share (model, task,
-method, seed), e.g. a hyper-parameter grid, the one with the best validation score is kept: selection
-on validation, never on the reported test metric.
+FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
+reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
+the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
+are tabulated; when several runs still share (model, task, method, seed), e.g. a Tune search, the one with
+the best validation score is kept.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ import pandas as pd
 from capt.errors import CaptError
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS
+from pipelines.sweep_select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
 
 AVERAGE = "Average"
 REPORT_MD, REPORT_PNG = "report.md", "report.png"
 SELECTION_METRIC = "best_validation_score"
+SELECTION_NOTE = (f"Selection on the validation split: each run's checkpoint and, with `select:`, the value with the "
+                  f"best mean `{SELECTION_METRIC}` over seeds (shown in brackets); test scores are those of the chosen "
+                  "value only.")
 _KEYS = ("model", "task", "method", "seed")
 METHOD_ORDER = ("full_finetune", "prompt_tuning", "ptuning_v2", "lora", "capt")
 """Row order of the paper's tables: baselines first, CaPT last; other methods (ablations) follow, sorted."""
@@ -42,7 +48,10 @@ class ReportError(CaptError, RuntimeError):
 
 
 def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None = None) -> pd.DataFrame:
-    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records."""
+    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records.
+
+    Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
+    """
     rows = []
     for run in runs:
         tags, metrics = run.get("tags", {}), run.get("metrics", {})
@@ -51,9 +60,12 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
         if sweep is not None and tags.get("sweep") != sweep:
             continue
         rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
-                     "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
-    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "selection"])
-    frame = frame.sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
+                     "select": tags.get(SELECT_TAG, ""), "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "select", "selection"])
+    chosen = chosen_labels(frame.rename(columns={"selection": "validation"}).to_dict("records"))
+    keep = pd.Series([chosen.get((r.model, r.task, r.method), r.select) == r.select for r in frame.itertuples()],
+                     index=frame.index, dtype=bool)  # a group with no validation score at all chooses nothing
+    frame = frame[keep].sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
     return frame.reset_index(drop=True)
 
 
@@ -71,6 +83,9 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         tasks = _ordered(part["task"], TASKS)
         methods = _ordered(part["method"], METHOD_ORDER)
         table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
+        chosen = part.groupby(["method", "task"])["select"].first()
+        for task in tasks:
+            table[(task, "select")] = [chosen.get((method, task), "") for method in methods]
         means = table.xs("mean", axis=1, level=1)
         table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
         table[(AVERAGE, "std")] = float("nan")
@@ -89,13 +104,14 @@ def format_cell(mean: float, std: float) -> str:
 def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
     """The Markdown report: one table per base model."""
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
-             f"{AVERAGE}: the mean of a method's task means (* when it misses tasks).", ""]
+             f"{AVERAGE}: the mean of a method's task means (* when it misses tasks).", "", SELECTION_NOTE, ""]
     for model, table in tables.items():
         tasks = [t for t in table.columns.get_level_values(0).unique() if t != AVERAGE]
         lines += [f"## {model}", "", "| method | " + " | ".join([*tasks, AVERAGE]) + " |",
                   "|---|" + "---:|" * (len(tasks) + 1)]
         for method, row in table.iterrows():
-            cells = [format_cell(row[(t, "mean")], row[(t, "std")]) for t in tasks]
+            cells = [format_cell(row[(t, "mean")], row[(t, "std")]) + (f" [{row[(t, 'select')]}]" if row[(t, "select")]
+                                                                        else "") for t in tasks]
             average = format_cell(row[(AVERAGE, "mean")], float("nan"))
             if average != "-" and row[(AVERAGE, "n")] < len(tasks):
                 average += "*"
