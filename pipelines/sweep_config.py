@@ -27,7 +27,15 @@ from pydantic.dataclasses import dataclass
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
 from pipelines.job_outputs import config_hash
 from pipelines.sweep_resources import ResourcesSection
-from pipelines.sweep_rules import DISTINCT, DISTINCT_LABELS, DISTINCT_SLUGS, NON_EMPTY, RowLabel, SweepName
+from pipelines.sweep_rules import (
+    DISTINCT,
+    DISTINCT_LABELS,
+    DISTINCT_SLUGS,
+    NON_EMPTY,
+    RowLabel,
+    SweepName,
+    real_data_problems,
+)
 from pipelines.sweep_select import combinations, select_label, select_problems, select_space
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -105,8 +113,9 @@ class SweepConfig:
     """Method rows, with distinct labels."""
     seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
     """Seeds, each once; every (task, model, method) runs once per seed."""
-    data_source: Literal["auto", "hub", "local", "generated"] = "auto"
-    """Data source of every trial; auto is local when CAPT_DATA_DIR is set, else generated."""
+    data_source: Literal["auto", "real", "hub", "local", "generated"] = "auto"
+    """Data source of every trial; auto: local when CAPT_DATA_DIR is set, else generated; real: local when
+    CAPT_DATA_DIR is set, else the hub, and never generated (the paper presets)."""
     job: dict[str, Any] = Field(default_factory=dict)
     """Base job config sections applied to every trial (see pipelines/config.py)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -206,6 +215,7 @@ def trials(sweep: SweepConfig) -> list[Trial]:
     for problem, names in by_problem.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
+    problems += real_data_problems(sweep.data_source, [(t.name, t.job.get("task", {}).get("source")) for t in points])
     if not points:
         problems.append(f"the grid is empty: no method row runs on models={sweep.models} (rows restricted by "
                         "methods[].models name none of them)")
@@ -239,8 +249,8 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
 def _data_source(sweep: SweepConfig) -> dict[str, Any]:
     source = sweep.data_source
     data_dir = os.environ.get("CAPT_DATA_DIR")
-    if source == "auto":
-        source = "local" if data_dir else "generated"
+    if source in ("auto", "real"):
+        source = "local" if data_dir else ("generated" if source == "auto" else "hub")
     return {"source": source, **({"data_dir": data_dir} if source == "local" and data_dir else {})}
 
 

@@ -228,6 +228,17 @@ def _run(task: str, method: str, seed: int, value: float, validation: float = 0.
             "metrics": {"test_score": value, "best_validation_score": validation}}
 
 
+def test_the_superglue_average_leaves_csqa_out_and_csqa_has_its_own_column() -> None:
+    runs = [_run("rte", "capt", 0, 70.0), _run("cb", "capt", 0, 90.0), _run("csqa", "capt", 0, 20.0),
+            _run("rte", "lora", 0, 60.0), _run("csqa", "lora", 0, 30.0)]
+    table = build_tables(run_frame(runs, "test_score"))["t5-base"]
+    assert list(table.columns.get_level_values(0).unique()) == ["cb", "rte", "SuperGLUE avg", "csqa"]
+    assert table.loc["capt", ("SuperGLUE avg", "mean")] == 80.0 and table.loc["lora", ("SuperGLUE avg", "mean")] == 60.0
+    text = markdown({"t5-base": table}, "test_score", "title")
+    assert "| method | cb | rte | SuperGLUE avg | csqa |" in text
+    assert "| lora | - | 60.00 | 60.00* | 30.00 |" in text and "| capt | 90.00 | 70.00 | 80.00 | 20.00 |" in text
+
+
 def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     runs = [_run("rte", "capt", 0, 70.0), _run("rte", "capt", 1, 74.0), _run("cb", "capt", 0, 90.0),
             _run("rte", "lora", 0, 60.0, validation=1.0), _run("rte", "lora", 0, 99.0, validation=0.5),
@@ -240,9 +251,9 @@ def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     assert list(table.index) == ["lora", "capt"]
     assert table.loc["capt", ("rte", "mean")] == 72.0
     assert table.loc["capt", ("rte", "std")] == pytest.approx(math.sqrt(8))
-    assert table.loc["capt", ("Average", "mean")] == 81.0
+    assert table.loc["capt", ("SuperGLUE avg", "mean")] == 81.0
     text = markdown(tables, "test_score", "title")
-    assert "| method | cb | rte | Average |" in text
+    assert "| method | cb | rte | SuperGLUE avg |" in text
     assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
     assert format_cell(float("nan"), float("nan")) == "-"
     assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)
