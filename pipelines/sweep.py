@@ -147,7 +147,7 @@ def results_table(grid) -> tuple[str, list[dict]]:
                      "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
     chosen = chosen_labels(rows)
     for r in rows:
-        r["chosen"] = chosen.get((r["model"], r["task"], r["method"])) == r["select"]
+        r["chosen"] = chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]  # no score: no choice
     rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["select"], r["seed"]))
     width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0
     header = f"{'task':<8} {'model':<16} {'method':<22} {'select':<{width}} {'seed':>4} {'valid':>7} {'test':>7}  status"
