@@ -6,7 +6,7 @@
 On a small machine the whole learning grid does not fit one sitting, so it runs in pieces that differ only
 in their `tasks=[...]` override (`python -m benchmarks.run --only learning --learning-override
 "tasks=[cb,rte]" --out DIR`). This reads each piece's "Every trial" rows and tabulates them together with
-`pipelines.report`'s own table and plot functions (mean ± std over seeds, the Average column), so the
+`pipelines.report`'s own table and plot functions (mean ± std over seeds, the SuperGLUE average column), so the
 merged table is the one `python -m pipelines.report` would print for a single sweep over all the tasks.
 
 The pieces must share the sweep config and every override but `tasks`, and no (task, method, seed) may

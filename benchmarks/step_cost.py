@@ -58,8 +58,9 @@ NOTES = [
     "counted from op shapes by torch.utils.flop_counter, so flop_ratio_to_floor is exact and free of "
     "noise: when wall-time ratios of two methods are closer than their ratio_range, it says which "
     "step does less work.",
-    "Optimizers: the pipeline's defaults (Adafactor lr 0.3 for CaPT, prompt tuning and P-Tuning v2; "
-    "AdamW for LoRA (5e-4) and full fine-tuning (5e-5)); no gradient clipping.",
+    "Optimizers: the pipeline's defaults for the method and model family (pipelines/optim_defaults.py: "
+    "on T5, Adafactor for the prompt methods and full fine-tuning, AdamW for LoRA; on decoder-only models, "
+    "AdamW); no gradient clipping.",
 ]
 """What the report says about the method of this benchmark."""
 COLUMNS = ["method", "trainable", "model_tokens", "median_step_s", "ratio_to_floor", "ratio_range",
@@ -109,16 +110,16 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
     return step
 
 
-def make_optimizer(method: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The pipeline's default optimizer and learning rate for `method`."""
-    from pipelines.methods import default_lr, default_optimizer
+def make_optimizer(method: str, family: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The pipeline's default optimizer and learning rate for `method` on a model of `family`."""
+    from pipelines.optim_defaults import optim_default
 
-    if default_optimizer(method) == "adafactor":
+    default = optim_default(method, family)
+    if default.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=default_lr(method), relative_step=False, scale_parameter=False,
-                         warmup_init=False)
-    return torch.optim.AdamW(params, lr=default_lr(method))
+        return Adafactor(params, lr=default.lr, relative_step=False, scale_parameter=False, warmup_init=False)
+    return torch.optim.AdamW(params, lr=default.lr)
 
 
 class MethodRunner:
@@ -130,7 +131,7 @@ class MethodRunner:
 
         self.model = adapt(models.shared_copy(base), method, options)
         self.params = list(self.model.trainable_parameters())
-        self.optimizer = make_optimizer(method, self.params)
+        self.optimizer = make_optimizer(method, models.family(base.config), self.params)
         self.batch = batch
 
     def step(self) -> None:

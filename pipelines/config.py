@@ -81,13 +81,15 @@ class OptimSection:
     """Optimiser and schedule."""
 
     name: Literal["adafactor", "adamw"] | None = None
-    """Optimiser; None picks Adafactor for prompt methods (the paper's) and AdamW otherwise."""
+    """Optimiser; None: the default of the method and model family (pipelines/optim_defaults.py), filled in at validation."""
     lr: PositiveFloat | None = None
-    """Learning rate; None picks 0.3 for prompt methods, 5e-4 for LoRA and 5e-5 for full fine-tuning."""
+    """Learning rate; None: the default of the method and model family (pipelines/optim_defaults.py), filled in at validation."""
     head_lr: PositiveFloat = 1e-3
     """Learning rate of the linear head of encoder-only classifiers."""
     weight_decay: NonNegativeFloat = 0.0
     """Decoupled weight decay."""
+    schedule: Literal["linear", "constant"] = "linear"
+    """After warm-up: linear decay to 0 at the last step, or a constant lr."""
     warmup_ratio: float = Field(0.06, ge=0.0, lt=1.0)
     """Share of the total steps spent in linear warm-up."""
     max_grad_norm: PositiveFloat | None = 1.0
@@ -186,7 +188,14 @@ def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[s
 
 
 def validate_job_config(raw: dict[str, Any]) -> JobConfig:
-    """Check types, ranges, unknown keys and the cross-field rules; raise once with every problem."""
+    """Check types, ranges, unknown keys and the cross-field rules; raise once with every problem.
+
+    The config returned is resolved: an optimiser or lr left empty is filled in from the defaults table
+    (`pipelines.optim_defaults`), so every consumer (training, result.json, MLflow params, the config
+    hash) sees the values actually used.
+    """
+    from pipelines.optim_defaults import resolve_optim
+
     problems: list[str] = []
     config = None
     try:
@@ -194,6 +203,11 @@ def validate_job_config(raw: dict[str, Any]) -> JobConfig:
     except ValidationError as err:
         problems += _pydantic_problems(err)
     problems += _cross_field_problems(raw)
+    if not problems:
+        try:
+            config = resolve_optim(config)
+        except ValueError as err:
+            problems.append(str(err))
     if problems:
         raise JobConfigError(_format_problems(problems))
     return config

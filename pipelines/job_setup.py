@@ -16,8 +16,9 @@ from capt import tasks
 from capt.errors import CaptError
 from pipelines.checkpoint import install_hooks
 from pipelines.config import JobConfig
-from pipelines.methods import adapt, default_lr, default_optimizer, parameter_groups, sequence_overhead
+from pipelines.methods import adapt, parameter_groups, sequence_overhead
 from pipelines.models import LoadedModel, load_model
+from pipelines.optim_defaults import resolve_optim
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +113,11 @@ def load_data(config: JobConfig) -> tasks.Splits:
 
 
 def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
-    """Build and prepare every piece of the job described by `config`; `loaded`: its base model, already loaded
-    (e.g. from `pipelines.model_cache`), instead of loading it here."""
+    """Build and prepare every piece of the job described by `config` (its optimiser defaults resolved);
+    `loaded`: its base model, already loaded (e.g. from `pipelines.model_cache`), instead of loading it here."""
     from accelerate.utils import set_seed
 
+    config = resolve_optim(config)
     accelerator = make_accelerator(config)
     _check_batch(config, accelerator.num_processes)
     set_seed(config.seed)
@@ -168,13 +170,11 @@ def make_optimizer(config: JobConfig, adapted: nn.Module, base: nn.Module) -> to
 
     None when nothing is trainable (the training-free instance-only capsule on a generative model).
     """
-    method = config.method.name
-    name = config.optim.name or default_optimizer(method)
-    groups = parameter_groups(adapted, base, config.optim.lr or default_lr(method), config.optim.head_lr,
-                              config.optim.weight_decay)
+    optim = resolve_optim(config).optim
+    groups = parameter_groups(adapted, base, optim.lr, optim.head_lr, optim.weight_decay)
     if not groups:
         return None
-    if name == "adafactor":
+    if optim.name == "adafactor":
         from transformers.optimization import Adafactor
 
         return Adafactor(groups, lr=groups[0]["lr"], relative_step=False, scale_parameter=False, warmup_init=False)
@@ -187,8 +187,15 @@ def _total_steps(config: JobConfig, batches_per_epoch: int) -> int:
     return min(total, config.train.max_steps) if config.train.max_steps else total
 
 
-def _schedule(config: JobConfig, optimizer, total_steps: int):
-    from transformers import get_linear_schedule_with_warmup
+def warmup_steps(config: JobConfig, total_steps: int) -> int:
+    """Optimiser steps of linear warm-up: `optim.warmup_ratio` of the total, rounded down."""
+    return int(config.optim.warmup_ratio * total_steps)
 
-    warmup = int(config.optim.warmup_ratio * total_steps)
+
+def _schedule(config: JobConfig, optimizer, total_steps: int):
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    warmup = warmup_steps(config, total_steps)
+    if config.optim.schedule == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)

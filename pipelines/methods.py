@@ -13,7 +13,6 @@ from torch import nn
 import capt
 from capt.arch import head_parameters
 
-PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
 HEAD_WEIGHTS = "head.safetensors"
 METHOD_FILE = "method.json"
 
@@ -36,16 +35,6 @@ def method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     except (ValueError, TypeError) as err:
         return [f"method.options for method {name!r}: {err}"]
     return []
-
-
-def default_optimizer(method: str) -> str:
-    """The paper's optimiser: Adafactor for prompt methods, AdamW for LoRA and full fine-tuning."""
-    return "adafactor" if method in PROMPT_METHODS else "adamw"
-
-
-def default_lr(method: str) -> float:
-    """Learning rates in the ranges the paper and PEFT's docs use for each method."""
-    return {"lora": 5e-4, "full_finetune": 5e-5}.get(method, 0.3)
 
 
 def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> nn.Module:

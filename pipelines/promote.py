@@ -1,13 +1,17 @@
 """Promote the best registered capsule of one (base model, task): aliases champion/challenger, tags.
 
-    python -m pipelines.promote --model tiny-t5 --task rte [--metric test_score] [--min 70]
+    python -m pipelines.promote --model tiny-t5 --task rte [--metric best_validation_score] [--min 70]
                                 [--stage Production] [--tracking-uri http://127.0.0.1:5000]
 
-Policy: the version with the highest `--metric` (a version tag, else its run's metric) becomes
-``champion``; ties keep the current champion, otherwise the newest version wins. A previous champion
-that loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``,
-``promoted_at`` and the metric's value as tags. ``--min`` refuses (exit 1, nothing changed) when the
-best is below it; ``--stage`` also moves the legacy stage (deprecated in MLflow since 2.9).
+Policy: the version with the best `--metric` (a version tag, else its run's metric) becomes ``champion``;
+ties keep the current champion, otherwise the newest version wins. The default metric is the validation
+score (`best_validation_score`): selection on validation, never on test. `--metric` takes only metrics
+whose direction is known (`METRIC_DIRECTIONS`), or any metric with `--lower-is-better` /
+`--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous champion that
+loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``, ``promoted_at`` and
+the metric's value as tags. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it
+(below it, or above it for a lower-is-better metric); ``--stage`` also moves the legacy stage (deprecated in
+MLflow since 2.9).
 """
 
 from __future__ import annotations
@@ -32,6 +36,14 @@ logger = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 STAGES = ("Staging", "Production", "Archived", "None")
+SELECTION_METRIC = "best_validation_score"
+"""The default: the validation score of the job's best checkpoint."""
+_SCORES = ("score", "accuracy", "macro_f1", "f1a", "em")
+METRIC_DIRECTIONS: dict[str, bool] = {
+    SELECTION_METRIC: True, "train_loss": False, "tokens_per_second": True, "wall_time_s": False,
+    "peak_memory_mb": False, **{f"{split}_{name}": True for split in ("validation", "test") for name in _SCORES},
+}
+"""Run metrics whose direction is known: True when higher is better."""
 
 
 class PromotionError(CaptError, RuntimeError):
@@ -67,13 +79,31 @@ def metric_value(version: VersionInfo, metric: str) -> float | None:
     return None
 
 
-def choose_best(versions: list[VersionInfo], metric: str) -> tuple[VersionInfo, float]:
+def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
+    """Whether higher `metric` is better: `higher_is_better` when given, else the known direction.
+
+    PromotionError when the direction is unknown and not given, or given against the known one.
+    """
+    known = METRIC_DIRECTIONS.get(metric)
+    if higher_is_better is None and known is None:
+        raise PromotionError(
+            f"--metric {metric!r}: its direction is unknown, so the best version cannot be chosen. Known metrics: "
+            f"{', '.join(sorted(METRIC_DIRECTIONS))}; for another metric add --lower-is-better or --higher-is-better.")
+    if higher_is_better is not None and known is not None and higher_is_better != known:
+        said, really = ("higher", "lower") if higher_is_better else ("lower", "higher")
+        raise PromotionError(f"--metric {metric!r} with --{said}-is-better: for this metric {really} is better; "
+                             "drop the direction flag.")
+    return known if higher_is_better is None else higher_is_better
+
+
+def choose_best(versions: list[VersionInfo], metric: str, higher_is_better: bool = True) -> tuple[VersionInfo, float]:
     """The best version by `metric` (ties: the current champion, else the newest); PromotionError if none."""
     scored = [(v, value) for v in versions if (value := metric_value(v, metric)) is not None]
     if not scored:
         raise PromotionError(f"No version has a numeric {metric!r} (as a version tag or a run metric); "
                              f"pass --metric with one of: {', '.join(_known_metrics(versions)) or 'none'}.")
-    return max(scored, key=lambda pair: (pair[1], CHAMPION in pair[0].aliases, pair[0].version))
+    sign = 1.0 if higher_is_better else -1.0
+    return max(scored, key=lambda pair: (sign * pair[1], CHAMPION in pair[0].aliases, pair[0].version))
 
 
 def _known_metrics(versions: list[VersionInfo]) -> list[str]:
@@ -96,11 +126,17 @@ def _versions(registry: Registry, name: str, model: str, task: str) -> list[Vers
     return versions
 
 
-def promote(model: str, task: str, metric: str = "test_score", min_value: float | None = None,
-            stage: str | None = None, tracking_uri: str | None = None) -> Promotion:
+def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: float | None = None,
+            stage: str | None = None, tracking_uri: str | None = None,
+            higher_is_better: bool | None = None) -> Promotion:
     """Apply the promotion policy (module docstring) to `capt-<slug(model)>-<task>`."""
     if task not in TASKS:
         raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASKS)}.")
+    higher = metric_direction(metric, higher_is_better)
+    if metric.startswith("test_"):
+        logger.warning("Choosing the champion on %s, a test metric: the test split is then no longer a fair "
+                       "estimate of the champion's quality. The default, %s, selects on validation.",
+                       metric, SELECTION_METRIC)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise PromotionError("No tracking server: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
@@ -111,10 +147,11 @@ def promote(model: str, task: str, metric: str = "test_score", min_value: float 
     registry = Registry(uri)
     name = registered_model_name(model_slug(model), task)
     versions = _versions(registry, name, model, task)
-    best, value = choose_best(versions, metric)
-    if min_value is not None and value < min_value:
+    best, value = choose_best(versions, metric, higher)
+    if min_value is not None and (value < min_value if higher else value > min_value):
+        worse = "below" if higher else "above"
         raise PromotionRefused(f"Refused: the best version of {name} is {best.version} with {metric}={value:.4g}, "
-                             f"below --min {min_value:g}. Nothing was changed.")
+                               f"{worse} --min {min_value:g}. Nothing was changed.")
     previous = next((v for v in versions if CHAMPION in v.aliases), None)
     changed = previous is None or previous.version != best.version
     if previous is not None and changed:
@@ -137,8 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.promote", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
     parser.add_argument("--task", required=True, help="task name (rte, boolq, ...)")
-    parser.add_argument("--metric", default="test_score", help="higher is better (default: test_score)")
-    parser.add_argument("--min", dest="min_value", type=float, default=None, help="refuse below this value")
+    parser.add_argument("--metric", default=SELECTION_METRIC,
+                        help=f"metric to choose by (default: {SELECTION_METRIC}, the validation score)")
+    direction = parser.add_mutually_exclusive_group()
+    direction.add_argument("--lower-is-better", dest="higher_is_better", action="store_false", default=None,
+                           help="the metric's direction, needed for metrics not in the known list")
+    direction.add_argument("--higher-is-better", dest="higher_is_better", action="store_true", default=None,
+                           help="the metric's direction, needed for metrics not in the known list")
+    parser.add_argument("--min", dest="min_value", type=float, default=None,
+                        help="refuse when the best is worse than this value")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
     parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
     add_debug_flag(parser)
@@ -149,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _promote_from_cli(args: argparse.Namespace) -> int:
     try:
-        done = promote(args.model, args.task, args.metric, args.min_value, args.stage, args.tracking_uri)
+        done = promote(args.model, args.task, args.metric, args.min_value, args.stage, args.tracking_uri,
+                       args.higher_is_better)
     except PromotionRefused as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -3,11 +3,14 @@
     python -m pipelines.report --experiment capt-t5-base [--tracking-uri URI] [--out reports]
                                [--metric test_score] [--sweep NAME]
 
-One table per base model (run tag ``model``) plus an Average column (the mean of the task means), as
+One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
+tasks' means; CSQA has its own column after it), as
 Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). Runs count when
-FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. When several runs share (model, task,
-method, seed), e.g. a hyper-parameter grid, the one with the best validation score is kept: selection
-on validation, never on the reported test metric.
+FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
+reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
+the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
+are tabulated; when several runs still share (model, task, method, seed), e.g. a Tune search, the one with
+the best validation score is kept.
 """
 
 from __future__ import annotations
@@ -26,12 +29,18 @@ import pandas as pd
 from capt.errors import CaptError
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS
+from pipelines.sweep_select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
 
-AVERAGE = "Average"
+AVERAGE = "SuperGLUE avg"
+SUPERGLUE = ("boolq", "cb", "copa", "multirc", "rte", "wic")
+"""The six SuperGLUE tasks of the paper's average (CSQA is reported beside them, never in it)."""
 REPORT_MD, REPORT_PNG = "report.md", "report.png"
 SELECTION_METRIC = "best_validation_score"
+SELECTION_NOTE = (f"Selection on the validation split: each run's checkpoint and, with `select:`, the value with the "
+                  f"best mean `{SELECTION_METRIC}` over seeds (shown in brackets); test scores are those of the chosen "
+                  "value only.")
 _KEYS = ("model", "task", "method", "seed")
 METHOD_ORDER = ("full_finetune", "prompt_tuning", "ptuning_v2", "lora", "capt")
 """Row order of the paper's tables: baselines first, CaPT last; other methods (ablations) follow, sorted."""
@@ -42,7 +51,10 @@ class ReportError(CaptError, RuntimeError):
 
 
 def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None = None) -> pd.DataFrame:
-    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records."""
+    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records.
+
+    Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
+    """
     rows = []
     for run in runs:
         tags, metrics = run.get("tags", {}), run.get("metrics", {})
@@ -51,9 +63,12 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
         if sweep is not None and tags.get("sweep") != sweep:
             continue
         rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
-                     "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
-    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "selection"])
-    frame = frame.sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
+                     "select": tags.get(SELECT_TAG, ""), "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "select", "selection"])
+    chosen = chosen_labels(frame.rename(columns={"selection": "validation"}).to_dict("records"))
+    keep = pd.Series([chosen.get((r.model, r.task, r.method), r.select) == r.select for r in frame.itertuples()],
+                     index=frame.index, dtype=bool)  # a group with no validation score at all chooses nothing
+    frame = frame[keep].sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
     return frame.reset_index(drop=True)
 
 
@@ -63,19 +78,26 @@ def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
 
 
 def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per base model: a frame indexed by method with columns (task or Average) x (mean, std, n)."""
+    """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
+    select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it."""
     tables = {}
     for model, part in frame.groupby("model", sort=True):
+        part = part if "select" in part else part.assign(select="")
         stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
         table = stats.unstack("task").swaplevel(axis=1)
         tasks = _ordered(part["task"], TASKS)
         methods = _ordered(part["method"], METHOD_ORDER)
         table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
-        means = table.xs("mean", axis=1, level=1)
+        chosen = part.groupby(["method", "task"])["select"].first()
+        for task in tasks:
+            table[(task, "select")] = [chosen.get((method, task), "") for method in methods]
+        means = table.xs("mean", axis=1, level=1)[[t for t in tasks if t in SUPERGLUE]]
         table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
         table[(AVERAGE, "std")] = float("nan")
-        table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # tasks covered
-        tables[str(model)] = table
+        table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # SuperGLUE tasks covered
+        table[(AVERAGE, "select")] = ""
+        order = [*(t for t in tasks if t in SUPERGLUE), AVERAGE, *(t for t in tasks if t not in SUPERGLUE)]
+        tables[str(model)] = table[order]
     return tables
 
 
@@ -89,24 +111,29 @@ def format_cell(mean: float, std: float) -> str:
 def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
     """The Markdown report: one table per base model."""
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
-             f"{AVERAGE}: the mean of a method's task means (* when it misses tasks).", ""]
+             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE)}; * when it misses one "
+             "of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
     for model, table in tables.items():
-        tasks = [t for t in table.columns.get_level_values(0).unique() if t != AVERAGE]
-        lines += [f"## {model}", "", "| method | " + " | ".join([*tasks, AVERAGE]) + " |",
-                  "|---|" + "---:|" * (len(tasks) + 1)]
+        columns = list(table.columns.get_level_values(0).unique())
+        superglue = sum(c in SUPERGLUE for c in columns)
+        lines += [f"## {model}", "", "| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
         for method, row in table.iterrows():
-            cells = [format_cell(row[(t, "mean")], row[(t, "std")]) for t in tasks]
-            average = format_cell(row[(AVERAGE, "mean")], float("nan"))
-            if average != "-" and row[(AVERAGE, "n")] < len(tasks):
-                average += "*"
-            lines.append(f"| {method} | " + " | ".join([*cells, average]) + " |")
+            lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
         seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
         lines += ["", f"Seeds per cell: {int(seeds.min())}-{int(seeds.max())}.", ""]
     return "\n".join(lines)
 
 
+def _cell(row: pd.Series, column: str, superglue_tasks: int) -> str:
+    if column == AVERAGE:
+        average = format_cell(row[(AVERAGE, "mean")], float("nan"))
+        return average + ("*" if average != "-" and row[(AVERAGE, "n")] < superglue_tasks else "")
+    chosen = row[(column, "select")]
+    return format_cell(row[(column, "mean")], row[(column, "std")]) + (f" [{chosen}]" if chosen else "")
+
+
 def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str]) -> Path:
-    """A grouped bar chart per base model (tasks and Average on x, one bar per method, std as error bars)."""
+    """A grouped bar chart per base model (tasks and the SuperGLUE average on x, one bar per method, std as error bars)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -33,6 +33,7 @@ from pipelines.sweep_resources import (  # noqa: E402
     trial_resources,
 )
 from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa: E402
+from pipelines.sweep_select import chosen_labels, select_label  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
@@ -42,7 +43,8 @@ def param_space(sweep: SweepConfig) -> dict:
     """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search."""
     from ray import tune
 
-    points = [{"task": t.task, "model": t.model, "method": t.method, "seed": t.seed} for t in trials(sweep)]
+    points = [{"task": t.task, "model": t.model, "method": t.method, "seed": t.seed, "select": t.select}
+              for t in trials(sweep)]
     space = {"point": tune.grid_search(points)}
     for key, spec in sweep.search.items():
         kind, values = next(iter(spec.items()))
@@ -54,7 +56,7 @@ def param_space(sweep: SweepConfig) -> dict:
 def _trial_name(trial) -> str:
     point = trial.config["point"]
     name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
-    extra = sorted((k, v) for k, v in trial.config.items() if k != "point")
+    extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
 
@@ -172,19 +174,32 @@ def refuse_credentials_in_uri(uri: str) -> None:
 
 
 def results_table(grid) -> tuple[str, list[dict]]:
-    """A plain-text table of every trial (task, model, method, seed, validation, test, status)."""
+    """A plain-text table of the trials (task, model, method, seed, validation, test, status).
+
+    With `select:`, each (task, model, method) shows only the trials of the value chosen on validation
+    (`pipelines.sweep_select`) and failed trials; every row is returned, marked `chosen`.
+    """
     rows = []
     for result in grid:
         point, metrics = result.config["point"], result.metrics or {}
         rows.append({"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
-                     "seed": point["seed"], "validation": metrics.get("best_validation_score"),
+                     "seed": point["seed"], "select": select_label(point.get("select", {})),
+                     "validation": metrics.get("best_validation_score"),
                      "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
-    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["seed"]))
-    header = f"{'task':<8} {'model':<16} {'method':<22} {'seed':>4} {'valid':>7} {'test':>7}  status"
+    chosen = chosen_labels(rows)
+    for r in rows:
+        r["chosen"] = chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]  # no score: no choice
+    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["select"], r["seed"]))
+    width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0
+    header = f"{'task':<8} {'model':<16} {'method':<22} {'select':<{width}} {'seed':>4} {'valid':>7} {'test':>7}  status"
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['seed']:>4} {_fmt(r['validation']):>7} "
-                     f"{_fmt(r['test']):>7}  {r['status']}")
+        if r["chosen"] or r["status"] != "done":
+            lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['select']:<{width}} {r['seed']:>4} "
+                         f"{_fmt(r['validation']):>7} {_fmt(r['test']):>7}  {r['status']}")
+    if width:
+        lines.append(f"select: per (task, model, method), the value with the best mean validation score over seeds; "
+                     f"{sum(not r['chosen'] and r['status'] == 'done' for r in rows)} trials of other values not shown.")
     return "\n".join(lines), rows
 
 
@@ -193,14 +208,15 @@ def _fmt(value) -> str:
 
 
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
-    """Promote the best capsule of every (model, task) this sweep registered; returns the model names."""
-    from pipelines.promote import PromotionError, promote
+    """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
+    model names."""
+    from pipelines.promote import SELECTION_METRIC, PromotionError, promote
 
     capsule_rows = {e.key for e in sweep.methods if e.name == "capt"}
     names = []
     for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
         try:
-            promote(tracking_uri=tracking_uri, model=model, task=task)
+            promote(tracking_uri=tracking_uri, model=model, task=task, metric=SELECTION_METRIC)
             names.append(f"capt-{model}-{task}")
         except PromotionError as err:
             logger.warning("Not promoted: %s", err)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,7 +27,16 @@ from pydantic.dataclasses import dataclass
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
 from pipelines.job_outputs import config_hash
 from pipelines.sweep_resources import ResourcesSection
-from pipelines.sweep_rules import DISTINCT, DISTINCT_LABELS, DISTINCT_SLUGS, NON_EMPTY, RowLabel, SweepName
+from pipelines.sweep_rules import (
+    DISTINCT,
+    DISTINCT_LABELS,
+    DISTINCT_SLUGS,
+    NON_EMPTY,
+    RowLabel,
+    SweepName,
+    real_data_problems,
+)
+from pipelines.sweep_select import combinations, select_label, select_problems, select_space
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -48,6 +58,8 @@ class MethodEntry:
     """Job config overrides for this method, as nested sections or dotted keys (e.g. {"optim.lr": 1e-4})."""
     models: list[str] | None = None
     """Restrict this row to these models (default: every model of the sweep)."""
+    select: dict[str, list[Any]] = Field(default_factory=dict)
+    """Candidate values of job keys for this row only, chosen on validation (see the sweep's `select`)."""
 
     @property
     def key(self) -> str:
@@ -102,8 +114,9 @@ class SweepConfig:
     """Method rows, with distinct labels."""
     seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
     """Seeds, each once; every (task, model, method) runs once per seed."""
-    data_source: Literal["auto", "hub", "local", "generated"] = "auto"
-    """Data source of every trial; auto is local when CAPT_DATA_DIR is set, else generated."""
+    data_source: Literal["auto", "real", "hub", "local", "generated"] = "auto"
+    """Data source of every trial; auto: local when CAPT_DATA_DIR is set, else generated; real: local when
+    CAPT_DATA_DIR is set, else the hub, and never generated (the paper presets)."""
     job: dict[str, Any] = Field(default_factory=dict)
     """Base job config sections applied to every trial (see pipelines/config.py)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -112,6 +125,9 @@ class SweepConfig:
     """Per-task job overrides, keyed by task name (e.g. BoolQ from the hub)."""
     search: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
     """Tune search space over job keys: {"optim.lr": {"grid": [0.3, 0.5]}} (grid, choice, uniform, loguniform, randint)."""
+    select: dict[str, list[Any]] = Field(default_factory=dict)
+    """Candidate values of job keys, e.g. {"optim.lr": [0.01, 0.1, 0.3]}: a trial per value (x seeds); reports keep
+    the value with the best mean validation score over seeds (pipelines/sweep_select.py)."""
     num_samples: PositiveInt = 1
     """Tune samples of the search space per grid point."""
     scheduler: Literal["fifo", "asha"] = "fifo"
@@ -143,6 +159,8 @@ class Trial:
     method: str
     seed: int
     job: dict[str, Any]
+    select: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """This trial's combination of `select:` values (empty when the sweep selects nothing)."""
 
     @property
     def name(self) -> str:
@@ -174,7 +192,11 @@ def absolute_paths(sweep: SweepConfig) -> SweepConfig:
 
 def trials(sweep: SweepConfig) -> list[Trial]:
     """Every grid point with its job config, validated; raises once listing every problem."""
-    problems = _search_problems(sweep.search)
+    problems = _search_problems(sweep.search) + select_problems("select", sweep.select, sweep.search)
+    for entry in sweep.methods:
+        problems += select_problems(f"methods[{entry.key}].select", entry.select, sweep.search)
+    if problems:  # a bad select key would repeat in every trial
+        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
     by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
     for task in sweep.tasks:
@@ -182,16 +204,19 @@ def trials(sweep: SweepConfig) -> list[Trial]:
             for entry in sweep.methods:
                 if entry.models is not None and model not in entry.models:
                     continue
-                for seed in sweep.seeds:
-                    job = trial_job(sweep, task, model, entry, seed)
+                for values, seed in itertools.product(combinations(select_space(sweep.select, entry.select)),
+                                                      sweep.seeds):
+                    job = trial_job(sweep, task, model, entry, seed, values)
                     try:
                         validate_job_config(job)
                     except JobConfigError as err:
-                        by_problem.setdefault(str(err), []).append(f"{task}/{model}/{entry.key}/s{seed}")
-                    points.append(Trial(task, model, entry.key, seed, job))
+                        where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
+                        by_problem.setdefault(str(err), []).append(where)
+                    points.append(Trial(task, model, entry.key, seed, job, values))
     for problem, names in by_problem.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
+    problems += real_data_problems(sweep.data_source, [(t.name, t.job.get("task", {}).get("source")) for t in points])
     if not points:
         problems.append(f"the grid is empty: no method row runs on models={sweep.models} (rows restricted by "
                         "methods[].models name none of them)")
@@ -202,7 +227,7 @@ def trials(sweep: SweepConfig) -> list[Trial]:
 
 def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,
               searched: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job dict of one grid point: base job < model < task < method overrides < searched values.
+    """The job dict of one grid point: base job < model < task < method overrides < selected and searched values.
 
     Its output folder is `<trial name>-<config hash>`: a trial whose config changed (grid, job keys,
     searched values, defaults) trains afresh in a new folder, and only an identical config reuses one.
@@ -225,8 +250,8 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
 def _data_source(sweep: SweepConfig) -> dict[str, Any]:
     source = sweep.data_source
     data_dir = os.environ.get("CAPT_DATA_DIR")
-    if source == "auto":
-        source = "local" if data_dir else "generated"
+    if source in ("auto", "real"):
+        source = "local" if data_dir else ("generated" if source == "auto" else "hub")
     return {"source": source, **({"data_dir": data_dir} if source == "local" and data_dir else {})}
 
 

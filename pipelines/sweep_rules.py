@@ -1,8 +1,10 @@
 """Field rules of a sweep config, checked by pydantic with every other problem: no empty or repeated grid
-axis, no two models sharing a slug, and sweep names and row labels that stay inside the storage root."""
+axis, no two models sharing a slug, and sweep names and row labels that stay inside the storage root; and
+the rule of `data_source: real`, checked on the expanded trials."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from typing import Annotated
@@ -68,3 +70,26 @@ SweepName = Annotated[str, AfterValidator(_safe(_SAFE_NAME, _SAFE_NAME_RULE))]
 """A sweep name: it becomes the folder <storage_path>/<name>."""
 RowLabel = Annotated[str, AfterValidator(_safe(_SAFE_LABEL, _SAFE_LABEL_RULE))]
 """A method row label: it becomes part of every trial folder name."""
+
+
+def real_data_problems(data_source: str, trial_sources: list[tuple[str, str | None]]) -> list[str]:
+    """With `data_source: real`: no trial on generated data, and a place to read real data from.
+
+    `trial_sources`: (trial name, its job's task.source) for every trial.
+    """
+    if data_source != "real":
+        return []
+    problems = []
+    generated = [name for name, source in trial_sources if source == "generated"]
+    if generated:
+        problems.append(f"data_source='real' but {len(generated)} trial(s) ({', '.join(generated[:3])}) set "
+                        "task.source='generated' (in job, model_overrides or task_overrides): the paper's protocol "
+                        "runs on the real tasks only; remove that override, or set data_source=generated for a "
+                        "trial run")
+    hub_off = "1" in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE"))
+    if not os.environ.get("CAPT_DATA_DIR") and hub_off:
+        problems.append("data_source='real' needs the real task data: CAPT_DATA_DIR is not set and the hub is off "
+                        "(HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1). Set CAPT_DATA_DIR to a folder holding "
+                        "<task>/{train,val}.jsonl (the official release layout), or allow the hub; generated data "
+                        "is not the paper's protocol (data_source=generated runs on it anyway, for a trial run)")
+    return problems

@@ -27,6 +27,7 @@ from pipelines.config import flatten, model_slug, validate_job_config
 from pipelines.job_outputs import claim_job_folder, config_hash
 from pipelines.sweep_config import SweepConfig, trial_job
 from pipelines.sweep_resources import runs_in_trial_process, worker_bundle
+from pipelines.sweep_select import SELECT_TAG, select_label
 
 logger = logging.getLogger(__name__)
 CLAIM_WAIT_S = 60.0
@@ -42,7 +43,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
 
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
-    searched = {k: v for k, v in params.items() if k != "point"}
+    searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
     entry = next(e for e in config.methods if e.key == point["method"])
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     name = tune.get_context().get_trial_name()
@@ -112,7 +113,7 @@ def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict
         "register": config.tracking.register and entry.name == "capt",
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
-                 "config_hash": config_hash(validate_job_config(job))},
+                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {}))},
     }
 
 

@@ -32,9 +32,10 @@ from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
-from pipelines.job_setup import Job, build_job, num_labels
+from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache
+from pipelines.optim_defaults import model_family, optim_default, resolve_optim
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -61,8 +62,10 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
     The job first claims its output folder (see `pipelines.job_outputs`): one job per folder, and never
     another config's outputs. With `train.resume`, a folder that already holds the finished result of
     this same config returns that result without training again (a restarted sweep never runs a trial
-    twice), and a checkpoint of this same config is continued.
+    twice), and a checkpoint of this same config is continued. The config is resolved first (optimiser
+    defaults filled in, `pipelines.optim_defaults`): its folder, hash and result hold the values used.
     """
+    config = resolve_optim(config)
     with claim_job_folder(config):
         finished = finished_result(config) if config.train.resume else None
         if finished is not None:
@@ -210,7 +213,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
         "generated_data": job.config.task.source == "generated", "processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
-        "artifact_dir": str(job.output_dir / "artifact"), "config": job.config.to_dict(),
+        "optimizer": resolved_optimizer(job), "artifact_dir": str(job.output_dir / "artifact"),
+        "config": job.config.to_dict(),
         "config_hash": config_hash(job.config),
     }
     if accelerator.is_main_process:
@@ -219,6 +223,16 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
+
+
+def resolved_optimizer(job: Job) -> dict[str, Any]:
+    """The optimiser and schedule the job trained with, and the table default of its method and family."""
+    optim, method = job.config.optim, job.config.method.name
+    default = optim_default(method, model_family(job.config.model.name))
+    return {"name": optim.name, "lr": optim.lr, "head_lr": optim.head_lr, "weight_decay": optim.weight_decay,
+            "schedule": optim.schedule, "warmup_steps": warmup_steps(job.config, job.total_steps),
+            "total_steps": job.total_steps,
+            "default": {"name": default.optimizer, "lr": default.lr, "source": default.source}}
 
 
 def ranks_in_sync(job: Job) -> bool:

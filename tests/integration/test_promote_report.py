@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from pipelines import promote, report
 from pipelines.config import flatten
 from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
+from pipelines.sweep import promote_champions
+from pipelines.sweep_config import SweepConfig
 from pipelines.tracking import TrialTracker
 from pipelines.train import run
 
@@ -43,12 +46,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, in
     return trained
 
 
-def track(uri: str, result: dict[str, Any]) -> str:
+def track(uri: str, result: dict[str, Any], experiment: str = EXPERIMENT) -> str:
     """Log a finished job as the sweep's rank-0 worker does (idempotent: same state dir, same run)."""
     key = f"{result['task']}/{result['model_slug']}/{result['method']}/s{result['seed']}"
     tags = {"task": result["task"], "model": result["model_slug"], "method": result["method"],
             "seed": result["seed"], "sweep": "test"}
-    tracker = TrialTracker(uri, EXPERIMENT, key, tags, Path(result["artifact_dir"]).parent, system_metrics=False)
+    tracker = TrialTracker(uri, experiment, key, tags, Path(result["artifact_dir"]).parent, system_metrics=False)
     tracker.start()
     tracker.log_params(flatten(result["config"]))
     for record in result["history"]:
@@ -66,24 +69,27 @@ def test_promotion_lifecycle_and_the_champion_pyfunc(
     uri, client = mlflow_server.uri, MlflowClient(mlflow_server.uri)
     first = results[("rte", "capt", 0)]
     track(uri, first)
-    done = promote.promote("tiny-t5", "rte", tracking_uri=uri)
+    # the two versions are ordered by test score: this test is about aliases, not about the metric chosen
+    done = promote.promote("tiny-t5", "rte", metric="test_score", tracking_uri=uri)
     assert (done.champion, done.previous, done.value) == (1, None, first["metrics"]["test_score"])
     assert _aliases(client) == {"champion": "1"}
     tags = client.get_model_version(NAME, "1").tags
     assert tags["validation_status"] == "approved" and tags["promoted_at"] and tags["promoted_metric"] == "test_score"
 
-    assert promote.main(["--model", "tiny-t5", "--task", "rte", "--min", "99", "--tracking-uri", uri]) == 1
+    by_test = ["--metric", "test_score"]
+    assert promote.main(["--model", "tiny-t5", "--task", "rte", *by_test, "--min", "99", "--tracking-uri", uri]) == 1
     assert "below --min 99" in capsys.readouterr().err
     assert _aliases(client) == {"champion": "1"} and client.get_model_version(NAME, "1").tags == tags
 
     second = results[("rte", "capt", 1)]
     track(uri, second)
     assert client.get_model_version(NAME, "2").tags["validation_status"] == "pending"
-    assert promote.main(["--model", "tiny-t5", "--task", "rte", "--stage", "Production", "--tracking-uri", uri]) == 0
+    assert promote.main(["--model", "tiny-t5", "--task", "rte", *by_test, "--stage", "Production",
+                         "--tracking-uri", uri]) == 0
     assert "version 1 is now challenger" in capsys.readouterr().out
     assert _aliases(client) == {"champion": "2", "challenger": "1"}
     assert client.get_model_version(NAME, "2").current_stage == "Production"
-    assert promote.promote("google/tiny-t5", "rte", tracking_uri=uri).changed is False  # idempotent
+    assert promote.promote("google/tiny-t5", "rte", "test_score", tracking_uri=uri).changed is False  # idempotent
 
     rows = [{k: v for k, v in row.items() if k != "generated"} for row in generate_rows("rte", "val", 6, seed=5)]
     mlflow.set_tracking_uri(uri)
@@ -91,6 +97,31 @@ def test_promotion_lifecycle_and_the_champion_pyfunc(
     local = CapsulePredictor(second["artifact_dir"], second).predict_rows(rows)
     assert list(predicted) == local and len(local) == 6
     assert set(local) <= {"entailment", "not_entailment"}
+
+
+SELECTION_SLUG = "tiny-t5-selection"  # a registered model of its own: capt-tiny-t5-selection-rte
+
+
+def test_the_default_champion_is_the_best_on_validation_not_on_test(
+        mlflow_server: LocalMlflowServer, results: dict, tmp_path: Path) -> None:
+    """Two versions of one real capsule whose scores are set so that the best on validation (version 1) is
+    the worst on test: promotion and the sweep's automatic champion pick version 1; only an explicit
+    `--metric test_score` picks version 2."""
+    uri, base = mlflow_server.uri, results[("rte", "capt", 0)]
+    for key, (validation, test) in {"v1": (80.0, 40.0), "v2": (60.0, 70.0)}.items():
+        shutil.copytree(base["artifact_dir"], tmp_path / key / "artifact")
+        track(uri, {**base, "model_slug": SELECTION_SLUG, "artifact_dir": str(tmp_path / key / "artifact"),
+                    "metrics": {**base["metrics"], "best_validation_score": validation, "test_score": test}},
+              experiment="test-promote-selection")
+    rows = [{"model": SELECTION_SLUG, "task": "rte", "method": "capt", "status": "done"}]
+    assert promote_champions(SweepConfig(), uri, rows) == [f"capt-{SELECTION_SLUG}-rte"]
+    client = MlflowClient(uri)
+    champion = client.get_model_version_by_alias(f"capt-{SELECTION_SLUG}-rte", "champion")
+    assert champion.version == "1" and champion.tags["promoted_metric"] == "best_validation_score"
+    done = promote.promote(SELECTION_SLUG, "rte", tracking_uri=uri)
+    assert (done.champion, done.metric, done.value, done.changed) == (1, "best_validation_score", 80.0, False)
+    by_test = promote.promote(SELECTION_SLUG, "rte", metric="test_score", tracking_uri=uri)
+    assert (by_test.champion, by_test.value, by_test.previous) == (2, 70.0, 1)
 
 
 def test_promote_errors_are_clear_and_change_nothing(
@@ -120,7 +151,7 @@ def test_report_tables_mean_and_std_over_seeds(
                 f"{statistics.stdev(capt_rte):.2f} | "
                 f"{statistics.mean([scores[('cb', 'capt', 0)], statistics.mean(capt_rte)]):.2f} |")
     pt = scores[("rte", "prompt_tuning", 0)]
-    assert "## tiny-t5" in text and "| method | cb | rte | Average |" in text
+    assert "## tiny-t5" in text and "| method | cb | rte | SuperGLUE avg |" in text
     assert capt_row in text and f"| prompt_tuning | - | {pt:.2f} | {pt:.2f}* |" in text
     assert text.index("| prompt_tuning") < text.index("| capt")  # baselines first, CaPT last
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

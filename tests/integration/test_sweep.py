@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -254,3 +255,39 @@ def test_a_laptop_sweep_starts_and_stops_its_own_ray_and_mlflow(tmp_path):
     assert "capt-tiny-t5-rte@champion" in proc.stdout and (tmp_path / "mlflow" / "mlflow.db").is_file()
     # Ray Train's controller reached the local state API: no teardown stall waiting for it.
     assert "Failed to stop PlacementGroupCleaner" not in output and "did not exit within" not in output
+
+
+def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_scores(ray_head, mlflow_server,
+                                                                                        tmp_path):
+    """3 learning rates x 2 seeds of CaPT on tiny-t5: the results table and the report keep the lr with the
+    best mean validation score (computed here from the trials' own result.json) and only its runs."""
+    from pipelines.report import build_report, run_frame
+    from pipelines.tracking import experiment_runs
+
+    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-select", f"storage_path={tmp_path}",
+               f"tracking.uri={mlflow_server.uri}", "seeds=[0,1]", "tracking.register=false",
+               "select={optim.lr: [0.01, 0.1, 0.3]}"]
+    proc = subprocess.run(command, cwd=ROOT, env=_env(ray_head, RAY_ADDRESS=ray_head.address), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    results = [json.loads(p.read_text()) for p in (tmp_path / "it-select" / "jobs").glob("*/result.json")]
+    by_lr: dict[float, list[dict]] = {}
+    for result in results:
+        by_lr.setdefault(result["config"]["optim"]["lr"], []).append(result)
+    assert sorted(by_lr) == [0.01, 0.1, 0.3] and all(len(r) == 2 for r in by_lr.values())
+    mean_validation = {lr: sum(r["metrics"]["best_validation_score"] for r in rs) / 2 for lr, rs in by_lr.items()}
+    best = max(sorted(mean_validation), key=mean_validation.get)
+    assert "4 trials of other values not shown" in proc.stdout
+    table = [line.split() for line in proc.stdout.splitlines() if line.startswith("rte ") and line.endswith(" done")]
+    assert [(row[3], row[4]) for row in table] == [(f"optim.lr={best}", "0"), (f"optim.lr={best}", "1")]
+
+    runs = experiment_runs("capt-it-select", mlflow_server.uri)
+    assert len(runs) == 6 and {r["tags"]["select"] for r in runs} == {f"optim.lr={lr}" for lr in by_lr}
+    frame = run_frame(runs, "test_score")
+    chosen_runs = {r["run_id"] for r in runs if r["tags"]["select"] == f"optim.lr={best}"}
+    assert set(frame["run_id"]) == chosen_runs and len(chosen_runs) == 2
+    text, _, _ = build_report("capt-it-select", mlflow_server.uri, tmp_path / "report")
+    tests = sorted(r["metrics"]["test_score"] for r in by_lr[best])
+    [row] = [line for line in text.splitlines() if line.startswith("| capt |")]
+    assert f"{statistics.mean(tests):.2f} ± {statistics.stdev(tests):.2f} [optim.lr={best}]" in row
+    assert "Selection on the validation split" in text

@@ -79,6 +79,9 @@ def test_a_trial_is_one_run_with_params_history_artifacts_and_a_version(
     assert {k: run_data.data.tags[k] for k in (*TAGS, "seed")} == {**TAGS, "seed": "0"}
     assert set(run_data.data.params) == set(flatten(tracked["config"].to_dict()))
     assert run_data.data.params["train.eval_every_steps"] == "3"
+    # no lr in the job: the resolved default is logged, never "None"
+    assert {k: run_data.data.params[k] for k in ("optim.name", "optim.lr", "optim.schedule")} == {
+        "optim.name": "adafactor", "optim.lr": "0.3", "optim.schedule": "linear"}
     history = client.get_metric_history(tracked["run_id"], "validation_score")
     assert [m.step for m in history] == [h["step"] for h in tracked["result"]["history"]] == [3, 6]
     assert run_data.data.metrics["test_score"] == pytest.approx(tracked["result"]["metrics"]["test_score"])

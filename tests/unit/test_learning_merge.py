@@ -50,7 +50,7 @@ def test_two_pieces_give_one_table_over_all_their_tasks(tmp_path):
 
     text = (out / "report.md").read_text()
     tasks = table_row(text, "method")[:-1]
-    assert sorted(tasks) == sorted(SCORES) and table_row(text, "method")[-1] == "Average"
+    assert sorted(tasks) == sorted(SCORES) and table_row(text, "method")[-1] == "SuperGLUE avg"
     capt = table_row(text, "capt")
     for cell, task in zip(capt, tasks, strict=False):
         scores = SCORES[task]["capt"]

@@ -201,3 +201,20 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
     with pytest.raises(JobConfigError, match="holds credentials") as caught:
         refuse_credentials_in_uri("https://ann:s3cret@mlflow.example:5443/")
     assert "s3cret" not in str(caught.value) and "mlflow.example:5443" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
+def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
+    path = CONFIGS / "paper" / f"{name}.yaml"
+    local = {p.task: p.job["task"] for p in trials(load_sweep_config(path))}  # CAPT_DATA_DIR set by the fixture
+    assert (local["rte"]["source"], local["rte"]["data_dir"], local["boolq"]["source"]) == ("local", str(tmp_path), "hub")
+    monkeypatch.delenv("CAPT_DATA_DIR")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the hub allowed (the models' configs still come from the cache)
+    assert {p.job["task"]["source"] for p in trials(load_sweep_config(path))} == {"hub"}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(JobConfigError, match="CAPT_DATA_DIR is not set and the hub is off"):
+        load_sweep_config(path)
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
+    with pytest.raises(JobConfigError, match="set task.source='generated'"):
+        load_sweep_config(path, ["task_overrides.cb.task.source=generated"])

@@ -13,7 +13,7 @@ import pytest
 import requests
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.promote import PromotionError, choose_best, metric_value
+from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
@@ -210,11 +210,34 @@ def test_best_version_prefers_the_tag_then_keeps_the_champion_on_ties() -> None:
         choose_best(versions, "accuracy")
 
 
+def test_a_metric_is_chosen_in_its_known_or_stated_direction() -> None:
+    versions = [_version(1, 60.0), _version(2, 55.0)]
+    assert choose_best(versions, "test_score", metric_direction("test_score"))[0].version == 1
+    assert choose_best(versions, "test_score", higher_is_better=False)[0].version == 2
+    assert metric_direction("best_validation_score") is True and metric_direction("train_loss") is False
+    assert metric_direction("my_cost", higher_is_better=False) is False
+    with pytest.raises(PromotionError, match="'accuracy': its direction is unknown.*--lower-is-better"):
+        metric_direction("accuracy")
+    with pytest.raises(PromotionError, match="for this metric higher is better"):
+        metric_direction("best_validation_score", higher_is_better=False)
+
+
 def _run(task: str, method: str, seed: int, value: float, validation: float = 0.0, model: str = "t5-base",
          status: str = "FINISHED") -> dict:
     return {"run_id": f"{task}{method}{seed}{value}", "status": status,
             "tags": {"task": task, "method": method, "seed": str(seed), "model": model},
             "metrics": {"test_score": value, "best_validation_score": validation}}
+
+
+def test_the_superglue_average_leaves_csqa_out_and_csqa_has_its_own_column() -> None:
+    runs = [_run("rte", "capt", 0, 70.0), _run("cb", "capt", 0, 90.0), _run("csqa", "capt", 0, 20.0),
+            _run("rte", "lora", 0, 60.0), _run("csqa", "lora", 0, 30.0)]
+    table = build_tables(run_frame(runs, "test_score"))["t5-base"]
+    assert list(table.columns.get_level_values(0).unique()) == ["cb", "rte", "SuperGLUE avg", "csqa"]
+    assert table.loc["capt", ("SuperGLUE avg", "mean")] == 80.0 and table.loc["lora", ("SuperGLUE avg", "mean")] == 60.0
+    text = markdown({"t5-base": table}, "test_score", "title")
+    assert "| method | cb | rte | SuperGLUE avg | csqa |" in text
+    assert "| lora | - | 60.00 | 60.00* | 30.00 |" in text and "| capt | 90.00 | 70.00 | 80.00 | 20.00 |" in text
 
 
 def test_report_tables_select_on_validation_and_format_mean_std() -> None:
@@ -229,9 +252,9 @@ def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     assert list(table.index) == ["lora", "capt"]
     assert table.loc["capt", ("rte", "mean")] == 72.0
     assert table.loc["capt", ("rte", "std")] == pytest.approx(math.sqrt(8))
-    assert table.loc["capt", ("Average", "mean")] == 81.0
+    assert table.loc["capt", ("SuperGLUE avg", "mean")] == 81.0
     text = markdown(tables, "test_score", "title")
-    assert "| method | cb | rte | Average |" in text
+    assert "| method | cb | rte | SuperGLUE avg |" in text
     assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
     assert format_cell(float("nan"), float("nan")) == "-"
     assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)

@@ -1,0 +1,100 @@
+"""The optimiser and learning rate a job gets when its config names none: one table, keyed by method and family.
+
+A job's config is resolved before anything trains (`resolve_optim`): `optim.name` and `optim.lr` left empty
+are filled in from `OPTIM_DEFAULTS`, so result.json, the MLflow params and the config hash all hold the
+values actually used, never `None`. Each entry says where its values come from. Values marked "not tuned"
+are placeholders until the learning benchmark (pipelines/configs/bench/learning.yaml with `select:`)
+chooses them on validation; a sweep that cares should give `select: {job.optim.lr: [...]}` anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pipelines.config import JobConfig
+
+FAMILIES = ("t5", "decoder", "encoder")
+"""Model families, as `capt.arch` names them: T5 (encoder-decoder), decoder-only, encoder-only (BERT)."""
+
+
+@dataclass(frozen=True)
+class OptimDefault:
+    """The default optimiser and learning rate of one (method, family), with where they come from."""
+
+    optimizer: str
+    """adafactor (fixed lr: relative_step=False, scale_parameter=False) or adamw."""
+    lr: float
+    """Learning rate of the method's parameters (a classifier head has its own, optim.head_lr)."""
+    source: str
+    """The paper, the baseline's paper, or the measurement these values come from."""
+
+
+_PROMPT_T5 = ("Lester et al. 2021 (prompt tuning on T5): Adafactor at lr 0.3; the CaPT paper trains prompt methods "
+              "with Adafactor and takes lr 0.3 from earlier work (SMoP's code)")
+_SMALL_STATES = ("not tuned: placeholder until the learning benchmark selects it. Adafactor's fixed-lr first step "
+                 "moves every element by +-lr, so the T5 value 0.3 makes the capsule an outlier token on models whose "
+                 "states are ~0.6 per element (MiniLM); AdamW at 1e-2 is the top of P-Tuning v2's AdamW range on "
+                 "BERT-family encoders (Liu et al. 2022: 5e-3..1e-2)")
+_PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper presets use 1e-2 with the "
+            "CaPT paper's optimiser for prompt methods (Adafactor)")
+_LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
+_LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+
+OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
+    ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
+    ("capt", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("capt", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("prompt_tuning", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
+    ("prompt_tuning", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("prompt_tuning", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("ptuning_v2", "t5"): OptimDefault("adafactor", 1e-2, _PTUNING),
+    ("ptuning_v2", "decoder"): OptimDefault("adamw", 1e-2, "P-Tuning v2 (Liu et al. 2022): AdamW, lr 5e-3..1e-2; "
+                                            "not tuned for decoder-only models"),
+    ("ptuning_v2", "encoder"): OptimDefault("adamw", 1e-2, "P-Tuning v2 (Liu et al. 2022): AdamW, lr 5e-3..1e-2 on "
+                                            "BERT/RoBERTa SuperGLUE"),
+    ("lora", "t5"): OptimDefault("adamw", 5e-4, _LORA_OTHER),
+    ("lora", "decoder"): OptimDefault("adamw", 5e-4, _LORA_OTHER),
+    ("lora", "encoder"): OptimDefault("adamw", 5e-4, _LORA),
+    ("full_finetune", "t5"): OptimDefault("adafactor", 1e-3, "T5 (Raffel et al. 2020) fine-tunes with Adafactor "
+                                          "at a constant lr 1e-3"),
+    ("full_finetune", "decoder"): OptimDefault("adamw", 5e-5, "not tuned: placeholder until the learning benchmark "
+                                               "selects it (the BERT paper's top value, as for encoders)"),
+    ("full_finetune", "encoder"): OptimDefault("adamw", 5e-5, "BERT (Devlin et al. 2019) fine-tunes with Adam at "
+                                               "lr in {5e-5, 3e-5, 2e-5}"),
+}
+
+
+def optim_default(method: str, family: str) -> OptimDefault:
+    """The table entry of (`method`, `family`); ValueError naming both when there is none."""
+    try:
+        return OPTIM_DEFAULTS[(method, family)]
+    except KeyError:
+        known = ", ".join(sorted({m for m, _ in OPTIM_DEFAULTS}))
+        raise ValueError(f"No default optimiser for method {method!r} on model family {family!r} (methods: {known}; "
+                         f"families: {', '.join(FAMILIES)}); set optim.name and optim.lr.") from None
+
+
+def model_family(model_name: str) -> str:
+    """The family of base model `model_name`, read from its config alone (no weights loaded)."""
+    from pipelines.models import model_shape
+
+    return model_shape(model_name).family
+
+
+def resolve_optim(config: JobConfig) -> JobConfig:
+    """`config` with `optim.name` and `optim.lr` filled in from the table when empty (unchanged otherwise).
+
+    ValueError when only `optim.name` is given and it is not the table's optimiser (its lr would not fit).
+    """
+    optim = config.optim
+    if optim.name is not None and optim.lr is not None:
+        return config
+    family = model_family(config.model.name)
+    default = optim_default(config.method.name, family)
+    if optim.lr is None and optim.name not in (None, default.optimizer):
+        raise ValueError(f"optim.name={optim.name!r} with optim.lr unset: the default lr of method "
+                         f"{config.method.name!r} on model.name={config.model.name!r} (family {family!r}) is "
+                         f"{default.lr:g} for {default.optimizer}, not for {optim.name}; set optim.lr too")
+    resolved = dataclasses.replace(optim, name=optim.name or default.optimizer, lr=optim.lr or default.lr)
+    return dataclasses.replace(config, optim=resolved)
