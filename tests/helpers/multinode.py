@@ -155,14 +155,12 @@ def cluster_records(env: dict[str, str]) -> dict:
 
 
 def node_running(cluster, pid: int) -> object | None:
-    """The node of `cluster` whose raylet started the live process `pid` (None if none did or it is gone)."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for node in cluster.list_all_nodes():
-        if f"--raylet-name={node.raylet_socket_name}".encode() in args:
-            return node
+    """The node of `cluster` where the live actor process `pid` runs (None if no live actor has that pid).
+
+    Asked of the GCS: Ray renames its worker processes (setproctitle), so their command lines say nothing."""
+    for actor in cluster.global_state.actor_table(None).values():
+        if actor["Pid"] == pid and actor["State"] == "ALIVE":
+            return next((n for n in cluster.list_all_nodes() if n.node_id == actor["Address"]["NodeID"]), None)
     return None
 
 
