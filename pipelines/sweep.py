@@ -25,10 +25,9 @@ from pipelines.cli_errors import add_debug_flag, run_cli  # noqa: E402
 from pipelines.config import JobConfigError, model_slug  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweep_config import SweepConfig, load_sweep_config, trials  # noqa: E402
+from pipelines.sweep_pending import PendingWatch, pending_timeout  # noqa: E402
 from pipelines.sweep_resources import (  # noqa: E402
-    PendingWatch,
     check_local_fit,
-    pending_timeout,
     runs_in_trial_process,
     trial_resources,
 )

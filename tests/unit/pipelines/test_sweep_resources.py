@@ -9,15 +9,13 @@ import pytest
 
 from pipelines.sweep import max_concurrent
 from pipelines.sweep_config import ResourcesSection, load_sweep_config
+from pipelines.sweep_pending import LOCAL_PENDING_TIMEOUT_S, PendingWatch, pending_timeout
 from pipelines.sweep_resources import (
-    LOCAL_PENDING_TIMEOUT_S,
     TRIAL_CPU,
     TRIAL_DRIVER_RESOURCE,
-    PendingWatch,
     ResourcesError,
     check_local_fit,
     driver_resources,
-    pending_timeout,
     trial_demand,
     trial_resources,
     worker_bundle,
@@ -122,7 +120,7 @@ WORKER = {"CPU": 1.0, "gpu_x": 1.0}
 def test_the_watch_reports_then_gives_up_on_a_worker_group_that_waits(caplog):
     watch = PendingWatch(ResourcesSection(custom_per_worker={"gpu_x": 1}, pending_timeout_s=30), 30.0)
     tune_trial = _pg("t", "CREATED", {"CPU": 0.1})
-    with caplog.at_level(logging.WARNING, logger="pipelines.sweep_resources"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.sweep_pending"):
         for now, pg in ((0, "a"), (9, "a"), (11, "b"), (20, "b")):  # Train replaces its placement group
             watch.check(float(now), _table(tune_trial, _pg(pg, "PENDING", WORKER)))
     reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
