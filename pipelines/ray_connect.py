@@ -61,7 +61,7 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
+def environ(**values: str) -> Iterator[None]:
     """Set environment variables for the block (the local Ray's processes inherit them); restore after."""
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -91,7 +91,7 @@ def _local_ray(num_cpus: int | None) -> Iterator[None]:
     token_file = private_ray_token_file()
     temp_dir = private_temp_dir("capt-ray") / "ray"  # Ray makes its own temp dir 777: the parent is private
     port = free_port(LOCALHOST)
-    with _environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
+    with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
         _warn_if_ray_was_imported_too_early()
         import ray
 

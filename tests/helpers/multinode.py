@@ -26,27 +26,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.ray_connect import environ
 from pipelines.services import LOCALHOST, LocalRayHead, free_port
 from pipelines.services.private import RAY_LOOPBACK_ENV
+from pipelines.sweep_resources import TRIAL_DRIVER_RESOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
-TRIAL_DRIVER_RESOURCE = "capt_trial_driver"
-"""A custom resource the head declares, for trial drivers that should not hold a worker node's CPUs."""
-
-
-@contextlib.contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """Set environment variables for the block (processes started meanwhile inherit them); restore after."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _private_temp_dir() -> Path:
