@@ -16,6 +16,9 @@ from capt.io import METADATA_NAME, WEIGHTS_NAME
 
 def _trained(kind="llama", seed=0, **config):
     model = capt.attach(BUILDERS[kind](seed=seed), capt.CapsuleConfig(init="normal", **config))
+    if hasattr(model.capsules[0], "projection_up"):
+        with torch.no_grad():  # a trained U is non-zero; zero would hide a lost or misshapen factor
+            model.capsules[0].projection_up.normal_(0.0, 0.1)
     return model
 
 
@@ -23,7 +26,7 @@ def _snapshot(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0]}, {"fusion": "conv", "length": 2},
+@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0], "project_rank": 3}, {"fusion": "conv", "length": 2},
                                     {"fusion": "prepend"}, {"task_vector": False}])
 def test_round_trip_is_exact(kind, tmp_path, config):
     model = _trained(kind, **config)
