@@ -132,3 +132,11 @@ def test_tensor_shapes_must_match_the_description(saved):
     data["config"]["length"] = 3
     path.write_text(json.dumps(data))
     _assert_refused(saved, BUILDERS["llama"](), "implies")
+
+
+def test_project_rank_above_the_hidden_size_in_an_artifact_is_refused(saved):
+    path = saved / METADATA_NAME
+    data = json.loads(path.read_text())
+    data["config"].update(fusion="project", project_rank=33)
+    path.write_text(json.dumps(data))
+    _assert_refused(saved, BUILDERS["llama"](), "project_rank=33 exceeds the model's hidden size 32")
