@@ -19,9 +19,11 @@ class Capsule(nn.Module):
     """One task's capsule over its layers: S_i = fuse(p_i, Mean(states before layer i)).
 
     Parameters are stacked over the capsule layers (row j belongs to `layers[j]`):
-    `vectors` (L, k, D) always when `task_vector`; `projection` (L, D, D) for fusion="project"
-    (S = p + W m, W initialised to the identity); `conv_weight` (L, D, K) for fusion="conv" (a depthwise
-    convolution over the sequence before the mean, initialised to the identity tap).
+    `vectors` (L, k, D) always when `task_vector`; for fusion="project" the low-rank map
+    S = p + m + U (V m) with `projection_up` U (L, D, r) zero-initialised and `projection_down` V (L, r, D)
+    drawn from N(0, 1/D) (so S = p + m at step 0, and U receives a gradient from the first step);
+    `conv_weight` (L, D, K) for fusion="conv" (a depthwise convolution over the sequence before the mean,
+    initialised to the identity tap).
     """
 
     def __init__(self, config: CapsuleConfig, layers: tuple[int, ...], hidden_size: int,
@@ -36,7 +38,10 @@ class Capsule(nn.Module):
         if config.task_vector:
             self.vectors = nn.Parameter(torch.zeros(count, k, d, **factory))
         if config.fusion == "project":
-            self.projection = nn.Parameter(torch.eye(d, **factory).repeat(count, 1, 1))
+            config.check_hidden_size(d)
+            rank = config.project_rank
+            self.projection_up = nn.Parameter(torch.zeros(count, d, rank, **factory))
+            self.projection_down = nn.Parameter(torch.randn(count, rank, d, **factory) / d**0.5)
         if config.fusion == "conv":
             weight = torch.zeros(count, d, config.conv_kernel, **factory)
             weight[:, :, config.conv_kernel // 2] = 1.0
@@ -67,7 +72,8 @@ class Capsule(nn.Module):
             return task.to(states.dtype)
         mean = self._instance_mean(row, states, mean_mask)  # (b, D)
         if cfg.fusion == "project":
-            mean = mean @ self.projection[row].T
+            low_rank = mean @ self.projection_down[row].T  # (b, r)
+            mean = mean + low_rank @ self.projection_up[row].T  # (b, D)
         if cfg.fusion == "prepend":
             fused = torch.cat([task, mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
         elif task is None:

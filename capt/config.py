@@ -33,6 +33,8 @@ class CapsuleConfig:
     """Number of capsule tokens k per layer."""
     conv_kernel: int = 3
     """Kernel width of the depthwise convolution used by fusion="conv"."""
+    project_rank: int = 8
+    """Rank r of the low-rank map of fusion="project" (S = p + m + U V m); at most the hidden size D."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layers, list):
@@ -61,6 +63,14 @@ class CapsuleConfig:
                 f"{num_layers} layers (allowed: 0..{num_layers - 1})."
             )
         return tuple(sorted(set(self.layers)))
+
+    def check_hidden_size(self, hidden_size: int) -> None:
+        """Raise `CapsuleConfigError` if a field exceeds what a model of hidden size `hidden_size` allows."""
+        if self.fusion == "project" and self.project_rank > hidden_size:
+            raise CapsuleConfigError(
+                f"CapsuleConfig.project_rank={self.project_rank} exceeds the model's hidden size {hidden_size} "
+                f"(allowed: 1..{hidden_size}); a rank above D adds parameters without adding expressiveness."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (layers as a list when explicit)."""
@@ -99,7 +109,7 @@ def _problems(cfg: CapsuleConfig) -> list[str]:
     for name in ("instance_mean", "task_vector"):
         if not isinstance(getattr(cfg, name), bool):
             problems.append(f"{name}={getattr(cfg, name)!r} (allowed: true or false)")
-    for name in ("length", "conv_kernel"):
+    for name in ("length", "conv_kernel", "project_rank"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{name}={value!r} (allowed: an int >= 1)")

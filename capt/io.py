@@ -170,6 +170,7 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
     try:
         config = CapsuleConfig.from_dict(metadata.config)
         expected = config.resolve_layers(metadata.num_layers)
+        config.check_hidden_size(metadata.hidden_size)
     except CapsuleConfigError as err:
         raise CapsuleArtifactError(f"{Path(directory) / METADATA_NAME}: {err}") from err
     if tuple(metadata.layers) != expected:  # checked before anything touches the base model

@@ -7,6 +7,7 @@ import torch
 from tiny_models import BUILDERS, random_batch
 
 import capt
+from capt.capsule import Capsule, masked_mean
 
 LAYERS, D = 4, 32
 
@@ -16,7 +17,8 @@ VARIANTS = {
     "first-half": (dict(layers="first_half"), 2, 2 * D),
     "odd-layers": (dict(layers="odd"), 2, 2 * D),
     "explicit-layers": (dict(layers=[1, 3]), 2, 2 * D),
-    "fusion-project": (dict(fusion="project"), 4, 4 * (D + D * D)),
+    "fusion-project": (dict(fusion="project"), 4, 4 * (D + 2 * 8 * D)),
+    "fusion-project-rank-2": (dict(fusion="project", project_rank=2), 4, 4 * (D + 2 * 2 * D)),
     "fusion-prepend": (dict(fusion="prepend"), 4, 4 * D),
     "fusion-conv": (dict(fusion="conv"), 4, 4 * (D + 3 * D)),
     "instance-only": (dict(task_vector=False), 4, 0),
@@ -33,6 +35,9 @@ def test_variant_trains_and_has_its_parameter_count(kind, variant):
     with torch.no_grad():
         base_logits = model(**inputs).logits
     capsule_model = capt.attach(model, capt.CapsuleConfig(init="normal", **options))
+    if hasattr(capsule_model.capsules[0], "projection_up"):
+        with torch.no_grad():  # U starts at zero, which blocks V's gradient until U has moved
+            capsule_model.capsules[0].projection_up.normal_(0.0, 0.1)
     params = list(capsule_model.trainable_parameters())
     assert len(capsule_model.capsules[0].layers) == capsule_layers
     assert sum(p.numel() for p in params) == expected
@@ -73,3 +78,23 @@ def test_instance_only_capsule_is_the_mean_of_the_instance():
     embeds = BUILDERS["t5"]().get_input_embeddings()(inputs["input_ids"])
     mask = inputs["attention_mask"][..., None].float()
     torch.testing.assert_close(states, (embeds * mask).sum(1) / mask.sum(1))
+
+
+def test_project_fusion_starts_as_add_and_then_adds_its_low_rank_map_of_the_mean():
+    added = Capsule(capt.CapsuleConfig(init="normal"), (0, 1), D)
+    projected = Capsule(capt.CapsuleConfig(init="normal", fusion="project", project_rank=3), (0, 1), D)
+    assert projected.projection_up.shape == (2, D, 3) and projected.projection_down.shape == (2, 3, D)
+    with torch.no_grad():
+        projected.vectors.copy_(added.vectors)
+    states, mask = torch.randn(2, 5, D), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    torch.testing.assert_close(projected.fuse(1, states, mask), added.fuse(1, states, mask))
+    with torch.no_grad():
+        projected.projection_up.normal_(0.0, 0.1)
+    low_rank = (masked_mean(states, mask) @ projected.projection_down[1].T) @ projected.projection_up[1].T
+    assert low_rank.abs().min() > 0
+    torch.testing.assert_close(projected.fuse(1, states, mask), added.fuse(1, states, mask) + low_rank.unsqueeze(1))
+
+
+def test_project_rank_above_the_hidden_size_is_refused():
+    with pytest.raises(capt.CapsuleConfigError, match=r"project_rank=33 exceeds the model's hidden size 32"):
+        capt.attach(BUILDERS["t5"](), capt.CapsuleConfig(fusion="project", project_rank=33))

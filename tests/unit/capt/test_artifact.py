@@ -16,6 +16,9 @@ from capt.io import METADATA_NAME, WEIGHTS_NAME
 
 def _trained(kind="llama", seed=0, **config):
     model = capt.attach(BUILDERS[kind](seed=seed), capt.CapsuleConfig(init="normal", **config))
+    if hasattr(model.capsules[0], "projection_up"):
+        with torch.no_grad():  # a trained U is non-zero; zero would hide a lost or misshapen factor
+            model.capsules[0].projection_up.normal_(0.0, 0.1)
     return model
 
 
@@ -23,7 +26,7 @@ def _snapshot(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0]}, {"fusion": "conv", "length": 2},
+@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0], "project_rank": 3}, {"fusion": "conv", "length": 2},
                                     {"fusion": "prepend"}, {"task_vector": False}])
 def test_round_trip_is_exact(kind, tmp_path, config):
     model = _trained(kind, **config)
@@ -129,3 +132,11 @@ def test_tensor_shapes_must_match_the_description(saved):
     data["config"]["length"] = 3
     path.write_text(json.dumps(data))
     _assert_refused(saved, BUILDERS["llama"](), "implies")
+
+
+def test_project_rank_above_the_hidden_size_in_an_artifact_is_refused(saved):
+    path = saved / METADATA_NAME
+    data = json.loads(path.read_text())
+    data["config"].update(fusion="project", project_rank=33)
+    path.write_text(json.dumps(data))
+    _assert_refused(saved, BUILDERS["llama"](), "project_rank=33 exceeds the model's hidden size 32")

@@ -23,7 +23,7 @@ def capsule_dirs(kind, tmp_path):
         model = capt.attach(BUILDERS[kind](), config)
         if config.fusion == "project":
             with torch.no_grad():
-                model.capsules[0].projection.add_(0.1 * torch.randn_like(model.capsules[0].projection))
+                model.capsules[0].projection_up.normal_(0.0, 0.1)
         dirs[name] = capt.save_capsule(model, tmp_path / name)
         model.detach()
     return dirs

@@ -15,10 +15,12 @@ def test_defaults_are_the_papers():
 
 def test_every_bad_key_is_reported_at_once():
     with pytest.raises(capt.CapsuleConfigError) as err:
-        capt.CapsuleConfig(layers="even", fusion="glue", init="xavier", init_std=-1.0, length=0, instance_mean="yes")
+        capt.CapsuleConfig(layers="even", fusion="glue", init="xavier", init_std=-1.0, length=0, instance_mean="yes",
+                           project_rank=0)
     message = str(err.value)
     for fragment in ("layers='even'", "first_half", "fusion='glue'", "add, project, prepend, conv",
-                     "init='xavier'", "zeros, normal", "init_std=-1.0", "length=0", "instance_mean='yes'"):
+                     "init='xavier'", "zeros, normal", "init_std=-1.0", "length=0", "instance_mean='yes'",
+                     "project_rank=0"):
         assert fragment in message
 
 

@@ -48,3 +48,14 @@ def test_capsule_budget_matches_the_paper(name):
     assert round(percent, 3) in (0.003, 0.004), f"{name}: {percent:.5f} %"
     if name == "t5-large":
         assert trainable == 24_576
+
+
+@pytest.mark.parametrize("rank", [4, 64])
+def test_low_rank_project_fusion_budget_on_t5_base(rank):
+    cls, config, layers, hidden = REAL["t5-base"]
+    with torch.device("meta"):
+        model = cls(config)
+    capsule_model = capt.attach(model, capt.CapsuleConfig(fusion="project", project_rank=rank))
+    trainable = sum(p.numel() for p in capsule_model.trainable_parameters())
+    assert trainable == layers * hidden + layers * 2 * rank * hidden
+    assert trainable == {4: 12 * 768 + 73_728, 64: 12 * 768 + 1_179_648}[rank]
