@@ -266,9 +266,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train_from_cli(args: argparse.Namespace) -> int:
-    result = run(load_job_config(args.config, args.overrides))
+    try:
+        result = run(load_job_config(args.config, args.overrides))
+    finally:
+        _leave_process_group()
     print(json.dumps({"output_dir": str(Path(result["artifact_dir"]).parent), **result["metrics"]}, indent=2))
     return 0
+
+
+def _leave_process_group() -> None:
+    """Tear down the `accelerate launch` process group before exit: gloo's threads alive at interpreter exit
+    can abort the process ("terminate called without an active exception", SIGABRT) after a finished job."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
