@@ -112,14 +112,11 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
 
 def make_optimizer(method: str, family: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The pipeline's default optimizer and learning rate for `method` on a model of `family`."""
+    from pipelines.job_setup import new_optimizer
     from pipelines.optim_defaults import optim_default
 
     default = optim_default(method, family)
-    if default.optimizer == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=default.lr, relative_step=False, scale_parameter=False, warmup_init=False)
-    return torch.optim.AdamW(params, lr=default.lr)
+    return new_optimizer(default.optimizer, params, default.lr)
 
 
 class MethodRunner:

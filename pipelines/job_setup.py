@@ -174,11 +174,17 @@ def make_optimizer(config: JobConfig, adapted: nn.Module, base: nn.Module) -> to
     groups = parameter_groups(adapted, base, optim.lr, optim.head_lr, optim.weight_decay)
     if not groups:
         return None
-    if optim.name == "adafactor":
+    return new_optimizer(optim.name, groups, groups[0]["lr"])
+
+
+def new_optimizer(name: str, params: list, lr: float) -> torch.optim.Optimizer:
+    """`name` ("adafactor": the paper's fixed-lr Adafactor, or AdamW) over `params` (tensors or groups;
+    `lr` is the default for groups that name none)."""
+    if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(groups, lr=groups[0]["lr"], relative_step=False, scale_parameter=False, warmup_init=False)
-    return torch.optim.AdamW(groups)
+        return Adafactor(params, lr=lr, relative_step=False, scale_parameter=False, warmup_init=False)
+    return torch.optim.AdamW(params, lr=lr)
 
 
 def _total_steps(config: JobConfig, batches_per_epoch: int) -> int:
