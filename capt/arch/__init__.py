@@ -44,7 +44,7 @@ def head_parameters(model: nn.Module) -> list[nn.Parameter]:
 
     Encoder-only classifiers train a linear head with every method; language-model heads stay frozen.
     """
-    if spec_for(model).family != "encoder" or model.base_model is model:
+    if not spec_for(model).classifier_head or model.base_model is model:
         return []
     backbone = {id(p) for p in model.base_model.parameters()}
     return [p for p in model.parameters() if id(p) not in backbone]
