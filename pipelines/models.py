@@ -70,8 +70,6 @@ class ModelShape:
     """Depth of the layer stack that hosts capsules (T5: the encoder)."""
     position_limit: int | None
     """Longest input sequence the model has positions for (None: no hard limit, e.g. T5)."""
-    accepts_baselines: bool
-    """Whether the baseline methods support this model type."""
 
 
 def model_shape(name: str) -> ModelShape:
@@ -103,8 +101,7 @@ def _shape_or_problem(name: str) -> ModelShape | str:
     if spec is None:
         return (f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
                 f"{', '.join(supported_model_types())}")
-    return ModelShape(config.model_type, spec.family, spec, spec.layers_in_config(config), spec.position_limit(config),
-                      spec.accepts_baselines(config.model_type))
+    return ModelShape(config.model_type, spec.family, spec, spec.layers_in_config(config), spec.position_limit(config))
 
 
 def read_model_config(name: str):
