@@ -9,7 +9,16 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError, UnsupportedModelError
+from capt.errors import (
+    AdapterError,
+    ArtifactError,
+    CapsuleArtifactError,
+    CapsuleConfigError,
+    CaptError,
+    MethodError,
+    UnknownMethodError,
+    UnsupportedModelError,
+)
 
 try:
     __version__ = version("capt")
@@ -21,6 +30,9 @@ _LAZY = {
     "CapsuleConfig": "capt.config",
     "CapsuleMetadata": "capt.io",
     "CapsuleModel": "capt.inject",
+    "METHODS": "capt.methods",
+    "MethodModel": "capt.methods",
+    "apply_method": "capt.methods",
     "attach": "capt.inject",
     "load_capsule": "capt.io",
     "read_metadata": "capt.io",
@@ -28,6 +40,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "METHODS",
+    "AdapterError",
+    "ArtifactError",
     "CaptError",
     "CapsuleBank",
     "CapsuleMetadata",
@@ -35,8 +50,12 @@ __all__ = [
     "CapsuleConfig",
     "CapsuleConfigError",
     "CapsuleModel",
+    "MethodError",
+    "MethodModel",
+    "UnknownMethodError",
     "UnsupportedModelError",
     "__version__",
+    "apply_method",
     "attach",
     "load_capsule",
     "read_metadata",

@@ -8,15 +8,17 @@ steps are shorter than the prefill and are left alone: the slot's keys and value
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from capt.arch import ArchSpec, spec_for, strip_slots
+from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supported_model_types
 from capt.capsule import Capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleConfigError, CaptError
@@ -40,7 +42,15 @@ class _Pass:
 
 
 class CapsuleModel(nn.Module):
-    """A frozen base model with one or more capsules; `forward`/`generate` mirror the base model's."""
+    """A frozen base model with one or more capsules; `forward`/`generate` mirror the base model's.
+
+    It implements `capt.methods.MethodModel` as the method "capt".
+    """
+
+    method = "capt"
+    """The method's name in `capt.methods.METHODS`."""
+    registers_model = True
+    """Capsule artifacts are what sweeps publish as registry versions."""
 
     def __init__(self, base_model: nn.Module, capsules: Sequence[Capsule], names: Sequence[str] | None = None,
                  spec: ArchSpec | None = None) -> None:
@@ -82,6 +92,42 @@ class CapsuleModel(nn.Module):
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """The capsule parameters, and nothing of the base model."""
         return (p for p in self.capsules.parameters() if p.requires_grad)
+
+    @classmethod
+    def apply(cls, model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleModel:
+        """`attach(model, config)`: the registry's way to adapt a base model."""
+        return attach(model, config)
+
+    def save(self, directory: str | os.PathLike, task: str | None = None,
+             metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
+        """`capt.save_capsule(self, ...)`: the capsule artifact, with the task and metrics it records."""
+        from capt.io import save_capsule
+
+        return save_capsule(self, directory, task=task, metrics=dict(metrics or {}), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, base_model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> CapsuleModel:
+        """`capt.load_capsule(base_model, directory, strict)`."""
+        from capt.io import load_capsule
+
+        return load_capsule(base_model, directory, strict)
+
+    @classmethod
+    def sequence_overhead(cls, config: CapsuleConfig) -> int:
+        """The capsule slots: `config.num_slots` positions in every input."""
+        return config.num_slots
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """None for every model type of the `capt.arch` registry."""
+        if spec_for_model_type(model_type) is None:
+            return f"capt does not support model_type={model_type!r} (supported: {', '.join(supported_model_types())})"
+        return None
+
+    @classmethod
+    def missing_layers(cls, config: CapsuleConfig, num_layers: int) -> list[int]:
+        """Explicit capsule layer indices beyond a stack of `num_layers` layers (presets always fit)."""
+        return [] if isinstance(config.layers, str) else [i for i in config.layers if i >= num_layers]
 
     @property
     def slot_span(self) -> tuple[int, int]:
@@ -130,7 +176,7 @@ class CapsuleModel(nn.Module):
                                           kwargs)
         with self._active(ctx):
             result = self.base_model.generate(**model_kwargs)
-        if self.spec.family != "decoder" or input_ids is None:
+        if not self.spec.generation_echoes_prompt or input_ids is None:
             return result
         sequences = result if isinstance(result, torch.Tensor) else result.sequences
         sequences = torch.cat([match_batch(input_ids, sequences.shape[0]), sequences], dim=1)
@@ -179,7 +225,7 @@ class CapsuleModel(nn.Module):
         start, stop = self.slot_span
         if self.spec.shifts_labels:
             return shift_causal_labels(labels, start, stop)
-        if labels.dim() == 2 and labels.dtype == torch.long and labels.shape[1] == length and self.spec.family == "encoder":
+        if labels.dim() == 2 and labels.dtype == torch.long and labels.shape[1] == length and self.spec.classifier_head:
             return insert_slots(labels, start, stop, -100)  # token classification
         return labels
 

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from capt import artifact
 from capt.arch import spec_for
 from capt.capsule import Capsule
 from capt.config import CapsuleConfig
-from capt.errors import CapsuleArtifactError, CapsuleConfigError
+from capt.errors import CapsuleArtifactError, CapsuleConfigError, CapsuleExistsError
 from capt.fingerprint import fingerprint
 from capt.inject import CapsuleModel
 
@@ -58,36 +55,18 @@ class CapsuleMetadata:
 
     @classmethod
     def from_json(cls, data: Any, path: Path) -> CapsuleMetadata:
-        """Parse `capsule.json`, naming unknown and missing keys."""
+        """Build from the parsed `capsule.json` at `path`, naming unknown and missing keys and wrong types."""
         if not isinstance(data, dict):
             raise CapsuleArtifactError(f"{path}: expected a JSON object, got {type(data).__name__}.")
-        known = {f.name for f in fields(cls)}
-        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-        problems = []
-        if unknown := sorted(set(data) - known):
-            problems.append(f"unknown keys {unknown} (allowed keys: {sorted(known)})")
-        if missing := sorted(required - set(data)):
-            problems.append(f"missing keys {missing}")
-        problems.extend(_type_problems(data))
+        problems = artifact.schema_problems(CAPSULE, data)
         if problems:
             raise CapsuleArtifactError(f"{path} is not a valid capsule description: {'; '.join(problems)}.")
         return cls(**data)
 
 
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "format_version": (int,), "capt_version": (str,), "config": (dict,), "layers": (list,),
-    "base_model": (str,), "model_type": (str,), "num_layers": (int,), "hidden_size": (int,),
-    "fingerprint": (str,), "task": (str, type(None)), "metrics": (dict,),
-}
-
-
-def _type_problems(data: dict[str, Any]) -> list[str]:
-    """Values of the wrong JSON type, and a format newer than this package reads."""
-    problems = [
-        f"{key}={data[key]!r} (allowed: {' or '.join(t.__name__ for t in types)})"
-        for key, types in _FIELD_TYPES.items()
-        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool))
-    ]
+def _value_problems(data: dict[str, Any]) -> list[str]:
+    """Layers that are not ints, and a format newer than this package reads."""
+    problems = []
     if isinstance(data.get("layers"), list) and not all(isinstance(i, int) for i in data["layers"]):
         problems.append(f"layers={data['layers']!r} (allowed: a list of ints)")
     if isinstance(data.get("format_version"), int) and data["format_version"] > FORMAT_VERSION:
@@ -95,24 +74,30 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     return problems
 
 
+CAPSULE = artifact.ArtifactKind(
+    name="capsule", weights_name=WEIGHTS_NAME, metadata_name=METADATA_NAME,
+    field_types={
+        "format_version": (int,), "capt_version": (str,), "config": (dict,), "layers": (list,),
+        "base_model": (str,), "model_type": (str,), "num_layers": (int,), "hidden_size": (int,),
+        "fingerprint": (str,), "task": (str, type(None)), "metrics": (dict,),
+    },
+    required=frozenset(f.name for f in fields(CapsuleMetadata) if f.default is MISSING and f.default_factory is MISSING),
+    error=CapsuleArtifactError, exists_error=CapsuleExistsError, value_problems=_value_problems,
+)
+"""The capsule artifact: `capsule.safetensors` + `capsule.json`."""
+
+
 def save_capsule(model: CapsuleModel, directory: str | os.PathLike, task: str | None = None,
                  metrics: dict[str, float] | None = None, overwrite: bool = False) -> Path:
     """Write the capsule of a single-capsule `model` to `directory`; refuses to replace one unless asked."""
     if len(model.capsules) != 1:
         raise CapsuleArtifactError(f"save_capsule saves one capsule; this model holds {len(model.capsules)}.")
-    directory = Path(directory)
-    if (directory / METADATA_NAME).exists() and not overwrite:
-        raise CapsuleArtifactError(f"{directory} already holds a capsule; pass overwrite=True to replace it.")
     capsule = model.capsules[0]
     metadata = _metadata_for(model.base_model, capsule, task, metrics)
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in capsule.state_dict().items()}
-    directory.mkdir(parents=True, exist_ok=True)
-    # Write to temporary files first so a crash never leaves a half-written artifact behind.
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    text = json.dumps(asdict(metadata), indent=2, sort_keys=True)
-    _atomic_write(directory / METADATA_NAME, lambda p: Path(p).write_text(text))
+    artifact.write_artifact(CAPSULE, directory, tensors, asdict(metadata), {"format": "pt"}, overwrite)
     logger.info("Saved capsule (%d parameters) to %s", sum(t.numel() for t in tensors.values()), directory)
-    return directory
+    return Path(directory)
 
 
 def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMetadata:
@@ -134,32 +119,9 @@ def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMe
     )
 
 
-def _atomic_write(target: Path, write) -> None:
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def read_metadata(directory: str | os.PathLike) -> CapsuleMetadata:
     """Parse and validate `capsule.json` of an artifact directory without touching any model."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        what = "does not exist" if not folder.exists() else "is a file, not a folder"
-        raise CapsuleArtifactError(f"No capsule artifact at {folder}: it {what}. Pass the folder that holds "
-                                   f"{METADATA_NAME} and {WEIGHTS_NAME}.")
-    path = folder / METADATA_NAME
-    if not path.is_file():
-        raise CapsuleArtifactError(f"No capsule artifact at {directory}: {path.name} is missing.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CapsuleArtifactError(f"{path} is not valid JSON ({err}); the artifact is corrupt.") from err
-    return CapsuleMetadata.from_json(data, path)
+    return CapsuleMetadata(**artifact.read_metadata(CAPSULE, directory))
 
 
 def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bool = True
@@ -180,7 +142,11 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
             "the artifact is corrupt.")
     device = next(base_model.parameters()).device
     capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
-    _load_weights(capsule, Path(directory) / WEIGHTS_NAME)
+    shapes = {name: tuple(t.shape) for name, t in capsule.state_dict().items()}
+    tensors = artifact.read_tensors(CAPSULE, directory, shapes)
+    with torch.no_grad():
+        for name, param in capsule.named_parameters():
+            param.copy_(tensors[name])
     return capsule, metadata
 
 
@@ -197,13 +163,7 @@ def _check_base(base: nn.Module, meta: CapsuleMetadata, directory: Path, strict:
     spec = spec_for(base)
     actual = {"model_type": base.config.model_type, "num_layers": spec.num_layers(base),
               "hidden_size": spec.hidden_size(base)}
-    wrong = [f"{key}: capsule has {getattr(meta, key)!r}, model has {value!r}"
-             for key, value in actual.items() if getattr(meta, key) != value]
-    if wrong:
-        raise CapsuleArtifactError(
-            f"The capsule in {directory} was trained on {meta.base_model!r} and does not fit this model ("
-            + "; ".join(wrong) + ")."
-        )
+    artifact.check_base(CAPSULE, directory, asdict(meta), actual, trained_on=meta.base_model)
     _check_fingerprint(fingerprint(base), meta, directory, strict)
 
 
@@ -222,21 +182,3 @@ def _check_fingerprint(current: str, meta: CapsuleMetadata, directory: Path, str
     if strict:
         raise CapsuleArtifactError(message + "; pass strict=False to load it anyway.")
     logger.warning("%s; loading anyway because strict=False.", message)
-
-
-def _load_weights(capsule: Capsule, path: Path) -> None:
-    if not path.is_file():
-        raise CapsuleArtifactError(f"No capsule weights at {path}: the artifact is incomplete.")
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CapsuleArtifactError(f"{path} is not a readable safetensors file ({err}); the artifact is corrupt.") from err
-    expected = {name: tuple(t.shape) for name, t in capsule.state_dict().items()}
-    found = {name: tuple(t.shape) for name, t in tensors.items()}
-    if expected != found:
-        raise CapsuleArtifactError(f"{path} holds tensors {found}, but its capsule.json implies {expected}.")
-    if any(not torch.isfinite(t).all() for t in tensors.values()):
-        raise CapsuleArtifactError(f"{path} holds NaN or infinite values; the artifact is corrupt.")
-    with torch.no_grad():
-        for name, param in capsule.named_parameters():
-            param.copy_(tensors[name])

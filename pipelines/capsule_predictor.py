@@ -79,7 +79,6 @@ class CapsulePredictor:
                  device: str | None = None) -> None:
         config = result["config"]
         self.task = result["task"]
-        self.family = result["family"]
         self.label_names = tasks.get(self.task).label_names
         self.mode = config["train"]["eval_mode"]
         self.batch_size = config["train"]["eval_batch_size"]
@@ -87,6 +86,7 @@ class CapsulePredictor:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         loaded = load_model(result["model"], len(self.label_names), config["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
+        self.spec = loaded.spec
         self.model = load_artifact(loaded.model, artifact_dir).to(self.device).eval()
         method = config["method"]
         self.collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config["model"]["max_length"],
@@ -106,7 +106,7 @@ class CapsulePredictor:
             return []
         numbered = [(i + 1, _prepared(self.task, row, i)) for i, row in enumerate(rows)]
         examples = examples_from_rows(self.task, "predict", numbered, source="model input")
-        ids = predict(self.model, examples, self.collator, self.family, self.mode, self.batch_size,
+        ids = predict(self.model, examples, self.collator, self.spec, self.mode, self.batch_size,
                       self.max_new_tokens, self.tokenizer, self.device)
         return [self.label_names[i] if 0 <= i < len(self.label_names) else INVALID_LABEL for i in ids]
 

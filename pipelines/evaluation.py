@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from capt.arch import ArchSpec
 from capt.tasks import Example, compute_metrics, rank_classify, texts_to_labels
 from pipelines.methods import model_inputs
 
@@ -41,18 +42,18 @@ def sequence_log_likelihood(logits: torch.Tensor, labels: torch.Tensor, shift: b
 
 
 @torch.no_grad()
-def predict(model: nn.Module, examples: Sequence[Example], collator, family: str, mode: str,
+def predict(model: nn.Module, examples: Sequence[Example], collator, spec: ArchSpec, mode: str,
             batch_size: int, max_new_tokens: int, tokenizer: Any, device: torch.device) -> list[int]:
     """Label predictions for `examples` on this process (no gathering)."""
     predictions: list[int] = []
     for start in range(0, len(examples), batch_size):
         chunk = list(examples[start:start + batch_size])
-        if family == "encoder":
+        if spec.classifier_head:
             predictions += _head_predictions(model, collator(chunk), device)
         elif mode == "rank":
-            predictions += _rank_predictions(model, collator.candidate_batch(chunk), family, device, len(chunk))
+            predictions += _rank_predictions(model, collator.candidate_batch(chunk), spec, device, len(chunk))
         else:
-            predictions += _generated_predictions(model, collator.generation_batch(chunk), chunk, family,
+            predictions += _generated_predictions(model, collator.generation_batch(chunk), chunk, spec,
                                                   max_new_tokens, tokenizer, device)
     return predictions
 
@@ -66,30 +67,31 @@ def _head_predictions(model, batch, device) -> list[int]:
     return logits.argmax(-1).tolist()
 
 
-def _rank_predictions(model, batch, family, device, count) -> list[int]:
+def _rank_predictions(model, batch, spec: ArchSpec, device, count) -> list[int]:
     inputs = _to(batch, device)
     labels = batch["labels"].to(device)
-    logits = model(**inputs, labels=labels).logits if family == "t5" else model(**inputs).logits
-    scores = sequence_log_likelihood(logits, labels, shift=family == "decoder")  # (N*C,)
+    # An encoder-decoder's labels build its decoder inputs; a causal LM scores its own input sequence.
+    logits = model(**inputs, labels=labels).logits if spec.encoder_decoder else model(**inputs).logits
+    scores = sequence_log_likelihood(logits, labels, shift=spec.shifts_labels)  # (N*C,)
     return rank_classify(scores.view(count, -1))
 
 
-def _generated_predictions(model, batch, examples, family, max_new_tokens, tokenizer, device) -> list[int]:
+def _generated_predictions(model, batch, examples, spec: ArchSpec, max_new_tokens, tokenizer, device) -> list[int]:
     inputs = _to(batch, device)
     generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                pad_token_id=tokenizer.pad_token_id)
-    if family == "decoder":
+    if spec.generation_echoes_prompt:
         generated = generated[:, inputs["input_ids"].shape[1]:]  # keep the new tokens only
     texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
     return texts_to_labels(examples[0].task, texts, examples)
 
 
-def evaluate(accelerator, model, examples: Sequence[Example], collator, family: str, mode: str,
+def evaluate(accelerator, model, examples: Sequence[Example], collator, spec: ArchSpec, mode: str,
              batch_size: int, max_new_tokens: int, tokenizer: Any) -> dict[str, float]:
     """Task metrics (percent, plus "score") over `examples`, computed with every process's share."""
     model.eval()
     with accelerator.split_between_processes(list(examples)) as shard:
-        local = predict(accelerator.unwrap_model(model), shard, collator, family, mode,
+        local = predict(accelerator.unwrap_model(model), shard, collator, spec, mode,
                         max(1, batch_size // accelerator.num_processes), max_new_tokens, tokenizer,
                         accelerator.device)
     predictions = _gather_in_order(accelerator, local)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import capt
+from capt.methods import get_method
 from pipelines.config import section
 from pipelines.methods import sequence_overhead
 from pipelines.models import ModelShape, model_shape
@@ -20,23 +20,26 @@ def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
     except ValueError as err:
         return [str(err)]
     problems = []
-    if method_ok and method_name == "capt":
-        problems += _capsule_layer_problems(name, shape, method.get("options", {}))
-    if method_ok and method_name != "capt" and not shape.accepts_baselines:
-        problems.append(f"method.name={method_name!r} with model.name={name!r}: the baselines do not support "
-                        f"model_type={shape.model_type!r} (CaPT does)")
+    if method_ok:
+        problems += _method_fit_problems(name, shape, method_name, method.get("options", {}))
     problems += _length_problems(raw, shape, method_ok)
     return problems
 
 
-def _capsule_layer_problems(name: str, shape: ModelShape, options: dict[str, Any]) -> list[str]:
-    layers = capt.CapsuleConfig.from_dict(dict(options)).layers
-    stack = "encoder layers" if shape.family == "t5" else "layers"
-    bad = [] if isinstance(layers, str) else [i for i in layers if i >= shape.capsule_layers]
-    if not bad:
-        return []
-    return [f"method.options.layers={list(layers)}: model.name={name!r} has {shape.capsule_layers} {stack}, so "
-            f"{bad} do not exist (allowed: indices 0..{shape.capsule_layers - 1}, or all, first_half, odd)"]
+def _method_fit_problems(name: str, shape: ModelShape, method_name: str, options: dict[str, Any]) -> list[str]:
+    """Layers the method's options name that the model lacks, and a model type the method refuses."""
+    entry = get_method(method_name)
+    problems = []
+    bad = entry.model_class.missing_layers(entry.build_config(options), shape.capsule_layers)
+    if bad:
+        layers, stack = options.get("layers"), shape.spec.capsule_stack_name
+        problems.append(f"method.options.layers={list(layers)}: model.name={name!r} has {shape.capsule_layers} "
+                        f"{stack}, so {bad} do not exist (allowed: indices 0..{shape.capsule_layers - 1}, or all, "
+                        "first_half, odd)")
+    reason = entry.model_class.unsupported_reason(shape.model_type)
+    if reason:
+        problems.append(f"method.name={method_name!r} with model.name={name!r}: {reason}")
+    return problems
 
 
 def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) -> list[str]:
@@ -46,7 +49,8 @@ def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) ->
     if not isinstance(max_length, int) or not isinstance(new_tokens, int) or max_length < 1:
         return []  # the schema reports the type
     problems = []
-    generated = new_tokens if shape.family == "decoder" and train.get("eval_mode", "generate") == "generate" else 0
+    generates = shape.spec.generation_echoes_prompt and train.get("eval_mode", "generate") == "generate"
+    generated = new_tokens if generates else 0  # new tokens take positions after the prompt
     if shape.position_limit is not None and max_length + generated > shape.position_limit:
         extra = f" + model.max_new_tokens={new_tokens} generated after it" if generated else ""
         problems.append(f"model.max_length={max_length}{extra}: model.name={model.get('name', 'tiny-t5')!r} has "

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from capt import tasks
+from capt.arch import ArchSpec
 from capt.errors import CaptError
 from pipelines.checkpoint import install_hooks
 from pipelines.config import JobConfig
@@ -32,7 +33,7 @@ class Job:
     model: nn.Module
     base_model: nn.Module
     tokenizer: Any
-    family: str
+    spec: ArchSpec
     collator: Any
     splits: tasks.Splits
     train_loader: Any
@@ -148,7 +149,7 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     logger.info("%s: %d trainable parameters, %d train / %d validation / %d test examples, %d steps",
                 config.method.name, sum(p.numel() for p in trainable), len(splits.train), len(splits.validation),
                 len(splits.test), total_steps)
-    return Job(config, accelerator, model, loaded.model, loaded.tokenizer, loaded.family, collator, splits,
+    return Job(config, accelerator, model, loaded.model, loaded.tokenizer, loaded.spec, collator, splits,
                loader, optimizer, scheduler, trainable, total_steps, output_dir)
 
 

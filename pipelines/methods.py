@@ -1,4 +1,5 @@
-"""CaPT and the paper's baselines behind one interface: build, adapt, optimise, save and load."""
+"""CaPT and the paper's baselines through the one method registry (`capt.methods`): build, adapt, optimise,
+save and load."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 
 import capt
 from capt.arch import head_parameters
+from capt.methods import METHODS, MethodModel, apply_method, get_method
 
 HEAD_WEIGHTS = "head.safetensors"
 METHOD_FILE = "method.json"
@@ -19,33 +21,23 @@ METHOD_FILE = "method.json"
 
 def build_method_config(name: str, options: dict[str, Any]):
     """The typed config of method `name` from its options (raises with every bad option named)."""
-    if name == "capt":
-        return capt.CapsuleConfig.from_dict(dict(options))
-    from capt.baselines import METHODS
-
-    return METHODS[name].from_dict(dict(options))
+    return get_method(name).build_config(options)
 
 
 def method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     """Problems of `method.options` for method `name`, e.g. a prompt-tuning option given to LoRA."""
+    if name not in METHODS:
+        return []  # the method name itself is reported by the schema
     try:
         build_method_config(name, options)
-    except KeyError:
-        return []  # the method name itself is reported by the schema
     except (ValueError, TypeError) as err:
         return [f"method.options for method {name!r}: {err}"]
     return []
 
 
-def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> nn.Module:
+def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> MethodModel:
     """Wrap the frozen `model` with `method`; encoder classifier heads are trainable for every method."""
-    config = build_method_config(method, options)
-    if method == "capt":
-        adapted = capt.attach(model, config)
-    else:
-        from capt.baselines import apply
-
-        adapted = apply(model, config)
+    adapted = apply_method(model, build_method_config(method, options))
     for param in head_parameters(model):
         param.requires_grad_(True)
     return adapted
@@ -63,14 +55,11 @@ def parameter_groups(adapted: nn.Module, model: nn.Module, lr: float, head_lr: f
     return [g for g in groups if g["params"]]
 
 
-def save_artifact(adapted: nn.Module, model: nn.Module, method: str, directory: str | os.PathLike,
+def save_artifact(adapted: MethodModel, model: nn.Module, method: str, directory: str | os.PathLike,
                   task: str, metrics: dict[str, float]) -> Path:
-    """Write the capsule (capt format) or the baseline's adapter, plus a trained head, to `directory`."""
+    """Write the method's artifact (a capsule or an adapter), plus a trained head, to `directory`."""
     directory = Path(directory)
-    if method == "capt":
-        capt.save_capsule(adapted, directory, task=task, metrics=metrics, overwrite=True)
-    else:
-        adapted.save_adapter(directory)
+    adapted.save(directory, task=task, metrics=metrics, overwrite=True)
     head = _named_head(model)
     if head:
         save_file({n: p.detach().cpu().contiguous() for n, p in head.items()}, str(directory / HEAD_WEIGHTS))
@@ -78,7 +67,7 @@ def save_artifact(adapted: nn.Module, model: nn.Module, method: str, directory: 
     return directory
 
 
-def load_artifact(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+def load_artifact(model: nn.Module, directory: str | os.PathLike) -> MethodModel:
     """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model."""
     directory = Path(directory)
     info = json.loads((directory / METHOD_FILE).read_text())
@@ -90,11 +79,7 @@ def load_artifact(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
                                             f"head is {sorted(head)}.")
         for name, param in head.items():
             param.data.copy_(weights[name])
-    if info["method"] == "capt":
-        return capt.load_capsule(model, directory)
-    from capt.baselines import load_adapter
-
-    return load_adapter(model, directory)
+    return get_method(info["method"]).model_class.load(model, directory)
 
 
 def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -104,12 +89,13 @@ def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def sequence_overhead(method: str, options: dict[str, Any]) -> int:
     """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
-    config = build_method_config(method, options)
-    if method == "capt":
-        return config.num_slots
-    if method == "prompt_tuning":
-        return config.num_tokens + int(config.instance_token)
-    return 0
+    entry = get_method(method)
+    return entry.model_class.sequence_overhead(entry.build_config(options))
+
+
+def registers_model(method: str) -> bool:
+    """Whether sweeps publish `method`'s artifacts as registry versions (`capt-<model>-<task>`)."""
+    return get_method(method).model_class.registers_model
 
 
 def model_inputs(batch: dict, keys=("input_ids", "attention_mask", "token_type_ids", "prompt_mask")) -> dict:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capt.arch import family_of_model_type, spec_for_model_type, supported_model_types
+from capt.arch import ArchSpec, spec_for, spec_for_model_type, supported_model_types
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,12 @@ class LoadedModel:
     tokenizer: Any
     """Its tokenizer."""
     family: str
-    """"t5", "decoder" or "encoder"."""
+    """"t5", "decoder" or "encoder" (the task formats' key)."""
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The `capt.arch` spec of the model: every family-dependent behaviour is a property of it."""
+        return spec_for(self.model)
 
 
 def model_name_problems(name: str) -> list[str]:
@@ -59,12 +64,12 @@ class ModelShape:
     """`config.model_type`."""
     family: str
     """"t5", "decoder" or "encoder"."""
+    spec: ArchSpec
+    """The `capt.arch` spec of its family: every family-dependent behaviour is a property of it."""
     capsule_layers: int
     """Depth of the layer stack that hosts capsules (T5: the encoder)."""
     position_limit: int | None
     """Longest input sequence the model has positions for (None: no hard limit, e.g. T5)."""
-    accepts_baselines: bool
-    """Whether the baseline methods support this model type."""
 
 
 def model_shape(name: str) -> ModelShape:
@@ -96,8 +101,7 @@ def _shape_or_problem(name: str) -> ModelShape | str:
     if spec is None:
         return (f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
                 f"{', '.join(supported_model_types())}")
-    return ModelShape(config.model_type, spec.family, spec.layers_in_config(config), spec.position_limit(config),
-                      spec.accepts_baselines(config.model_type))
+    return ModelShape(config.model_type, spec.family, spec, spec.layers_in_config(config), spec.position_limit(config))
 
 
 def read_model_config(name: str):
@@ -168,30 +172,24 @@ def _minilm(num_labels: int) -> LoadedModel:
 
 
 def _pretrained(name: str, num_labels: int) -> LoadedModel:
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(name)
-    family = family_of_model_type(config.model_type)
-    if family is None:
+    spec = spec_for_model_type(config.model_type)
+    if spec is None:
         raise ValueError(f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
                          f"{', '.join(supported_model_types())}.")
     tokenizer = AutoTokenizer.from_pretrained(name)
-    if family == "t5":
-        model = AutoModelForSeq2SeqLM.from_pretrained(name)
-    elif family == "decoder":
-        model = AutoModelForCausalLM.from_pretrained(name)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+    if spec.pad_with_eos and tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    auto_class = getattr(transformers, spec.auto_model_class)
+    if spec.classifier_head:
+        with _seeded(_TINY_WEIGHTS_SEED):  # the classifier head is new: make it the same in every process
+            model = auto_class.from_pretrained(name, num_labels=num_labels)
     else:
-        with _seeded(_TINY_WEIGHTS_SEED):
-            model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=num_labels)
-    return LoadedModel(model.eval(), tokenizer, family)
+        model = auto_class.from_pretrained(name)
+    return LoadedModel(model.eval(), tokenizer, spec.family)
 
 
 class _seeded:

@@ -158,13 +158,13 @@ def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
 
 def _label_kwargs(job: Job, batch: dict) -> dict:
     # T5 needs labels to build decoder inputs; decoder-only capsules derive the prompt from them.
-    return {"labels": batch["labels"]} if job.family != "encoder" else {}
+    return {} if job.spec.classifier_head else {"labels": batch["labels"]}
 
 
 def _loss(job: Job, outputs, batch: dict) -> torch.Tensor:
-    if job.family == "encoder":
+    if job.spec.classifier_head:
         return torch.nn.functional.cross_entropy(outputs.logits.float(), batch["labels"])
-    return per_example_nll(outputs.logits, batch["labels"], shift=job.family == "decoder").mean()
+    return per_example_nll(outputs.logits, batch["labels"], shift=job.spec.shifts_labels).mean()
 
 
 def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> bool:
@@ -192,7 +192,7 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
 
 def _evaluate(job: Job, examples) -> dict[str, float]:
     cfg = job.config
-    return evaluate(job.accelerator, job.model, examples, job.collator, job.family, cfg.train.eval_mode,
+    return evaluate(job.accelerator, job.model, examples, job.collator, job.spec, cfg.train.eval_mode,
                     cfg.train.eval_batch_size, cfg.model.max_new_tokens, job.tokenizer)
 
 
@@ -205,7 +205,7 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
     wall = time.perf_counter() - meter.started
     result = {
         "task": job.config.task.name, "model": job.config.model.name, "model_slug": model_slug(job.config.model.name),
-        "method": job.config.method.name, "seed": job.config.seed, "family": job.family,
+        "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
         "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
                     **{f"test_{k}": v for k, v in test.items()}},
         "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,

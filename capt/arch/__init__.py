@@ -28,12 +28,6 @@ def spec_for(model: nn.Module) -> ArchSpec:
     )
 
 
-def family_of_model_type(model_type: str) -> str | None:
-    """"t5", "decoder" or "encoder" for a `config.model_type`, None when unsupported."""
-    spec = spec_for_model_type(model_type)
-    return spec.family if spec else None
-
-
 def spec_for_model_type(model_type: str) -> ArchSpec | None:
     """The spec serving a `config.model_type` (read from a config alone, no model built), None when unsupported."""
     return next((spec for spec in REGISTRY if model_type in spec.model_types), None)
@@ -44,11 +38,11 @@ def head_parameters(model: nn.Module) -> list[nn.Parameter]:
 
     Encoder-only classifiers train a linear head with every method; language-model heads stay frozen.
     """
-    if spec_for(model).family != "encoder" or model.base_model is model:
+    if not spec_for(model).classifier_head or model.base_model is model:
         return []
     backbone = {id(p) for p in model.base_model.parameters()}
     return [p for p in model.parameters() if id(p) not in backbone]
 
 
-__all__ = ["ArchSpec", "AttentionSite", "REGISTRY", "family_of_model_type", "head_parameters", "spec_for",
+__all__ = ["ArchSpec", "AttentionSite", "REGISTRY", "head_parameters", "spec_for",
            "spec_for_model_type", "strip_slots", "supported_model_types"]

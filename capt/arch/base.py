@@ -52,6 +52,21 @@ class ArchSpec:
     """True when the instance mean covers the prompt only (decoder-only: answers must never leak)."""
     shifts_labels: bool = False
     """True when `labels` are aligned with `input_ids` and shifted inside the model (causal LM loss)."""
+    classifier_head: bool = False
+    """True when the model classifies with a task head (BERT `*ForSequenceClassification`): it trains with
+    cross-entropy on its logits, takes no `labels` in `forward`, and never generates text."""
+    encoder_decoder: bool = False
+    """True when a separate decoder reads the encoder's states (T5): `labels` build the decoder inputs, so
+    scoring an answer passes them to `forward`, and `encoder_outputs` may stand in for `input_ids`."""
+    generation_echoes_prompt: bool = False
+    """True when `generate` returns prompt + new tokens and the new tokens take positions after the prompt
+    (decoder-only LMs)."""
+    pad_with_eos: bool = False
+    """True when a tokenizer without a pad token pads with its EOS token (decoder-only LMs ship without one)."""
+    auto_model_class: str = "AutoModel"
+    """The `transformers` Auto class that loads a checkpoint of this family for the tasks."""
+    capsule_stack_name: str = "layers"
+    """What messages call the layer stack that hosts capsules (T5: "encoder layers")."""
     baseline_types: frozenset[str] | None = None
     """The `model_types` the baselines accept; None: all of them."""
     position_limit_key: str | None = "max_position_embeddings"

@@ -28,4 +28,7 @@ SPEC = ArchSpec(
     lora_targets=("q_proj", "v_proj"),
     mean_over_prompt=True,
     shifts_labels=True,
+    generation_echoes_prompt=True,
+    pad_with_eos=True,
+    auto_model_class="AutoModelForCausalLM",
 )

@@ -31,4 +31,6 @@ SPEC = ArchSpec(
     attention_sites=_self_attention_sites,
     lora_targets=("query", "value"),
     slot_offset=1,
+    classifier_head=True,
+    auto_model_class="AutoModelForSequenceClassification",
 )

@@ -38,4 +38,7 @@ SPEC = ArchSpec(
     # The baselines were written and tested for t5 and mt5 only; umt5 stays refused there until tested.
     baseline_types=frozenset({"t5", "mt5"}),
     position_limit_key=None,  # relative position buckets: any length runs (`n_positions` is only a hint)
+    encoder_decoder=True,
+    auto_model_class="AutoModelForSeq2SeqLM",
+    capsule_stack_name="encoder layers",
 )

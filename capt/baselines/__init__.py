@@ -16,6 +16,8 @@ prompt tuning's instance token uses it (else it falls back to labels == -100, th
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from capt.baselines.adapted import AdaptedModel
@@ -26,39 +28,32 @@ from capt.baselines.config import (
     PromptTuningConfig,
     PTuningV2Config,
 )
-from capt.baselines.full import FullFinetuneModel
 from capt.baselines.info import detect_family, model_info, supported_types
-from capt.baselines.io import AdapterError, load_adapter
-from capt.baselines.lora import LoraModel
-from capt.baselines.prefix import PTuningV2Model
-from capt.baselines.prompt import PromptTuningModel
-
-METHODS: dict[str, type[BaselineConfig]] = {
-    "prompt_tuning": PromptTuningConfig,
-    "ptuning_v2": PTuningV2Config,
-    "lora": LoraConfig,
-    "full_finetune": FullFinetuneConfig,
-}
-"""Method name -> config class."""
-
-_WRAPPERS: dict[type[BaselineConfig], type[AdaptedModel]] = {
-    PromptTuningConfig: PromptTuningModel,
-    PTuningV2Config: PTuningV2Model,
-    LoraConfig: LoraModel,
-    FullFinetuneConfig: FullFinetuneModel,
-}
+from capt.baselines.io import load_adapter
+from capt.errors import AdapterError, UnknownConfigError
 
 
 def apply(model: nn.Module, config: BaselineConfig) -> AdaptedModel:
-    """Wrap ``model`` with the method that ``config``'s type selects."""
-    wrapper = _WRAPPERS.get(type(config))
-    if wrapper is None:
-        raise TypeError(
-            f"unknown baseline config {type(config).__name__}; expected one of "
-            f"{[c.__name__ for c in _WRAPPERS]}"
-        )
-    detect_family(model)  # clear error for unsupported models before anything is changed
-    return wrapper(model, config)
+    """Wrap ``model`` with the baseline method that ``config``'s type selects."""
+    from capt.methods import apply_method
+
+    if not isinstance(config, BaselineConfig):
+        raise UnknownConfigError(f"unknown baseline config {type(config).__name__}; expected one of "
+                                 f"{[c.__name__ for c in _baseline_configs().values()]}")
+    return apply_method(model, config)
+
+
+def _baseline_configs() -> dict[str, type[BaselineConfig]]:
+    from capt.methods import METHODS
+
+    return {name: m.config_class for name, m in METHODS.items() if issubclass(m.model_class, AdaptedModel)}
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS``: baseline method name -> config class, read off the one registry (``capt.methods``)."""
+    if name == "METHODS":
+        return _baseline_configs()
+    raise AttributeError(f"module 'capt.baselines' has no attribute {name!r}")
 
 
 __all__ = [

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from capt.arch import REGISTRY, spec_for_model_type
 from capt.baselines.config import BaselineConfig
 from capt.baselines.info import ModelInfo, baseline_spec, model_info
+from capt.errors import AdapterError, DetachedError, MethodError, UnsupportedCallError
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +27,17 @@ class AdaptedModel(nn.Module):
     ``forward(**kwargs)`` takes the base model's arguments and returns the base model's output type;
     ``generate(input_ids, attention_mask, **kw)`` returns what ``base.generate`` returns for the same
     inputs; ``trainable_parameters()`` yields only the method's parameters. The base model is available
-    as ``self.base``; ``detach()`` hands it back with the method removed.
+    as ``self.base`` (``self.base_model``); ``detach()`` hands it back with the method removed. It
+    implements ``capt.methods.MethodModel``.
     """
+
+    registers_model = False
+    """Sweeps publish capsules, not adapters, as registry versions."""
 
     def __init__(self, base: nn.Module, config: BaselineConfig) -> None:
         super().__init__()
         if getattr(base, _MARKER, False):
-            raise ValueError("this model already carries a baseline adapter; detach() it first")
+            raise MethodError("this model already carries a baseline adapter; detach() it first")
         self.spec = baseline_spec(base)
         """The ``capt.arch`` spec of the base model: where its layers and attention modules are."""
         self.info: ModelInfo = model_info(base)
@@ -40,6 +47,46 @@ class AdaptedModel(nn.Module):
         object.__setattr__(base, _MARKER, True)
         self._detached = False
         self._grad_flags = [(p, p.requires_grad) for p in base.parameters()]
+
+    @classmethod
+    def apply(cls, model: nn.Module, config: BaselineConfig) -> AdaptedModel:
+        """Wrap ``model`` with this method (a clear error for unsupported models before anything changes)."""
+        baseline_spec(model)
+        return cls(model, config)
+
+    @classmethod
+    def load(cls, base_model: nn.Module, directory: str | os.PathLike) -> AdaptedModel:
+        """``load_adapter(base_model, directory)``, refusing an adapter of another method than ``cls``."""
+        from capt.baselines.io import load_adapter
+
+        adapted = load_adapter(base_model, directory)
+        if not isinstance(adapted, cls):
+            adapted.detach()
+            raise AdapterError(f"{directory} holds a {adapted.method} adapter, not one of {cls.__name__}.")
+        return adapted
+
+    @classmethod
+    def sequence_overhead(cls, config: BaselineConfig) -> int:
+        """Positions the method adds to every input sequence (none unless overridden)."""
+        return 0
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """Why the baselines refuse ``model_type`` (None when they accept it)."""
+        if any(spec.accepts_baselines(model_type) for spec in REGISTRY):
+            return None
+        capsules = " (CaPT does)" if spec_for_model_type(model_type) is not None else ""
+        return f"the baselines do not support model_type={model_type!r}{capsules}"
+
+    @classmethod
+    def missing_layers(cls, config: BaselineConfig, num_layers: int) -> list[int]:
+        """Baselines name no layer indices: always empty."""
+        return []
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The wrapped base model (``self.base``), as every ``MethodModel`` names it."""
+        return self.base
 
     @property
     def method(self) -> str:
@@ -80,12 +127,17 @@ class AdaptedModel(nn.Module):
         wrong = sorted(k for k in set(params) & set(state) if tuple(state[k].shape) != tuple(params[k].shape))
         if missing or unexpected or wrong:
             shapes = {k: (tuple(state[k].shape), tuple(params[k].shape)) for k in wrong}
-            raise ValueError(
+            raise MethodError(
                 f"adapter tensors do not fit this model: missing={missing}, unexpected={unexpected}, "
                 f"shape (file, model)={shapes}"
             )
         for key, param in params.items():
             param.copy_(state[key].to(dtype=param.dtype, device=param.device))
+
+    def save(self, directory: str | os.PathLike, task: str | None = None,
+             metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
+        """``save_adapter``; the adapter format records no task or metrics (the caller keeps those)."""
+        return self.save_adapter(directory, overwrite=overwrite)
 
     def save_adapter(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the adapter (safetensors + JSON metadata) to ``directory``; see ``capt.baselines.io``."""
@@ -110,8 +162,8 @@ class AdaptedModel(nn.Module):
         return self.base.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     def _require_generate(self) -> None:
-        if not hasattr(self.base, "generate") or self.family == "encoder":
-            raise TypeError(f"{type(self.base).__name__} ({self.family} family) does not generate text")
+        if not hasattr(self.base, "generate") or self.spec.classifier_head:
+            raise UnsupportedCallError(f"{type(self.base).__name__} ({self.family} family) does not generate text")
 
     def _release(self) -> None:
         """Undo the method's changes to the base model (overridden per method)."""
@@ -119,7 +171,7 @@ class AdaptedModel(nn.Module):
     def detach(self) -> nn.Module:
         """Remove the method and return the base model, with its parameters' ``requires_grad`` as before."""
         if self._detached:
-            raise RuntimeError("adapter already detached")
+            raise DetachedError("adapter already detached")
         self._release()
         base = self.base
         for param, flag in self._grad_flags:

@@ -1,26 +1,23 @@
 """Baseline adapter artifacts: ``adapter.safetensors`` + ``adapter.json`` in one directory.
 
 The JSON holds the method, its config and the base model's shape (model type, family, layer count, hidden
-size) plus the tensor names and shapes. Loading checks all of it against the base model before touching
-any weight, rejects unknown JSON keys, and reads tensors with safetensors only (never unpickles). Saving
-refuses to overwrite an existing artifact unless ``overwrite=True`` and writes through temporary files.
+size) plus the tensor names and shapes. Writing and validation are `capt.artifact`'s, shared with capsules:
+loading checks all of it against the base model before touching any weight, rejects unknown JSON keys,
+and reads tensors with safetensors only (never unpickles); saving refuses to overwrite an existing
+artifact unless ``overwrite=True`` and writes through temporary files.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from capt import artifact
 from capt.baselines.info import model_info
-from capt.errors import CaptError
+from capt.errors import AdapterError, AdapterExistsError, CaptError
 
 if TYPE_CHECKING:
     from capt.baselines.adapted import AdaptedModel
@@ -31,16 +28,36 @@ WEIGHTS_NAME = "adapter.safetensors"
 META_NAME = "adapter.json"
 FORMAT = "capt-baseline-adapter"
 FORMAT_VERSION = 1
-META_KEYS = frozenset({"format", "format_version", "method", "config", "model_type", "family", "num_layers",
-                       "hidden_size", "tensors"})
-MAX_META_BYTES = 1 << 20
+BASE_KEYS = ("model_type", "family", "num_layers", "hidden_size")
+"""The base model's shape as recorded in ``adapter.json`` and checked on load."""
 
 
-class AdapterError(CaptError, ValueError):
-    """An adapter artifact is corrupt, malformed or does not fit the base model."""
+def _value_problems(meta: dict[str, Any]) -> list[str]:
+    problems = []
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        problems.append(f"format={meta.get('format')!r} format_version={meta.get('format_version')!r} "
+                        f"(allowed: {FORMAT!r} version {FORMAT_VERSION})")
+    tensors = meta.get("tensors")
+    if isinstance(tensors, dict) and not all(
+            isinstance(s, list) and all(isinstance(n, int) for n in s) for s in tensors.values()):
+        problems.append(f"tensors={tensors!r} (allowed: tensor name -> list of ints)")
+    return problems
 
 
-def _metadata(model: AdaptedModel, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+ADAPTER = artifact.ArtifactKind(
+    name="adapter", weights_name=WEIGHTS_NAME, metadata_name=META_NAME,
+    field_types={"format": (str,), "format_version": (int,), "method": (str,), "config": (dict,),
+                 "model_type": (str,), "family": (str,), "num_layers": (int,), "hidden_size": (int,),
+                 "tensors": (dict,)},
+    required=frozenset({"format", "format_version", "method", "config", *BASE_KEYS, "tensors"}),
+    error=AdapterError, exists_error=AdapterExistsError, value_problems=_value_problems,
+)
+"""The adapter artifact of every baseline method."""
+
+META_KEYS = frozenset(ADAPTER.field_types)
+
+
+def _metadata(model: AdaptedModel, state: dict[str, Any]) -> dict[str, Any]:
     info = model.info
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "method": model.method,
@@ -52,85 +69,41 @@ def _metadata(model: AdaptedModel, state: dict[str, torch.Tensor]) -> dict[str, 
 
 def save_adapter(model: AdaptedModel, directory: str | Path, overwrite: bool = False) -> Path:
     """Write ``model``'s adapter into ``directory`` (created if needed) and return the directory."""
-    directory = Path(directory)
-    targets = [directory / WEIGHTS_NAME, directory / META_NAME]
-    existing = [str(p) for p in targets if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"adapter artifact already exists: {existing}; pass overwrite=True to replace it")
-    directory.mkdir(parents=True, exist_ok=True)
     state = model.adapter_state_dict()
-    meta = _metadata(model, state)
-    tmp_weights, tmp_meta = (p.with_name(p.name + ".tmp") for p in targets)
-    save_file(state, str(tmp_weights), metadata={"format": FORMAT, "method": model.method})
-    tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    os.replace(tmp_weights, targets[0])
-    os.replace(tmp_meta, targets[1])
+    artifact.write_artifact(ADAPTER, directory, state, _metadata(model, state),
+                            {"format": FORMAT, "method": model.method}, overwrite)
     logger.info("saved %s adapter (%d tensors) to %s", model.method, len(state), directory)
-    return directory
+    return Path(directory)
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
     """Read and structurally validate ``adapter.json``; raise ``AdapterError`` on any problem."""
-    path = Path(directory) / META_NAME
-    if not path.is_file():
-        raise AdapterError(f"no adapter metadata at {path}")
-    if path.stat().st_size > MAX_META_BYTES:
-        raise AdapterError(f"{path} is larger than {MAX_META_BYTES} bytes")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AdapterError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise AdapterError(f"{path} must hold a JSON object")
-    unknown, missing = sorted(set(meta) - META_KEYS), sorted(META_KEYS - set(meta))
-    if unknown or missing:
-        raise AdapterError(f"{path}: unknown keys {unknown}, missing keys {missing} (allowed: {sorted(META_KEYS)})")
-    if meta["format"] != FORMAT or meta["format_version"] != FORMAT_VERSION:
-        raise AdapterError(f"{path}: unsupported format {meta['format']!r} v{meta['format_version']!r}")
-    return meta
+    return artifact.read_metadata(ADAPTER, directory)
 
 
-def check_compatible(meta: dict[str, Any], base_model: nn.Module) -> None:
+def check_compatible(meta: dict[str, Any], base_model: nn.Module, directory: str | Path = "") -> None:
     """Raise ``AdapterError`` listing every difference between the artifact's base model and ``base_model``."""
     info = model_info(base_model)
-    problems = [
-        f"{key}: artifact {meta[key]!r}, model {getattr(info, key)!r}"
-        for key in ("model_type", "family", "num_layers", "hidden_size")
-        if meta[key] != getattr(info, key)
-    ]
-    if problems:
-        raise AdapterError("adapter was saved for a different base model: " + "; ".join(problems))
-
-
-def read_tensors(directory: str | Path, expected: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-    """Load the safetensors file and check it holds exactly the tensors ``expected`` lists."""
-    path = Path(directory) / WEIGHTS_NAME
-    if not path.is_file():
-        raise AdapterError(f"no adapter weights at {path}")
-    try:
-        state = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-        raise AdapterError(f"{path} is not a readable safetensors file: {exc}") from exc
-    found = {name: list(t.shape) for name, t in state.items()}
-    if found != expected:
-        raise AdapterError(f"{path} does not match {META_NAME}: file has {found}, metadata lists {expected}")
-    return state
+    artifact.check_base(ADAPTER, directory, meta, {key: getattr(info, key) for key in BASE_KEYS})
 
 
 def load_adapter(base_model: nn.Module, directory: str | Path) -> AdaptedModel:
     """Rebuild the saved method on ``base_model`` and load its weights; raise ``AdapterError`` on mismatch."""
-    from capt.baselines import METHODS, apply
+    from capt.baselines.adapted import AdaptedModel
+    from capt.methods import METHODS, apply_method
 
     meta = read_metadata(directory)
-    if meta["method"] not in METHODS:
-        raise AdapterError(f"unknown method {meta['method']!r} (known: {sorted(METHODS)})")
-    check_compatible(meta, base_model)
+    entry = METHODS.get(meta["method"])
+    if entry is None or not issubclass(entry.model_class, AdaptedModel):
+        known = sorted(name for name, e in METHODS.items() if issubclass(e.model_class, AdaptedModel))
+        raise AdapterError(f"{Path(directory) / META_NAME}: method={meta['method']!r} (allowed: {known})")
+    check_compatible(meta, base_model, directory)
     try:
-        config = METHODS[meta["method"]].from_dict(meta["config"])
-    except (TypeError, ValueError) as exc:
-        raise AdapterError(f"bad config in {META_NAME}: {exc}") from exc
-    state = read_tensors(directory, meta["tensors"])
-    adapted = apply(base_model, config)
+        config = entry.config_class.from_dict(meta["config"])
+    except (CaptError, TypeError, ValueError) as exc:
+        raise AdapterError(f"{Path(directory) / META_NAME}: bad config ({exc})") from exc
+    state = artifact.read_tensors(ADAPTER, directory, meta["tensors"])
+    adapted = apply_method(base_model, config)
     try:
         adapted.load_adapter_state_dict(state)
     except ValueError as exc:

@@ -29,6 +29,7 @@ from capt.arch import AttentionSite
 from capt.baselines import prefix_attention
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PTuningV2Config
+from capt.errors import MethodError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class StackPrefix(nn.Module):
         super().__init__()
         heads = {(s.num_kv_heads, s.head_dim) for s in sites}
         if len(heads) != 1:
-            raise ValueError(f"attention layers of one stack differ in (kv_heads, head_dim): {sorted(heads)}")
+            raise MethodError(f"attention layers of one stack differ in (kv_heads, head_dim): {sorted(heads)}")
         (self.kv_heads, self.head_dim), = heads
         self.num_layers, self.num_tokens = len(sites), config.num_tokens
         self.dropout = nn.Dropout(config.dropout)
@@ -77,7 +78,7 @@ class PTuningV2Model(AdaptedModel):
 
     def __init__(self, base: nn.Module, config: PTuningV2Config) -> None:
         if not getattr(base, "_supports_sdpa", False):
-            raise ValueError(
+            raise MethodError(
                 f"P-Tuning v2 runs on SDPA attention, which {type(base).__name__} does not support "
                 "(e.g. Gemma2's attention soft-capping); use another method for this model"
             )

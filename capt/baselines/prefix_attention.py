@@ -28,6 +28,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from capt.errors import MethodError
+
 logger = logging.getLogger(__name__)
 
 ROUTE_NAME = "capt_prefix_sdpa"
@@ -64,7 +66,7 @@ def ensure_registered() -> None:
 def attach(module: nn.Module, provider: PrefixProvider) -> None:
     """Make ``module``'s attention use the prefix returned by ``provider``."""
     if module in _PROVIDERS:
-        raise ValueError(f"{type(module).__name__} already has a prefix attached")
+        raise MethodError(f"{type(module).__name__} already has a prefix attached")
     _PROVIDERS[module] = provider
 
 

@@ -29,6 +29,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PromptTuningConfig
+from capt.errors import MethodError
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,15 @@ class PromptTuningModel(AdaptedModel):
         self.freeze_base()
         self.embed = base.get_input_embeddings()
         self.prompt = nn.Parameter(self._initial_prompt(config))
-        self.num_virtual = config.num_tokens + int(config.instance_token)
+        self.num_virtual = self.sequence_overhead(config)
         self.insert_at = self.spec.slot_offset  # BERT: after [CLS], so the pooler still reads [CLS]
         logger.info("prompt tuning on %s: %d virtual tokens (instance token: %s)",
                     self.info.model_type, self.num_virtual, config.instance_token)
+
+    @classmethod
+    def sequence_overhead(cls, config: PromptTuningConfig) -> int:
+        """The virtual tokens: the soft prompt plus the optional instance token."""
+        return config.num_tokens + int(config.instance_token)
 
     def _initial_prompt(self, config: PromptTuningConfig) -> torch.Tensor:
         weight = self.embed.weight
@@ -114,8 +120,8 @@ class PromptTuningModel(AdaptedModel):
 
     def forward(self, **kwargs: Any) -> Any:
         """Base-model forward with the virtual tokens; decoder-only outputs are realigned to ``input_ids``."""
-        if self.family == "decoder" and kwargs.get("cache", kwargs.get("past_key_values")) is not None:
-            raise ValueError("prompt tuning forward does not continue a cache; use generate() for decoding")
+        if self.spec.shifts_labels and kwargs.get("cache", kwargs.get("past_key_values")) is not None:
+            raise MethodError("prompt tuning forward does not continue a cache; use generate() for decoding")
         prompt_mask = kwargs.pop("prompt_mask", None)
         if kwargs.get("encoder_outputs") is not None:  # T5 with precomputed (already prompted) encoder states
             kwargs["attention_mask"] = self._encoder_mask(kwargs["encoder_outputs"], kwargs.get("attention_mask"))
@@ -124,7 +130,7 @@ class PromptTuningModel(AdaptedModel):
                                           kwargs.pop("inputs_embeds", None), kwargs.get("labels"), prompt_mask)
         self._extend_side_inputs(kwargs, embeds.shape[0], embeds.device)
         output = self.base(inputs_embeds=embeds, attention_mask=mask, **kwargs)
-        if self.family == "decoder":
+        if self.spec.shifts_labels:  # the logits cover the input sequence: realign them with input_ids
             self._strip_virtual(output)
         return output
 
@@ -139,7 +145,7 @@ class PromptTuningModel(AdaptedModel):
         if mask.shape[1] == states.shape[1]:
             return mask
         if mask.shape[1] + self.num_virtual != states.shape[1]:
-            raise ValueError(
+            raise MethodError(
                 f"attention_mask has {mask.shape[1]} positions but encoder_outputs has {states.shape[1]}: pass "
                 f"the mask of the input tokens ({states.shape[1] - self.num_virtual} positions) or one that already "
                 f"covers the {self.num_virtual} virtual tokens ({states.shape[1]} positions).")
@@ -166,18 +172,18 @@ class PromptTuningModel(AdaptedModel):
         if kwargs.get("encoder_outputs") is not None:
             return self._generate_from_encoder_outputs(attention_mask, kwargs)
         if input_ids is None:
-            raise ValueError("prompt tuning generate needs input_ids (or, for T5, encoder_outputs).")
+            raise MethodError("prompt tuning generate needs input_ids (or, for T5, encoder_outputs).")
         embeds, mask = self.extend_inputs(input_ids, attention_mask, prompt_mask=prompt_mask)
-        if self.family == "decoder" and kwargs.get("max_length") is not None:
+        if self.spec.generation_echoes_prompt and kwargs.get("max_length") is not None:
             kwargs["max_new_tokens"] = kwargs.pop("max_length") - input_ids.shape[1]
         output = self.base.generate(inputs_embeds=embeds, attention_mask=mask, **kwargs)
-        if self.family != "decoder":
+        if not self.spec.generation_echoes_prompt:
             return output
         return _prepend_prompt(output, input_ids)
 
     def _generate_from_encoder_outputs(self, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> Any:
-        if self.family != "t5":
-            raise ValueError(f"encoder_outputs is for encoder-decoder models; this {self.info.model_type} model "
+        if not self.spec.encoder_decoder:
+            raise MethodError(f"encoder_outputs is for encoder-decoder models; this {self.info.model_type} model "
                              "is decoder-only: pass input_ids.")
         encoder_outputs = kwargs.pop("encoder_outputs")
         if not isinstance(encoder_outputs, BaseModelOutput):  # generate reads .last_hidden_state and expands it

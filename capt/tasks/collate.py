@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from capt.tasks.encode import ExampleEncoder
+from capt.tasks.errors import TaskUsageError
 from capt.tasks.records import Example
 from capt.tasks.registry import check_family, get
 
@@ -34,7 +35,7 @@ IGNORE_INDEX = -100
 def pad(rows: Sequence[Sequence[int]], value: int, side: str = "right", multiple: int | None = None) -> torch.Tensor:
     """Pad int lists to one length (the longest, rounded up to `multiple`) as a LongTensor."""
     if side not in ("left", "right"):
-        raise ValueError(f"Unknown padding side {side!r}; valid: left, right.")
+        raise TaskUsageError(f"Unknown padding side {side!r}; valid: left, right.")
     width = max((len(r) for r in rows), default=0)
     if multiple:
         width = -(-width // multiple) * multiple
@@ -53,7 +54,7 @@ class Collator:
                  max_target_length: int = 16, pad_to_multiple_of: int | None = None) -> None:
         check_family(family)
         if capsule_slots < 0 or max_length - capsule_slots < 1:
-            raise ValueError(f"max_length={max_length} must exceed capsule_slots={capsule_slots} (>= 0).")
+            raise TaskUsageError(f"max_length={max_length} must exceed capsule_slots={capsule_slots} (>= 0).")
         self.tokenizer = tokenizer
         self.family = family
         self.max_length = max_length
@@ -61,7 +62,7 @@ class Collator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
-            raise ValueError("The tokenizer has neither a pad nor an EOS token.")
+            raise TaskUsageError("The tokenizer has neither a pad nor an EOS token.")
         self.encoder = ExampleEncoder(tokenizer, family, max_length - capsule_slots, max_target_length)
 
     @property
@@ -121,7 +122,7 @@ class Collator:
 
     def _require_text_to_text(self, what: str) -> None:
         if self.family == "encoder":
-            raise ValueError(f"{what} needs a text-to-text family (t5 or decoder); encoder models "
+            raise TaskUsageError(f"{what} needs a text-to-text family (t5 or decoder); encoder models "
                              "classify with their head: use the training batch's labels.")
 
     def generation_batch(self, examples: Sequence[Example], padding_side: str | None = None) -> dict[str, torch.Tensor]:
@@ -151,7 +152,7 @@ class Collator:
         self._require_text_to_text("candidate_batch")
         tasks = {ex.task for ex in examples}
         if len(tasks) != 1:
-            raise ValueError(f"candidate_batch needs examples of exactly one task, got {sorted(tasks)}.")
+            raise TaskUsageError(f"candidate_batch needs examples of exactly one task, got {sorted(tasks)}.")
         spec = get(tasks.pop())
         count = spec.num_labels
         choices = [c for _ in examples for c in range(count)]

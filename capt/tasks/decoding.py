@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from capt.tasks.errors import TaskUsageError
 from capt.tasks.formats import choice_texts
 from capt.tasks.records import Example
 from capt.tasks.registry import get
@@ -60,5 +61,5 @@ def rank_classify(scores: Sequence[Sequence[float]] | np.ndarray) -> list[int]:
         scores = scores.detach().cpu().double().numpy()
     array = np.asarray(scores, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] == 0:
-        raise ValueError(f"Expected scores of shape (N, C) with C >= 1, got {array.shape}.")
+        raise TaskUsageError(f"Expected scores of shape (N, C) with C >= 1, got {array.shape}.")
     return np.argmax(array, axis=1).astype(int).tolist()

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from capt.tasks.errors import TaskUsageError
 from capt.tasks.formats import answer_text, render_input
 from capt.tasks.registry import TaskSpec
 
@@ -93,7 +94,7 @@ class ExampleEncoder:
         if spec.name not in self._answers:
             eos = self.tokenizer.eos_token_id
             if eos is None:
-                raise ValueError(f"The {self.family!r} family needs a tokenizer with an EOS token.")
+                raise TaskUsageError(f"The {self.family!r} family needs a tokenizer with an EOS token.")
             limit = max(1, self.max_target_length - 1)
             self._answers[spec.name] = [
                 _ids(self.tokenizer, answer_text(spec, label, self.family), special=False)[:limit] + [eos]
@@ -118,7 +119,7 @@ class ExampleEncoder:
         """Decoder prompt ids, leaving room for the longest answer (+ EOS) within the budget."""
         reserve = max(len(ids) for ids in self.answer_ids(spec))
         if self.budget - reserve < 2:
-            raise ValueError(f"A budget of {self.budget} tokens leaves no room for a {spec.name} prompt "
+            raise TaskUsageError(f"A budget of {self.budget} tokens leaves no room for a {spec.name} prompt "
                              f"next to its longest answer ({reserve} tokens with EOS): raise max_length.")
 
         def encode(f: Mapping[str, str]) -> tuple[int, list[int]]:

@@ -40,3 +40,15 @@ class TaskDataError(CaptError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.problem, self.path, self.row, self.field))
+
+
+class TaskUsageError(CaptError, ValueError):
+    """A `capt.tasks` function given arguments it cannot use: an unknown family, split, padding side or
+    metric, predictions and labels of different lengths, a tokenizer or length budget that cannot fit."""
+
+
+class MissingMetricsError(CaptError, KeyError):
+    """Scores lack a metric their task reports (the message names the missing and the given ones)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from capt.tasks.errors import UnknownTaskError
 from capt.tasks.records import GENERATED_KEY
 
 NOUNS = ("apple", "river", "teacher", "garden", "window", "doctor", "violin", "mountain", "kitten",
@@ -132,7 +133,7 @@ def generate_rows(task: str, split: str, size: int, seed: int = 0) -> list[Row]:
     Deterministic in (task, split, size, seed); ``split`` is ``train`` or ``val``.
     """
     if task not in TASKS:
-        raise KeyError(f"Unknown task {task!r}; valid tasks: {', '.join(TASKS)}.")
+        raise UnknownTaskError(f"Unknown task {task!r}; valid tasks: {', '.join(TASKS)}.")
     rng = random.Random(f"capt-generated:{task}:{split}:{seed}")
     if task == "multirc":
         counters = {"question": 0, "answer": 0}

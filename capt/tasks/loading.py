@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from capt.tasks.config import DATA_DIR_ENV, DataConfig
-from capt.tasks.errors import TaskDataError
+from capt.tasks.errors import TaskDataError, TaskUsageError
 from capt.tasks.generated import generate_rows
 from capt.tasks.normalise import examples_from_rows
 from capt.tasks.records import Example, Splits
@@ -145,7 +145,7 @@ def _read_split(task: str, split: str, config: DataConfig) -> tuple[str, list[Ex
     """(source description, examples) of one official split."""
     get(task)
     if split not in OFFICIAL_SPLITS:
-        raise ValueError(f"Unknown official split {split!r}; valid splits: {', '.join(OFFICIAL_SPLITS)}.")
+        raise TaskUsageError(f"Unknown official split {split!r}; valid splits: {', '.join(OFFICIAL_SPLITS)}.")
     source, rows = _READERS[config.source](task, split, config)
     examples = examples_from_rows(task, split, rows, source)
     logger.info("loaded %d %s/%s examples from %s", len(examples), task, split, source)

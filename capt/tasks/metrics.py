@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
+from capt.tasks.errors import MissingMetricsError, TaskUsageError
 from capt.tasks.registry import get
 
 SCORE = "score"
@@ -28,9 +29,9 @@ def _arrays(predictions: Sequence[int], labels: Sequence[int]) -> tuple[np.ndarr
     preds = np.asarray(predictions, dtype=np.int64).reshape(-1)
     gold = np.asarray(labels, dtype=np.int64).reshape(-1)
     if preds.shape != gold.shape:
-        raise ValueError(f"{preds.size} predictions but {gold.size} labels.")
+        raise TaskUsageError(f"{preds.size} predictions but {gold.size} labels.")
     if gold.size == 0:
-        raise ValueError("No examples to score.")
+        raise TaskUsageError("No examples to score.")
     return preds, gold
 
 
@@ -65,7 +66,7 @@ def exact_match(predictions: Sequence[int], labels: Sequence[int], groups: Seque
     """MultiRC EM: percentage of groups (questions) whose rows are all predicted right."""
     preds, gold = _arrays(predictions, labels)
     if len(groups) != gold.size:
-        raise ValueError(f"{len(groups)} groups but {gold.size} labels.")
+        raise TaskUsageError(f"{len(groups)} groups but {gold.size} labels.")
     right: dict[Hashable, bool] = {}
     for group, ok in zip(groups, (preds == gold).tolist(), strict=True):
         right[group] = right.get(group, True) and ok
@@ -86,10 +87,10 @@ def compute_metrics(task: str, predictions: Sequence[int], labels: Sequence[int]
             values[name] = f1a(predictions, labels)
         elif name == "em":
             if groups is None:
-                raise ValueError(f"Task {task!r} needs the question groups for its EM metric.")
+                raise TaskUsageError(f"Task {task!r} needs the question groups for its EM metric.")
             values[name] = exact_match(predictions, labels, groups)
         else:  # pragma: no cover - the registry only names the metrics above
-            raise ValueError(f"Unknown metric {name!r} for task {task!r}.")
+            raise TaskUsageError(f"Unknown metric {name!r} for task {task!r}.")
     values[SCORE] = task_score(values, task)
     return values
 
@@ -99,14 +100,14 @@ def task_score(metrics: Mapping[str, float], task: str) -> float:
     names = get(task).metrics
     missing = [n for n in names if n not in metrics]
     if missing:
-        raise KeyError(f"Metrics {missing} of task {task!r} are missing; got {sorted(metrics)}.")
+        raise MissingMetricsError(f"Metrics {missing} of task {task!r} are missing; got {sorted(metrics)}.")
     return float(np.mean([metrics[n] for n in names]))
 
 
 def average_score(task_scores: Mapping[str, float]) -> float:
     """SuperGLUE-style average: unweighted mean of per-task scores (tasks validated by name)."""
     if not task_scores:
-        raise ValueError("No task scores to average.")
+        raise TaskUsageError("No task scores to average.")
     for task in task_scores:
         get(task)
     return float(np.mean(list(task_scores.values())))

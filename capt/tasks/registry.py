@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capt.tasks.errors import UnknownTaskError
+from capt.tasks.errors import TaskUsageError, UnknownTaskError
 
 FAMILIES: tuple[str, ...] = ("t5", "decoder", "encoder")
 """The model families every task renders for."""
@@ -100,9 +100,9 @@ class TaskSpec:
 
 
 def check_family(family: str) -> str:
-    """Return `family` if it is one of `FAMILIES`, else raise ValueError naming the valid ones."""
+    """Return `family` if it is one of `FAMILIES`, else raise `TaskUsageError` naming the valid ones."""
     if family not in FAMILIES:
-        raise ValueError(f"Unknown model family {family!r}; valid families: {', '.join(FAMILIES)}.")
+        raise TaskUsageError(f"Unknown model family {family!r}; valid families: {', '.join(FAMILIES)}.")
     return family
 
 

@@ -197,9 +197,10 @@ def _fmt(value) -> str:
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
     """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
     model names."""
+    from pipelines.methods import registers_model
     from pipelines.promote import SELECTION_METRIC, PromotionError, promote
 
-    capsule_rows = {e.key for e in sweep.methods if e.name == "capt"}
+    capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
     names = []
     for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
         try:

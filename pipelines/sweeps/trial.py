@@ -104,13 +104,15 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
 
 
 def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
+    from pipelines.methods import registers_model
+
     slug = model_slug(point["model"])
     run_name = f"{point['task']}/{slug}/{entry.key}/s{point['seed']}"
     if searched:
         run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
     return {
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
-        "register": config.tracking.register and entry.name == "capt",
+        "register": config.tracking.register and registers_model(entry.name),
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
                  "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {}))},

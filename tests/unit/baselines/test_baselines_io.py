@@ -58,11 +58,11 @@ def saved(tmp_path: Path) -> Path:
 
 
 def test_wrong_base_model_size_is_refused(saved: Path) -> None:
-    with pytest.raises(AdapterError, match="hidden_size: artifact 32, model 48"):
+    with pytest.raises(AdapterError, match="hidden_size: adapter has 32, model has 48"):
         load_adapter(build("llama", hidden=48), saved)
-    with pytest.raises(AdapterError, match="num_layers: artifact 2, model 3"):
+    with pytest.raises(AdapterError, match="num_layers: adapter has 2, model has 3"):
         load_adapter(build("llama", layers=3), saved)
-    with pytest.raises(AdapterError, match="model_type: artifact 'llama', model 't5'"):
+    with pytest.raises(AdapterError, match="model_type: adapter has 'llama', model has 't5'"):
         load_adapter(build("t5"), saved)
 
 
@@ -103,7 +103,7 @@ def test_unknown_config_keys_are_refused(saved: Path) -> None:
 
 
 def test_corrupt_json_and_missing_files(saved: Path, tmp_path: Path) -> None:
-    with pytest.raises(AdapterError, match="no adapter metadata"):
+    with pytest.raises(AdapterError, match="No adapter artifact at"):
         load_adapter(build("llama"), tmp_path / "nowhere")
     (saved / META_NAME).write_text("{not json")
     with pytest.raises(AdapterError, match="not valid JSON"):

@@ -20,8 +20,8 @@ def test_generation_and_rank_classification_agree(tmp_path, model):
     fit(job)
     model_ = job.accelerator.unwrap_model(job.model)
     examples = job.splits.train
-    generated = predict(model_, examples, job.collator, job.family, "generate", 8, 10, job.tokenizer, "cpu")
-    ranked = predict(model_, examples, job.collator, job.family, "rank", 8, 10, job.tokenizer, "cpu")
+    generated = predict(model_, examples, job.collator, job.spec, "generate", 8, 10, job.tokenizer, "cpu")
+    ranked = predict(model_, examples, job.collator, job.spec, "rank", 8, 10, job.tokenizer, "cpu")
     assert tasks.INVALID not in generated, "the premise: every generation is a verbalizer"
     assert generated == [e.label for e in examples], "the premise: the model memorised the training set"
     assert ranked == generated

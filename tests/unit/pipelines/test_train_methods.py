@@ -38,7 +38,7 @@ def test_method_trains_and_its_artifact_reloads(tmp_path, model, method):
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=96,
                               capsule_slots=_slots(method))
     test = load_data(config).test
-    predictions = predict(reloaded, test, collator, loaded.family, "rank", 8, 10, loaded.tokenizer, "cpu")
+    predictions = predict(reloaded, test, collator, loaded.spec, "rank", 8, 10, loaded.tokenizer, "cpu")
     metrics = tasks.compute_metrics("rte", predictions, [e.label for e in test])
     assert metrics["score"] == pytest.approx(result["metrics"]["test_score"])
 

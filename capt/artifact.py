@@ -1,0 +1,143 @@
+"""Method artifacts on disk, for capsules and adapters alike: one safetensors file and one JSON description.
+
+Writing goes through temporary files (a crash never leaves half an artifact) and refuses to replace an
+existing artifact unless asked. Reading checks the description's size, keys and value types before any
+model is touched, reads tensors with safetensors only (nothing is ever unpickled), and checks every
+tensor's name and shape against the description and its values for NaN or infinity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from capt.errors import ArtifactError
+
+MAX_METADATA_BYTES = 1 << 20
+"""Largest JSON description read (a real one is a few kilobytes)."""
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """File names, JSON schema and errors of one kind of artifact."""
+
+    name: str
+    """What the artifact holds, as error messages call it: "capsule" or "adapter"."""
+    weights_name: str
+    """File name of the safetensors tensors."""
+    metadata_name: str
+    """File name of the JSON description."""
+    field_types: Mapping[str, tuple[type, ...]]
+    """Every key the description may hold, with the JSON types its value may have."""
+    required: frozenset[str]
+    """Keys the description must hold."""
+    error: type[ArtifactError]
+    """Raised for a missing, corrupt or unfitting artifact."""
+    exists_error: type[ArtifactError]
+    """Raised when saving would replace an artifact without `overwrite=True`."""
+    value_problems: Callable[[dict[str, Any]], list[str]] = lambda data: []
+    """Problems of values beyond their JSON type (e.g. a format newer than this package reads)."""
+
+
+def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
+    """Call `write(temporary_path)` next to `target`, then move the result onto `target` in one step."""
+    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_artifact(kind: ArtifactKind, directory: str | os.PathLike, tensors: dict[str, torch.Tensor],
+                   metadata: dict[str, Any], header: dict[str, str], overwrite: bool) -> Path:
+    """Write `tensors` (safetensors, with `header` as its string metadata) and `metadata` (sorted JSON)."""
+    directory = Path(directory)
+    existing = [name for name in (kind.weights_name, kind.metadata_name) if (directory / name).exists()]
+    if existing and not overwrite:
+        raise kind.exists_error(f"{directory} already holds a {kind.name} ({', '.join(existing)}); pass "
+                                "overwrite=True to replace it.")
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / kind.weights_name, lambda path: save_file(tensors, path, metadata=header))
+    text = json.dumps(metadata, indent=2, sort_keys=True)
+    atomic_write(directory / kind.metadata_name, lambda path: Path(path).write_text(text))
+    return directory
+
+
+def read_metadata(kind: ArtifactKind, directory: str | os.PathLike) -> dict[str, Any]:
+    """The artifact's JSON description, its keys and value types checked against `kind`."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is a file, not a folder"
+        raise kind.error(f"No {kind.name} artifact at {folder}: it {what}. Pass the folder that holds "
+                         f"{kind.metadata_name} and {kind.weights_name}.")
+    path = folder / kind.metadata_name
+    if not path.is_file():
+        raise kind.error(f"No {kind.name} artifact at {directory}: {path.name} is missing.")
+    if path.stat().st_size > MAX_METADATA_BYTES:
+        raise kind.error(f"{path} is larger than {MAX_METADATA_BYTES} bytes; the artifact is corrupt.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise kind.error(f"{path} is not valid JSON ({err}); the artifact is corrupt.") from err
+    if not isinstance(data, dict):
+        raise kind.error(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    problems = schema_problems(kind, data)
+    if problems:
+        raise kind.error(f"{path} is not a valid {kind.name} description: {'; '.join(problems)}.")
+    return data
+
+
+def schema_problems(kind: ArtifactKind, data: dict[str, Any]) -> list[str]:
+    """Unknown and missing keys, values of the wrong JSON type, and `kind`'s own value problems."""
+    problems = []
+    if unknown := sorted(set(data) - set(kind.field_types)):
+        problems.append(f"unknown keys {unknown} (allowed keys: {sorted(kind.field_types)})")
+    if missing := sorted(kind.required - set(data)):
+        problems.append(f"missing keys {missing}")
+    problems += [
+        f"{key}={data[key]!r} (allowed: {' or '.join(t.__name__ for t in types)})"
+        for key, types in kind.field_types.items()
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool))
+    ]
+    return problems + kind.value_problems(data)
+
+
+def read_tensors(kind: ArtifactKind, directory: str | os.PathLike,
+                 expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The artifact's tensors (on the CPU), which must be exactly `expected` (name -> shape) and finite."""
+    path = Path(directory) / kind.weights_name
+    if not path.is_file():
+        raise kind.error(f"No {kind.name} weights at {path}: the artifact is incomplete.")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise kind.error(f"{path} is not a readable safetensors file ({err}); the artifact is corrupt.") from err
+    found = {name: tuple(t.shape) for name, t in tensors.items()}
+    expected = {name: tuple(shape) for name, shape in expected.items()}
+    if found != expected:
+        raise kind.error(f"{path} holds tensors {found}, but its {kind.metadata_name} implies {expected}.")
+    if any(not torch.isfinite(t).all() for t in tensors.values()):
+        raise kind.error(f"{path} holds NaN or infinite values; the artifact is corrupt.")
+    return tensors
+
+
+def check_base(kind: ArtifactKind, directory: str | os.PathLike, recorded: Mapping[str, Any],
+               actual: Mapping[str, Any], trained_on: str | None = None) -> None:
+    """Refuse an artifact whose recorded base-model shape (model type, depth, width, ...) differs from `actual`."""
+    wrong = [f"{key}: {kind.name} has {recorded[key]!r}, model has {value!r}"
+             for key, value in actual.items() if recorded[key] != value]
+    if wrong:
+        origin = f" was trained on {trained_on!r} and" if trained_on else ""
+        raise kind.error(f"The {kind.name} in {directory}{origin} does not fit this model (" + "; ".join(wrong) + ").")

@@ -1,0 +1,121 @@
+"""The method registry: CaPT and every baseline by name, each a (config class, model class) pair.
+
+    from capt.methods import METHODS, apply_method
+    config = METHODS["lora"].build_config({"r": 4})
+    adapted = apply_method(model, config)             # a `MethodModel`
+    adapted.save("out/lora"); base = adapted.detach()
+    adapted = METHODS["lora"].model_class.load(base, "out/lora")
+
+Adding a method is one module (its config class and its model class, which implements `MethodModel`)
+and one line in `METHODS`. Callers (the pipelines) never branch on a method's name: what differs between
+methods is a property or method of `MethodModel`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from torch import nn
+
+from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
+from capt.baselines.full import FullFinetuneModel
+from capt.baselines.lora import LoraModel
+from capt.baselines.prefix import PTuningV2Model
+from capt.baselines.prompt import PromptTuningModel
+from capt.config import CapsuleConfig
+from capt.errors import UnknownConfigError, UnknownMethodError
+from capt.inject import CapsuleModel
+
+
+@runtime_checkable
+class MethodModel(Protocol):
+    """What every method's adapted model offers: a frozen (or, for full fine-tuning, trainable) base model
+    with the method in place, whose `forward` and `generate` mirror the base model's."""
+
+    method: str
+    """The method's name (its key in `METHODS`)."""
+    base_model: nn.Module
+    """The wrapped base model."""
+    registers_model: ClassVar[bool]
+    """Whether a sweep publishes this method's artifacts as registry versions (`capt-<model>-<task>`)."""
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters the method trains (none of the frozen base model's)."""
+
+    def save(self, directory: str | os.PathLike, task: str | None = None,
+             metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
+        """Write the method's artifact (safetensors + JSON) to `directory`."""
+
+    @classmethod
+    def load(cls, base_model: nn.Module, directory: str | os.PathLike) -> MethodModel:
+        """Rebuild the method saved in `directory` on `base_model`, refusing an artifact that does not fit it."""
+
+    def detach(self) -> nn.Module:
+        """Remove the method and hand back the base model as it was."""
+
+    @classmethod
+    def sequence_overhead(cls, config: Any) -> int:
+        """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """Why the method cannot run on a model of `config.model_type` `model_type`; None when it can."""
+
+    @classmethod
+    def missing_layers(cls, config: Any, num_layers: int) -> list[int]:
+        """Layer indices `config` names that a stack of `num_layers` layers lacks (empty when none)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered method: its typed config and the model class that applies it."""
+
+    config_class: type
+    """The method's config class (a frozen dataclass with `from_dict` / `to_dict`)."""
+    model_class: type
+    """The class implementing `MethodModel`; `model_class.apply(model, config)` adapts a base model."""
+
+    def build_config(self, options: Mapping[str, Any]) -> Any:
+        """The typed config from plain options (raises naming every bad option)."""
+        return self.config_class.from_dict(dict(options))
+
+
+METHODS: dict[str, Method] = {
+    "capt": Method(CapsuleConfig, CapsuleModel),
+    "prompt_tuning": Method(PromptTuningConfig, PromptTuningModel),
+    "ptuning_v2": Method(PTuningV2Config, PTuningV2Model),
+    "lora": Method(LoraConfig, LoraModel),
+    "full_finetune": Method(FullFinetuneConfig, FullFinetuneModel),
+}
+"""Method name -> (config class, model class)."""
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method name, in registry order."""
+    return tuple(METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The registered method `name`, or an error listing the registered names."""
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        raise UnknownMethodError(f"Unknown method {name!r} (allowed: {', '.join(METHODS)}).") from None
+
+
+def method_of_config(config: Any) -> str:
+    """The name of the method whose config class `config` is an instance of."""
+    for name, method in METHODS.items():
+        if type(config) is method.config_class:
+            return name
+    raise UnknownConfigError(f"unknown method config {type(config).__name__}; expected one of "
+                             f"{[m.config_class.__name__ for m in METHODS.values()]}")
+
+
+def apply_method(model: nn.Module, config: Any) -> MethodModel:
+    """Adapt `model` with the method that `config`'s type selects."""
+    return METHODS[method_of_config(config)].model_class.apply(model, config)
