@@ -12,6 +12,7 @@ from torch import nn
 
 import capt
 from capt.arch import head_parameters
+from capt.arch.readout import installed_readout
 
 HEAD_WEIGHTS = "head.safetensors"
 METHOD_FILE = "method.json"
@@ -64,8 +65,8 @@ def parameter_groups(adapted: nn.Module, model: nn.Module, lr: float, head_lr: f
 
 
 def save_artifact(adapted: nn.Module, model: nn.Module, method: str, directory: str | os.PathLike,
-                  task: str, metrics: dict[str, float]) -> Path:
-    """Write the capsule (capt format) or the baseline's adapter, plus a trained head, to `directory`."""
+                  task: str, metrics: dict[str, float], readout: str | None = None) -> Path:
+    """Write the capsule (capt format) or the baseline's adapter, plus a trained head and its readout, to `directory`."""
     directory = Path(directory)
     if method == "capt":
         capt.save_capsule(adapted, directory, task=task, metrics=metrics, overwrite=True)
@@ -74,14 +75,24 @@ def save_artifact(adapted: nn.Module, model: nn.Module, method: str, directory: 
     head = _named_head(model)
     if head:
         save_file({n: p.detach().cpu().contiguous() for n, p in head.items()}, str(directory / HEAD_WEIGHTS))
-    (directory / METHOD_FILE).write_text(json.dumps({"method": method, "task": task, "metrics": metrics}, indent=2))
+    readout = readout or (installed_readout(model) if head else "lm_head")
+    info = {"method": method, "task": task, "metrics": metrics, "readout": readout}
+    (directory / METHOD_FILE).write_text(json.dumps(info, indent=2))
     return directory
 
 
-def load_artifact(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
-    """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model."""
+def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str | None = None) -> nn.Module:
+    """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model, its head reading
+    what it was trained to read; `readout`, when given, must be that readout (a mismatch is refused)."""
+    from pipelines.readout import artifact_readout, install_job_readout
+
     directory = Path(directory)
     info = json.loads((directory / METHOD_FILE).read_text())
+    trained = artifact_readout(info, model)
+    if readout is not None and readout != trained:
+        raise capt.CapsuleArtifactError(
+            f"{directory / METHOD_FILE} was trained with readout={trained!r}, but readout={readout!r} was asked for: "
+            f"its head weights only fit what they were trained to read. Load it with readout={trained!r} (or none).")
     if (directory / HEAD_WEIGHTS).is_file():
         head = _named_head(model)
         weights = load_file(str(directory / HEAD_WEIGHTS))
@@ -91,10 +102,13 @@ def load_artifact(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         for name, param in head.items():
             param.data.copy_(weights[name])
     if info["method"] == "capt":
-        return capt.load_capsule(model, directory)
-    from capt.baselines import load_adapter
+        adapted = capt.load_capsule(model, directory)
+    else:
+        from capt.baselines import load_adapter
 
-    return load_adapter(model, directory)
+        adapted = load_adapter(model, directory)
+    install_job_readout(adapted, model, trained)
+    return adapted
 
 
 def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -109,6 +123,8 @@ def sequence_overhead(method: str, options: dict[str, Any]) -> int:
         return config.num_slots
     if method == "prompt_tuning":
         return config.num_tokens + int(config.instance_token)
+    if method == "ptuning_v2":
+        return config.instance_tokens  # inference-time instance tokens (capt.baselines.instance_tokens)
     return 0
 
 
