@@ -3,7 +3,7 @@
 The grid is the sweep config `pipelines/configs/bench/learning.yaml` (equal step budgets for every
 method). Full mode runs it through `pipelines/sweep.py` (local Ray + local MLflow) and tabulates the
 MLflow runs with `python -m pipelines.report`. Quick mode (one task, one seed, a few steps) runs the same
-trial jobs (`pipelines.sweep_config.trials`) back to back with `pipelines.train.run` and tabulates them with
+trial jobs (`pipelines.sweeps.config.trials`) back to back with `pipelines.train.run` and tabulates them with
 `pipelines.report`'s own table and plot functions: a sweep pays about 40-50 s of Ray Train worker start-up
 per trial on 2 CPUs (see pipeline_overhead), more than the whole quick budget for six methods.
 
@@ -92,7 +92,7 @@ def data_dir_env(path: Path) -> Iterator[None]:
 
 def trial_results(sweep) -> list[dict[str, Any]]:
     """One row per finished trial of `sweep` (read from its result.json), labelled by the method row."""
-    from pipelines.sweep_config import trials
+    from pipelines.sweeps.config import trials
 
     rows = []
     for trial in trials(sweep):  # candidates that did not run (the quick route runs one per row) have no result
@@ -110,7 +110,7 @@ def trial_results(sweep) -> list[dict[str, Any]]:
 
 def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Path, out: Path) -> str:
     """Run the sweep in a subprocess, then `python -m pipelines.report` on its MLflow database."""
-    from pipelines.sweep_config import load_sweep_config
+    from pipelines.sweeps.config import load_sweep_config
 
     env = {**OFFLINE_ENV, "CAPT_DATA_DIR": str(data)}
     cmd = [sys.executable, "pipelines/sweep.py", "--config", config["config"], "--num-cpus", "2", *overrides]
@@ -149,7 +149,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
 
     from pipelines.config import validate_job_config
     from pipelines.report import build_tables, markdown, plot
-    from pipelines.sweep_config import load_sweep_config, trials
+    from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.train import run as train_run
 
     with data_dir_env(data):
@@ -168,7 +168,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
 
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Prepare the data, run the grid by the configured route, and collect the tables."""
-    from pipelines.sweep_config import load_sweep_config
+    from pipelines.sweeps.config import load_sweep_config
 
     result = BenchResult(NAME, TITLE, config)
     source = os.environ.get("CAPT_DATA_DIR")

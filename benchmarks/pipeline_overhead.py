@@ -3,7 +3,7 @@
 The sweep is `python pipelines/sweep.py --config pipelines/configs/bench/overhead.yaml` in a subprocess,
 which starts its own local Ray and local MLflow server, runs N trials (each a Ray Train worker group
 running `pipelines.train.run`, tracked and registered in MLflow), promotes, and stops both services.
-The same N job configs (taken from the sweep config by `pipelines.sweep_config.trials`) also run back to
+The same N job configs (taken from the sweep config by `pipelines.sweeps.config.trials`) also run back to
 back in this process, which is already warm (one untimed job first). Repetitions alternate the order.
 Start-up costs are measured on their own: `import ray` + `ray.init` + `ray.shutdown` in a fresh process,
 and `LocalMlflowServer` from start to `GET /health` = 200 (fresh database) and its stop.
@@ -78,7 +78,7 @@ def _local_overrides(tmp: Path, index: int) -> list[str]:
 
 def run_sweep(config: dict[str, Any], tmp: Path, index: int) -> dict[str, Any]:
     """One sweep subprocess; its wall time and the fit times its trials wrote to result.json."""
-    from pipelines.sweep_config import load_sweep_config
+    from pipelines.sweeps.config import load_sweep_config
 
     overrides = [*config["overrides"], *_local_overrides(tmp, index)]
     sweep = load_sweep_config(REPO / config["config"], overrides)
@@ -116,7 +116,7 @@ def run_in_process(config: dict[str, Any], tmp: Path, index: int, limit: int | N
     import torch
 
     from pipelines.config import validate_job_config
-    from pipelines.sweep_config import load_sweep_config, trials
+    from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.train import run as train_run
 
     sweep = load_sweep_config(REPO / config["config"], [*config["overrides"], *_local_overrides(tmp, index)])

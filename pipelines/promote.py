@@ -30,7 +30,7 @@ from pipelines.config import TASKS, model_slug
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
-from pipelines.tracking_spool import registered_model_name
+from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 

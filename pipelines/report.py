@@ -29,7 +29,7 @@ import pandas as pd
 from capt.errors import CaptError
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS
-from pipelines.sweep_select import SELECT_TAG, chosen_labels
+from pipelines.sweeps.select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
 

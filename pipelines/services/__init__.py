@@ -5,8 +5,7 @@ interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own 
 that stopping one never touches another MLflow or Ray on the same machine.
 
 Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `base` (what both
-services share), `mlflow_server` (`LocalMlflowServer`), `ray_head` (`LocalRayHead`,
-`ray_cluster_stragglers`), `private` (owner-only token files and folders, loopback-only listeners).
+services share), `mlflow_server` (`LocalMlflowServer`), `private` (owner-only token files and folders, loopback-only listeners).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from pipelines.services.probe import (
     port_is_free,
     stop_process_group,
 )
-from pipelines.services.ray_head import LocalRayHead, ray_cluster_stragglers
 
-__all__ = ["LOCALHOST", "LocalMlflowServer", "LocalRayHead", "ServiceError", "check_reachable", "free_port",
-           "http_status", "log_tail", "port_is_free", "ray_cluster_stragglers", "stop_process_group"]
+__all__ = ["LOCALHOST", "LocalMlflowServer", "ServiceError", "check_reachable", "free_port",
+           "http_status", "log_tail", "port_is_free", "stop_process_group"]

@@ -6,7 +6,7 @@ from types import TracebackType
 from typing import Self
 
 
-class _Service:
+class ManagedService:
     """What both services share: ``start(wait=False)`` then ``wait_ready()`` lets several start at
     once; ``with Service(...) as s:`` starts, waits and stops."""
 

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import IO, Self
 
-from pipelines.services.base import _Service
+from pipelines.services.base import ManagedService
 from pipelines.services.probe import (
-    _POLL_S,
     LOCALHOST,
+    POLL_INTERVAL_S,
     ServiceError,
     free_port,
     http_status,
@@ -28,7 +28,7 @@ from pipelines.services.probe import (
 logger = logging.getLogger(__name__)
 
 
-class LocalMlflowServer(_Service):
+class LocalMlflowServer(ManagedService):
     """A lean MLflow tracking server on SQLite, bound to ``host`` (127.0.0.1 by default).
 
     Under ``root_dir``: ``mlflow.db`` (runs and Model Registry), ``artifacts/`` and
@@ -134,7 +134,7 @@ class LocalMlflowServer(_Service):
                 self._ready = True
                 logger.info("MLflow server ready at %s", self.uri)
                 return self
-            time.sleep(_POLL_S)
+            time.sleep(POLL_INTERVAL_S)
         self.stop()
         raise ServiceError(
             f"The MLflow server at {self.uri} {problem}. "

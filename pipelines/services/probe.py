@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 logger = logging.getLogger(__name__)
 
 LOCALHOST = "127.0.0.1"
-_POLL_S = 0.25
+POLL_INTERVAL_S = 0.25
 
 
 class ServiceError(RuntimeError):
@@ -133,7 +133,7 @@ def check_reachable(url: str, what: str, fix: str | None = None, timeout: float 
         raise ServiceError(f"Cannot reach the {what} at {shown} ({reason}). {fix}")
 
 
-def _group_alive(pgid: int) -> bool:
+def process_group_alive(pgid: int) -> bool:
     """True while any process of group ``pgid`` exists."""
     try:
         os.killpg(pgid, 0)
@@ -153,11 +153,11 @@ def stop_process_group(pgid: int, grace: float, child: subprocess.Popen[Any] | N
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait_s
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while process_group_alive(pgid) and time.monotonic() < deadline:
             if child is not None:
                 child.poll()
-            time.sleep(_POLL_S)
-        if not _group_alive(pgid):
+            time.sleep(POLL_INTERVAL_S)
+        if not process_group_alive(pgid):
             break
     if child is not None:
         child.wait(timeout=10.0)

@@ -21,8 +21,8 @@ keep their original timestamps, registration first looks for the run's version.
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay
 of spooled operations), `sync` (`sync_pending` and its summary), `tracker` (`TrialTracker`), `pyfunc`
-(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
-The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
+(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command),
+`uploader` (the background metric uploader), `spool` (the on-disk operation log; it imports no mlflow).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pipelines.tracking.cli import main
 from pipelines.tracking.client import CAPSULE_MODEL, TRIAL_KEY_TAG, TrackingError, is_transient
 from pipelines.tracking.pyfunc import CapsulePyfunc
 from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
+from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable
 from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
 from pipelines.tracking.tracker import TrialTracker
-from pipelines.tracking_spool import RetryPolicy, TrackingUnavailable
 
 __all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
            "SyncSummary", "TrackingError", "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs",

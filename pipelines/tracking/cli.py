@@ -9,8 +9,8 @@ import os
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
+from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
 from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
-from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RetryPolicy
 
 DESCRIPTION = "MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry."
 EXIT_INCOMPLETE = 1

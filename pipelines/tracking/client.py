@@ -33,22 +33,22 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError)
 
 
-def _own_http_retries() -> None:
+def own_http_retries() -> None:
     """Turn off MLflow's own HTTP retries (7 by default, minutes when the server is down): ours bound them."""
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _client(uri: str) -> MlflowClient:
+def mlflow_client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 @contextlib.contextmanager
-def _fluent_uri(uri: str) -> Iterator[None]:
+def fluent_uri(uri: str) -> Iterator[None]:
     """Point MLflow's fluent API (needed by log_model / register_model) at `uri`, then restore it.
 
     The registry URI is left unset so it follows the tracking URI; the previous state, "unset"
@@ -67,7 +67,7 @@ def _fluent_uri(uri: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _dir_lock(directory: Path) -> Iterator[None]:
+def dir_lock(directory: Path) -> Iterator[None]:
     """An exclusive advisory lock on a directory (a tracker and a `sync` never replay one spool at once)."""
     import fcntl
 

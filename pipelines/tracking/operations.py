@@ -16,11 +16,11 @@ from mlflow.exceptions import RestException
 from pipelines.tracking.client import (
     TRIAL_KEY_TAG,
     TrackingError,
-    _client,
     is_transient,
+    mlflow_client,
 )
-from pipelines.tracking.pyfunc import _register
-from pipelines.tracking_spool import (
+from pipelines.tracking.pyfunc import register_capsule_version
+from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAMS_PER_BATCH,
     PENDING_FILE,
@@ -100,7 +100,7 @@ def _apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str 
     version = None
     if op["register"] and artifact_dir.is_dir():
         try:
-            version = _register(client, uri, run_id, result, artifact_dir)
+            version = register_capsule_version(client, uri, run_id, result, artifact_dir)
         except Exception as exc:
             if is_transient(exc):
                 raise
@@ -142,7 +142,7 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
 
 
 @dataclass
-class _Replayer:
+class Replayer:
     """Replays a trial's spool in order; each operation leaves the file once applied or dead-lettered."""
 
     state_dir: Path
@@ -164,7 +164,7 @@ class _Replayer:
     def apply(self, op: dict) -> Any:
         """Apply one operation now (no spool involved)."""
         uri = self.uri_for(op)
-        client = self._clients.setdefault(uri, _client(uri))
+        client = self._clients.setdefault(uri, mlflow_client(uri))
         return _apply(client, uri, self.state_dir, op)
 
     def replay(self) -> int:
@@ -186,7 +186,7 @@ class _Replayer:
             except Exception as exc:
                 if is_transient(exc) or _access_refused(exc):
                     raise
-                _dead_letter(self.state_dir, line.op, exc)
+                dead_letter(self.state_dir, line.op, exc)
                 self.dead_lettered += 1
             spool.drop_first(line)
         return self.synced
@@ -197,7 +197,7 @@ def _access_refused(exc: BaseException) -> bool:
     return isinstance(exc, RestException) and exc.get_http_status_code() in (401, 403)
 
 
-def _dead_letter(state_dir: Path, op: dict, exc: BaseException) -> None:
+def dead_letter(state_dir: Path, op: dict, exc: BaseException) -> None:
     logger.error("MLflow %s operation of %s failed (%s: %s); kept in %s", op.get("op"), state_dir,
                  type(exc).__name__, exc, state_dir / FAILED_FILE, exc_info=exc)
     Spool(state_dir / FAILED_FILE).append({**op, "error": f"{type(exc).__name__}: {exc}"})

@@ -24,8 +24,8 @@ from packaging.version import InvalidVersion, Version
 
 import capt
 import pipelines
-from pipelines.tracking.client import CAPSULE_MODEL, _fluent_uri
-from pipelines.tracking_spool import registered_model_name
+from pipelines.tracking.client import CAPSULE_MODEL, fluent_uri
+from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +42,13 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
     Artifacts: ``capsule`` (the job's artifact directory) and ``result`` (its result.json, which names
     the base model, method options and evaluation mode). Loading rebuilds the base model by name
     (built-in tiny models offline, hub ids from the Hugging Face cache or hub) with the version's own
-    copy of this project's code (see `_code_paths`); see `pipelines.registry_model`. MLflow builds it
+    copy of this project's code (see `_code_paths`); see `pipelines.capsule_predictor`. MLflow builds it
     from `capsule_model.py` (models from code), never from a pickle.
     """
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
         """Rebuild the base model and load the trained capsule onto it."""
-        from pipelines.registry_model import CapsulePredictor
+        from pipelines.capsule_predictor import CapsulePredictor
 
         self._predictor = CapsulePredictor.from_paths(context.artifacts["capsule"], context.artifacts["result"])
 
@@ -85,7 +85,7 @@ def _code_paths() -> list[str]:
     """The `capt` and `pipelines` packages, copied into every version (``code/``) and loaded from there.
 
     Why carry them although ``capt==X`` is a requirement: a capsule artifact and the code that reads
-    it (`pipelines.registry_model`, `pipelines.methods`, `capt`) change together. MLflow puts a
+    it (`pipelines.capsule_predictor`, `pipelines.methods`, `capt`) change together. MLflow puts a
     version's ``code/`` first on ``sys.path`` before it runs the model file, so a load in a fresh
     process uses exactly the code that trained and wrote this capsule, whatever checkout the caller
     stands in (a cwd checkout at another commit would otherwise win) and even where the project is
@@ -96,13 +96,13 @@ def _code_paths() -> list[str]:
     return [str(Path(package.__file__).parent) for package in (capt, pipelines)]
 
 
-def _signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
+def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
     """(signature, input example) from schema-valid unlabelled rows of `task`.
 
     Always a signature: without one MLflow would load the model to infer it from the example. Rows
     whose layout has no column schema get an output-only signature.
     """
-    from pipelines.registry_model import example_rows
+    from pipelines.capsule_predictor import example_rows
 
     example, outputs = pd.DataFrame(example_rows(task, 2)), [label_names[0]] * 2
     try:
@@ -131,7 +131,7 @@ class _PyfuncWithoutServingCheck:
         mlflow.pyfunc.save_model(**kwargs)
 
 
-def _log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict[str, str],
+def log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict[str, str],
                 model_code: Path = MODEL_CODE) -> Any:
     """Log the models-from-code pyfunc `model_code` to the active run; nothing loads the model on the way."""
     return Model.log(
@@ -140,7 +140,7 @@ def _log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dic
         input_example=example, artifacts=artifacts, pip_requirements=_requirements(), code_paths=_code_paths())
 
 
-def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path) -> str:
+def register_capsule_version(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path) -> str:
     """Log the capsule pyfunc to the run and register it (once per run) as a new version."""
     from capt.tasks import get as task_spec
 
@@ -148,18 +148,18 @@ def _register(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, 
     existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
     if existing:
         return str(existing[0].version)
-    signature, example = _signature(result["task"], task_spec(result["task"]).label_names)
+    signature, example = pyfunc_signature(result["task"], task_spec(result["task"]).label_names)
     metrics = result.get("metrics", {})
     tags = {"task": result["task"], "method": result["method"], "base_model": result["model"],
             "model_slug": result["model_slug"], "seed": str(result.get("seed")), "validation_status": "pending",
             "config_hash": str(result.get("config_hash")),
             **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
-    with tempfile.TemporaryDirectory() as tmp, _fluent_uri(uri), warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as tmp, fluent_uri(uri), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         result_path = Path(tmp) / "result.json"
         result_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
         with mlflow.start_run(run_id=run_id):
-            info = _log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)})
+            info = log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)})
         version = mlflow.register_model(info.model_uri, name, tags=tags)
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):

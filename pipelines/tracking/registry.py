@@ -12,7 +12,7 @@ from typing import Any
 import mlflow
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.tracking.client import TrackingError, _client
+from pipelines.tracking.client import TrackingError, mlflow_client
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Registry:
 
     def __init__(self, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
-        self.client = _client(self.uri)
+        self.client = mlflow_client(self.uri)
 
     def model_names(self, prefix: str = "capt-") -> list[str]:
         """Registered model names starting with `prefix`."""
@@ -89,7 +89,7 @@ class Registry:
 def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
     """Every run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
-    client = _client(uri)
+    client = mlflow_client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         names = sorted(e.name for e in client.search_experiments())

@@ -14,9 +14,9 @@ from pathlib import Path
 import requests
 from mlflow.exceptions import MlflowException
 
-from pipelines.tracking.client import TrackingError, _dir_lock, _own_http_retries, is_transient
-from pipelines.tracking.operations import _Replayer
-from pipelines.tracking_spool import (
+from pipelines.tracking.client import TrackingError, dir_lock, is_transient, own_http_retries
+from pipelines.tracking.operations import Replayer
+from pipelines.tracking.spool import (
     FAILED_FILE,
     PENDING_FILE,
     RetryPolicy,
@@ -92,7 +92,7 @@ def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
         raise TrackingError(f"--root {str(root)!r} is not a directory{'' if root.exists() else ' (it does not exist)'}. "
                             "Give the output folder of a job or a sweep (or any folder above them): the "
                             f"folders holding {PENDING_FILE} under it are synced.")
-    _own_http_retries()
+    own_http_retries()
     summary, unreachable = SyncSummary(root), {}
     for state_dir in find_state_dirs(root, (PENDING_FILE, FAILED_FILE)):
         summary.folders.append(_sync_folder(state_dir, tracking_uri, retry or RetryPolicy(), unreachable))
@@ -102,9 +102,9 @@ def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
 def _sync_folder(state_dir: Path, tracking_uri: str | None, retry: RetryPolicy,
                  unreachable: dict[str, str]) -> FolderSync:
     """Replay one folder's spool (unless its server already failed to answer) and count what is left."""
-    folder, replayer = FolderSync(state_dir), _Replayer(state_dir, tracking_uri)
+    folder, replayer = FolderSync(state_dir), Replayer(state_dir, tracking_uri)
     pending = Spool(state_dir / PENDING_FILE)
-    with _dir_lock(state_dir):
+    with dir_lock(state_dir):
         ops = pending.read()
         uri = (tracking_uri or ops[0].get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")) if ops else None
         if uri is not None and uri in unreachable:

@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.tracking.client import _dir_lock, _now_ms, _own_http_retries, is_transient
-from pipelines.tracking.operations import _dead_letter, _Replayer
-from pipelines.tracking.uploader import BackgroundUploader
-from pipelines.tracking_spool import (
+from pipelines.tracking.client import dir_lock, is_transient, now_ms, own_http_retries
+from pipelines.tracking.operations import Replayer, dead_letter
+from pipelines.tracking.spool import (
     FAILED_FILE,
     PENDING_FILE,
     RetryPolicy,
@@ -26,6 +25,7 @@ from pipelines.tracking_spool import (
     param_strings,
     read_run_record,
 )
+from pipelines.tracking.uploader import BackgroundUploader
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +61,11 @@ class TrialTracker:
         self.model_version: str | None = None
         self._failed_at = 0.0
         self._monitor: Any = None
-        self._replayer = _Replayer(self.state_dir)
+        self._replayer = Replayer(self.state_dir)
         self._lock = threading.Lock()  # one upload at a time: the training thread's or the uploader's
         self._uploader = BackgroundUploader(self._upload_spooled, f"mlflow-upload-{run_name}")
         self._refused_in_background = 0
-        _own_http_retries()
+        own_http_retries()
 
     @property
     def finished(self) -> bool:
@@ -86,7 +86,7 @@ class TrialTracker:
             return self.run_id
         record = read_run_record(self.state_dir)
         start = {"op": "start", "experiment": self.experiment, "run_name": self.run_name, "tags": self.tags,
-                 "trial_key": uuid.uuid4().hex, "timestamp": _now_ms()}
+                 "trial_key": uuid.uuid4().hex, "timestamp": now_ms()}
         if record is not None:
             self._submit({"op": "resume", "run_id": record["run_id"], "start": start})
         elif any(op["op"] == "start" for op in self.spool.read()):
@@ -111,7 +111,7 @@ class TrialTracker:
         if self.finished:
             return
         self.spool.append({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
-                           "timestamp": _now_ms(), "tracking_uri": self.tracking_uri})
+                           "timestamp": now_ms(), "tracking_uri": self.tracking_uri})
         self._uploader.wake()
 
     @property
@@ -138,7 +138,7 @@ class TrialTracker:
             return self.model_version
         plain = json.loads(json.dumps(dict(result), default=str))  # what result.json holds
         self._submit({"op": "finish", "result": plain, "artifact_dir": str(Path(artifact_dir).resolve()),
-                      "register": bool(register), "status": "FINISHED", "timestamp": _now_ms()}, force=True)
+                      "register": bool(register), "status": "FINISHED", "timestamp": now_ms()}, force=True)
         return self.model_version
 
     def fail(self) -> None:
@@ -147,7 +147,7 @@ class TrialTracker:
         self._stop_monitor()
         if self.finished:
             return
-        self._submit({"op": "end", "status": "FAILED", "timestamp": _now_ms()}, force=True)
+        self._submit({"op": "end", "status": "FAILED", "timestamp": now_ms()}, force=True)
 
     def __enter__(self) -> TrialTracker:
         self.start()
@@ -181,7 +181,7 @@ class TrialTracker:
             return
         policy = self.retry if force or not self.offline else RetryPolicy(budget_s=0.0)
         try:
-            with _dir_lock(self.state_dir):
+            with dir_lock(self.state_dir):
                 value = call_with_retry(lambda: self._replay_then(op), is_transient, policy,
                                         f"MLflow at {self.tracking_uri}")
         except TrackingUnavailable as err:
@@ -189,7 +189,7 @@ class TrialTracker:
             return
         except Exception as exc:  # noqa: BLE001 - tracking must never fail the trial
             if op is not None:
-                _dead_letter(self.state_dir, op, exc)
+                dead_letter(self.state_dir, op, exc)
             return
         if op is not None and op["op"] == "finish":
             self.model_version = value

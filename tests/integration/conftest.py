@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from helpers.ray_head import LocalRayHead, ray_cluster_stragglers
 
-from pipelines.services import LocalMlflowServer, LocalRayHead, ServiceError, ray_cluster_stragglers
+from pipelines.services import LocalMlflowServer, ServiceError
 
 logger = logging.getLogger(__name__)
 

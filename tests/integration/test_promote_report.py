@@ -15,11 +15,11 @@ from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
 from pipelines import promote, report
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config import flatten
-from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
-from pipelines.sweep import promote_champions
-from pipelines.sweep_config import SweepConfig
+from pipelines.sweeps.config import SweepConfig
+from pipelines.sweeps.run import promote_champions
 from pipelines.tracking import TrialTracker
 from pipelines.train import run
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.ray_head import LocalRayHead
 
-from pipelines.services import LocalMlflowServer, LocalRayHead
+from pipelines.services import LocalMlflowServer
 from pipelines.services.private import is_loopback, listening_sockets, open_to_the_network
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -100,7 +101,7 @@ class _Output:
 
 
 TRIAL_ACTOR = "ImplicitFunc"
-"""Class of a Tune trial's actor (a one-worker trial runs its job in it, see `pipelines.sweep_trial`)."""
+"""Class of a Tune trial's actor (a one-worker trial runs its job in it, see `pipelines.sweeps.trial`)."""
 
 
 def _wait_for_the_trial(dashboard: str, token: str, process: subprocess.Popen[str]) -> None:

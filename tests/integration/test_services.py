@@ -11,10 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.ray_head import LocalRayHead
 
 from pipelines.services import (
     LocalMlflowServer,
-    LocalRayHead,
     ServiceError,
     check_reachable,
     free_port,

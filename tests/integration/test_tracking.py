@@ -22,14 +22,14 @@ from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
 from capt.tasks import get as task_spec
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config import flatten
 from pipelines.job_outputs import claim_job_folder
-from pipelines.registry_model import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
-from pipelines.tracking.client import _fluent_uri
-from pipelines.tracking.pyfunc import _log_pyfunc, _signature
-from pipelines.tracking_spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
+from pipelines.tracking.client import fluent_uri
+from pipelines.tracking.pyfunc import log_pyfunc, pyfunc_signature
+from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
 from pipelines.train import run
 
 pytestmark = pytest.mark.integration
@@ -247,9 +247,9 @@ LOAD_IN_A_FRESH_PROCESS = """
 import json, sys
 import mlflow, pandas as pd
 predicted = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.DataFrame(json.loads(sys.argv[2])))
-import capt, pipelines.registry_model
+import capt, pipelines.capsule_predictor
 print(json.dumps({"labels": list(predicted), "capt": capt.__file__,
-                  "registry_model": pipelines.registry_model.__file__}))
+                  "capsule_predictor": pipelines.capsule_predictor.__file__}))
 """
 
 
@@ -268,7 +268,7 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     assert version.source.startswith("models:/m-"), version.source  # a logged model (MLflow 3)
     model_id = version.model_id or version.source.removeprefix("models:/")
     files = _artifact_files(client, model_id)
-    assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/registry_model.py" in files
+    assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/capsule_predictor.py" in files
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
     uri = f"models:/{MODEL_NAME}/{tracked['version']}"
     location = client.get_logged_model(model_id).artifact_location
@@ -288,7 +288,7 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     answer = json.loads(loaded.stdout.strip().splitlines()[-1])
     local = CapsulePredictor(tracked["result"]["artifact_dir"], tracked["result"]).predict_rows(rows)
     assert answer["labels"] == local and len(local) == 6
-    for module in ("capt", "registry_model"):  # the version's own copy of the code, not a checkout's
+    for module in ("capt", "capsule_predictor"):  # the version's own copy of the code, not a checkout's
         assert "/code/" in answer[module] and not answer[module].startswith((str(ROOT), "/work/main")), answer
 
 
@@ -370,13 +370,13 @@ def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_mod
     calls, model_code = tmp_path / "calls.txt", tmp_path / "counting_model.py"
     model_code.write_text(COUNTING_MODEL)
     monkeypatch.setenv("CAPT_TEST_MODEL_CALLS", str(calls))
-    signature, example = _signature("cb", task_spec("cb").label_names)
+    signature, example = pyfunc_signature("cb", task_spec("cb").label_names)
     client = MlflowClient(mlflow_server.uri)
     run_id = client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
-    with _fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
-        info = _log_pyfunc(signature, example, {"result": str(model_code)}, model_code=model_code)
+    with fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
+        info = log_pyfunc(signature, example, {"result": str(model_code)}, model_code=model_code)
     assert not calls.exists(), f"logging ran the model: {calls.read_text().split()}"
-    with _fluent_uri(mlflow_server.uri):
+    with fluent_uri(mlflow_server.uri):
         local = mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model"))
     stored = mlflow.models.Model.load(local)
     assert stored.signature == signature and stored.signature.inputs.input_names() == ["premise", "hypothesis"]

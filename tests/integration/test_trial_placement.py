@@ -16,7 +16,7 @@ import pytest
 
 from pipelines.services import LOCALHOST, free_port
 from pipelines.services.private import RAY_LOOPBACK_ENV
-from pipelines.sweep_resources import TRIAL_DRIVER_RESOURCE
+from pipelines.sweeps.resources import TRIAL_DRIVER_RESOURCE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

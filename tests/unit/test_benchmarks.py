@@ -150,7 +150,7 @@ def test_learning_splits_boolq_and_skips_without_data(tmp_path, monkeypatch):
 
 
 def test_the_sweep_configs_of_the_benchmarks_are_valid(monkeypatch, tmp_path):
-    from pipelines.sweep_config import load_sweep_config, trials
+    from pipelines.sweeps.config import load_sweep_config, trials
 
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
     grid = trials(load_sweep_config(ROOT / learning.CONFIG, []))

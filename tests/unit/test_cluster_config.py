@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.sweep_resources import (
+from pipelines.sweeps.resources import (
     TRIAL_CPU,
     TRIAL_DRIVER_RESOURCE,
     driver_resources,
@@ -53,7 +53,7 @@ def test_head_is_cpu_only_and_hosts_only_trial_drivers(prepared: dict[str, Any])
 def test_a_paper_trial_fits_on_one_gpu_node_with_its_driver_on_the_head(prepared: dict[str, Any], config: Path) -> None:
     """A driver asking CPU would land on a GPU worker (the head has none) and push the trial's own worker to a
     second node; on the head's resource the whole worker group fits on one node of some worker type."""
-    from pipelines.sweep_config import load_sweep_config
+    from pipelines.sweeps.config import load_sweep_config
 
     resources = load_sweep_config(config, ["data_source=generated", "models=[tiny-t5]"]).resources
     nodes = dict(prepared["available_node_types"])

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from pipelines.sweep_resources import TRIAL_DRIVER_RESOURCE, driver_resources
+from pipelines.sweeps.resources import TRIAL_DRIVER_RESOURCE, driver_resources
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERAY = ROOT / "infra" / "kuberay"

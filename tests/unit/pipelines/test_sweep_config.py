@@ -10,8 +10,8 @@ from helpers.hub_cache import use_hub_cache
 
 from pipelines.config import JobConfigError, validate_job_config
 from pipelines.job_outputs import config_hash
-from pipelines.sweep import max_concurrent
-from pipelines.sweep_config import load_sweep_config, trials
+from pipelines.sweeps.config import load_sweep_config, trials
+from pipelines.sweeps.run import max_concurrent
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "pipelines" / "configs"
@@ -195,7 +195,7 @@ def test_resources_are_checked(tmp_path):
 
 
 def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
-    from pipelines.sweep import refuse_credentials_in_uri
+    from pipelines.sweeps.run import refuse_credentials_in_uri
 
     refuse_credentials_in_uri("http://127.0.0.1:5000")  # no user info: accepted
     with pytest.raises(JobConfigError, match="holds credentials") as caught:

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sweep import max_concurrent
-from pipelines.sweep_config import ResourcesSection, load_sweep_config
-from pipelines.sweep_pending import LOCAL_PENDING_TIMEOUT_S, PendingWatch, pending_timeout
-from pipelines.sweep_resources import (
+from pipelines.sweeps.config import ResourcesSection, load_sweep_config
+from pipelines.sweeps.pending import LOCAL_PENDING_TIMEOUT_S, PendingWatch, pending_timeout
+from pipelines.sweeps.resources import (
     TRIAL_CPU,
     TRIAL_DRIVER_RESOURCE,
     ResourcesError,
@@ -20,6 +19,7 @@ from pipelines.sweep_resources import (
     trial_resources,
     worker_bundle,
 )
+from pipelines.sweeps.run import max_concurrent
 
 CONFIGS = Path(__file__).resolve().parents[3] / "pipelines" / "configs"
 
@@ -120,7 +120,7 @@ WORKER = {"CPU": 1.0, "gpu_x": 1.0}
 def test_the_watch_reports_then_gives_up_on_a_worker_group_that_waits(caplog):
     watch = PendingWatch(ResourcesSection(custom_per_worker={"gpu_x": 1}, pending_timeout_s=30), 30.0)
     tune_trial = _pg("t", "CREATED", {"CPU": 0.1})
-    with caplog.at_level(logging.WARNING, logger="pipelines.sweep_pending"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.sweeps.pending"):
         for now, pg in ((0, "a"), (9, "a"), (11, "b"), (20, "b")):  # Train replaces its placement group
             watch.check(float(now), _table(tune_trial, _pg(pg, "PENDING", WORKER)))
     reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -153,7 +153,7 @@ def test_other_placement_groups_are_not_the_sweeps():
 
 
 def test_a_one_worker_trial_gets_as_many_attempts_from_tune_as_both_levels_gave():
-    from pipelines.sweep import trial_retries
+    from pipelines.sweeps.run import trial_retries
 
     one = load_sweep_config(CONFIGS / "smoke.yaml", ["data_source=generated", "failure.trial_max_failures=2",
                                                      "failure.worker_max_failures=1"])

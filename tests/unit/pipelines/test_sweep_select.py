@@ -10,9 +10,9 @@ from ray.tune import Result
 
 from pipelines.config import JobConfigError
 from pipelines.report import build_tables, markdown, run_frame
-from pipelines.sweep import results_table
-from pipelines.sweep_config import load_sweep_config, trials
-from pipelines.sweep_select import chosen_labels
+from pipelines.sweeps.config import load_sweep_config, trials
+from pipelines.sweeps.run import results_table
+from pipelines.sweeps.select import chosen_labels
 
 SMOKE = Path(__file__).resolve().parents[3] / "pipelines" / "configs" / "smoke.yaml"
 LRS = (0.01, 0.1, 0.3)

@@ -17,7 +17,7 @@ from pipelines.promote import PromotionError, choose_best, metric_direction, met
 from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
-from pipelines.tracking_spool import (
+from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAM_VALUE_LIMIT,
     PENDING_FILE,

@@ -1,6 +1,6 @@
 """One Tune trial: the Accelerate job of one grid point, tracked in MLflow and reported to Tune.
 
-How it runs depends on `resources.num_workers` (`pipelines.sweep_resources.runs_in_trial_process`):
+How it runs depends on `resources.num_workers` (`pipelines.sweeps.resources.runs_in_trial_process`):
 - One worker: the job runs inside the Tune trial's own process, which asks Tune for that worker's resources.
   Ray Train would start a controller actor and a worker group for every trial (new Python processes that
   import torch, a placement group, a process group) and tear them down afterwards: seconds to tens of
@@ -25,9 +25,9 @@ from pydantic import TypeAdapter
 
 from pipelines.config import flatten, model_slug, validate_job_config
 from pipelines.job_outputs import claim_job_folder, config_hash
-from pipelines.sweep_config import SweepConfig, trial_job
-from pipelines.sweep_resources import runs_in_trial_process, worker_bundle
-from pipelines.sweep_select import SELECT_TAG, select_label
+from pipelines.sweeps.config import SweepConfig, trial_job
+from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
+from pipelines.sweeps.select import SELECT_TAG, select_label
 
 logger = logging.getLogger(__name__)
 CLAIM_WAIT_S = 60.0
@@ -161,7 +161,7 @@ def _start_tracker(tracking: dict[str, Any], config):
     if not tracking["uri"]:
         return None
     from pipelines.tracking import TrialTracker
-    from pipelines.tracking_spool import RetryPolicy
+    from pipelines.tracking.spool import RetryPolicy
 
     tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], tracking["tags"],
                            state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]))

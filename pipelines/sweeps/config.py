@@ -26,8 +26,8 @@ from pydantic.dataclasses import dataclass
 
 from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
 from pipelines.job_outputs import config_hash
-from pipelines.sweep_resources import ResourcesSection
-from pipelines.sweep_rules import (
+from pipelines.sweeps.resources import ResourcesSection
+from pipelines.sweeps.rules import (
     DISTINCT,
     DISTINCT_LABELS,
     DISTINCT_SLUGS,
@@ -36,7 +36,7 @@ from pipelines.sweep_rules import (
     SweepName,
     real_data_problems,
 )
-from pipelines.sweep_select import combinations, select_label, select_problems, select_space
+from pipelines.sweeps.select import combinations, select_label, select_problems, select_space
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -127,7 +127,7 @@ class SweepConfig:
     """Tune search space over job keys: {"optim.lr": {"grid": [0.3, 0.5]}} (grid, choice, uniform, loguniform, randint)."""
     select: dict[str, list[Any]] = Field(default_factory=dict)
     """Candidate values of job keys, e.g. {"optim.lr": [0.01, 0.1, 0.3]}: a trial per value (x seeds); reports keep
-    the value with the best mean validation score over seeds (pipelines/sweep_select.py)."""
+    the value with the best mean validation score over seeds (pipelines/sweeps/select.py)."""
     num_samples: PositiveInt = 1
     """Tune samples of the search space per grid point."""
     scheduler: Literal["fifo", "asha"] = "fifo"

@@ -14,17 +14,17 @@ import time
 from pathlib import Path
 from typing import Self
 
-from pipelines.services.base import _Service
+from pipelines.services.base import ManagedService
 from pipelines.services.private import RAY_LOOPBACK_ENV
 from pipelines.services.probe import (
-    _POLL_S,
     LOCALHOST,
+    POLL_INTERVAL_S,
     ServiceError,
-    _group_alive,
     free_port,
     http_status,
     log_tail,
     port_is_free,
+    process_group_alive,
     stop_process_group,
 )
 
@@ -67,7 +67,7 @@ def _ray_executable() -> str:
     return found
 
 
-class LocalRayHead(_Service):
+class LocalRayHead(ManagedService):
     """A single-node Ray head (``ray start --head``) with its dashboard and job API on 127.0.0.1.
 
     ``address`` is the GCS address (``RAY_ADDRESS``, ``ray.init(address=...)``); ``dashboard_url``
@@ -131,7 +131,7 @@ class LocalRayHead(_Service):
     @property
     def running(self) -> bool:
         """True after :meth:`start` while the head's daemons live."""
-        return self._pgid is not None and _group_alive(self._pgid)
+        return self._pgid is not None and process_group_alive(self._pgid)
 
     def command(self) -> list[str]:
         """The ``ray start --head`` command line."""
@@ -204,7 +204,7 @@ class LocalRayHead(_Service):
                 self._ready = True
                 logger.info("Ray head ready at %s", self.address)
                 return self
-            time.sleep(_POLL_S)
+            time.sleep(POLL_INTERVAL_S)
         logs = log_tail(self.temp_dir / "session_latest" / "logs" / "dashboard.log") if self.temp_dir else ""
         self.stop()
         raise ServiceError(

@@ -2,7 +2,7 @@
 sweep starts cannot hold is refused before it starts; on a cluster a wait is reported, then given up on.
 
 Where a trial waits (`trial_resources` decides what a trial asks Tune for):
-- One worker: the job runs in the Tune trial's own process (`pipelines.sweep_trial`), which asks for that
+- One worker: the job runs in the Tune trial's own process (`pipelines.sweeps.trial`), which asks for that
   worker's resources, so the whole trial is on one node by construction. Tune reserves a placement group
   [resources of one worker] for the trial and waits for it.
 - Several workers: the Tune trial itself (the trial driver) asks only `driver_resources` and starts at once:
@@ -12,7 +12,7 @@ Where a trial waits (`trial_resources` decides what a trial asks Tune for):
   [resources of one worker] * num_workers, and waits for it. Train drops that placement group after
   RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`).
 Either way a request no node can meet waits forever, and its only trace is a PENDING placement group of that
-shape in the GCS. That is what `pipelines.sweep_pending.PendingWatch` reads (`ray.util.placement_group_table`): the same demand
+shape in the GCS. That is what `pipelines.sweeps.pending.PendingWatch` reads (`ray.util.placement_group_table`): the same demand
 `ray status` lists under "Pending Demands" and an autoscaler adds nodes for.
 """
 

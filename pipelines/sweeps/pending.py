@@ -1,5 +1,5 @@
 """Waiting for resources on Ray: `PendingWatch` reports a sweep's trials while their placement groups wait,
-and stops the sweep after `resources.pending_timeout_s` (see `pipelines.sweep_resources` for where a trial
+and stops the sweep after `resources.pending_timeout_s` (see `pipelines.sweeps.resources` for where a trial
 waits and why a PENDING placement group is its only trace).
 """
 
@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from pipelines.sweep_resources import ResourcesError, fmt, runs_in_trial_process, worker_bundle
+from pipelines.sweeps.resources import ResourcesError, fmt, runs_in_trial_process, worker_bundle
 
 logger = logging.getLogger(__name__)
 

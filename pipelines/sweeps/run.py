@@ -1,0 +1,210 @@
+"""Running a sweep: the Tune grid, the tracking server beside it, the results table and the champions.
+
+`pipelines/sweep.py` is the entry point users submit; it calls `run_sweep` inside `tracking_server` and
+`ray_cluster`, then `results_table` and `promote_champions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pipelines.config import JobConfigError, model_slug
+from pipelines.sweeps.config import SweepConfig, trials
+from pipelines.sweeps.pending import PendingWatch, pending_timeout
+from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
+from pipelines.sweeps.resources import max_concurrent as _trials_at_once
+from pipelines.sweeps.select import chosen_labels, select_label
+from pipelines.tracking.spool import registered_model_name
+
+logger = logging.getLogger("pipelines.sweep")
+
+
+def param_space(sweep: SweepConfig) -> dict:
+    """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search."""
+    from ray import tune
+
+    points = [{"task": t.task, "model": t.model, "method": t.method, "seed": t.seed, "select": t.select}
+              for t in trials(sweep)]
+    space = {"point": tune.grid_search(points)}
+    for key, spec in sweep.search.items():
+        kind, values = next(iter(spec.items()))
+        space[key] = tune.grid_search(values) if kind == "grid" else getattr(tune, kind)(*(
+            [values] if kind == "choice" else values))
+    return space
+
+
+def _trial_name(trial) -> str:
+    point = trial.config["point"]
+    name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
+    extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])
+    return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
+
+
+def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int | None:
+    """Tune's bound on trials at once (None: none, on a cluster that may scale; see `ResourcesSection`)."""
+    return _trials_at_once(sweep.resources, cluster, local)
+
+
+def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
+    """Fit (or restore and finish) the Tune experiment of `sweep`; returns Tune's ResultGrid.
+
+    Raises `ResourcesError` before the first trial when the local Ray cannot hold one, and after
+    `resources.pending_timeout_s` when the trials' workers wait that long for resources.
+    """
+    import ray
+    from ray import tune
+
+    from pipelines.sweeps.trial import run_trial
+
+    local = not os.environ.get("RAY_ADDRESS")  # as `ray_cluster` decides: no address, a local Ray of our own
+    cluster = ray.cluster_resources()
+    if local:
+        check_local_fit(sweep.resources, cluster)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), trial_resources(sweep.resources, cluster))
+    path = sweep.storage_root() / sweep.name
+    if resume and tune.Tuner.can_restore(str(path)):
+        logger.info("Resuming sweep %s from %s", sweep.name, path)
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    else:
+        scheduler = tune.schedulers.ASHAScheduler(grace_period=1) if sweep.scheduler == "asha" else None
+        tuner = tune.Tuner(
+            trainable, param_space=param_space(sweep),
+            tune_config=tune.TuneConfig(
+                metric="validation_score", mode="max", num_samples=sweep.num_samples, scheduler=scheduler,
+                max_concurrent_trials=max_concurrent(sweep, cluster, local),
+                # one-worker trials run in the trial process: reusing it skips a process start and a model load
+                reuse_actors=runs_in_trial_process(sweep.resources),
+                trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+            run_config=tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
+                                      failure_config=tune.FailureConfig(max_failures=trial_retries(sweep))),
+        )
+    with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch:
+        grid = tuner.fit()
+    watch.raise_if_gave_up()
+    return grid
+
+
+def trial_retries(sweep: SweepConfig) -> int:
+    """Tune's retries of a failed trial. A one-worker trial has no Ray Train worker group to restart: Tune retries
+    it as often as both levels together would have started its worker, (trial + 1) x (worker + 1) - 1 times."""
+    failure = sweep.failure
+    if runs_in_trial_process(sweep.resources):
+        return (failure.trial_max_failures + 1) * (failure.worker_max_failures + 1) - 1
+    return failure.trial_max_failures
+
+
+@contextlib.contextmanager
+def tracking_server(sweep: SweepConfig, wait: bool = True) -> Iterator[TrackingEndpoint]:
+    """The MLflow server to use: the configured one (checked now), or a local server started and stopped here.
+
+    With ``wait=False`` the local server is only launched: the caller starts Ray meanwhile and calls
+    `TrackingEndpoint.ready` before the first trial. Leaving the block stops the server.
+    """
+    from pipelines.services import LocalMlflowServer
+    from pipelines.services.mlflow_probe import check_mlflow_server
+
+    uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not sweep.tracking.enabled:
+        yield TrackingEndpoint(None)
+        return
+    if uri:
+        refuse_credentials_in_uri(uri)
+        check_mlflow_server(uri, "MLflow tracking server (tracking.uri or MLFLOW_TRACKING_URI)")
+        yield TrackingEndpoint(uri)
+        return
+    server = LocalMlflowServer(Path(sweep.tracking.local_dir)).start(wait=wait)
+    try:
+        yield TrackingEndpoint(server.uri, server)
+    finally:
+        server.stop()
+
+
+@dataclass
+class TrackingEndpoint:
+    """The sweep's tracking URI (None: tracking off) and, for a local server, the server behind it."""
+
+    uri: str | None
+    """What trials log to."""
+    local_server: Any = None
+    """The `LocalMlflowServer` this sweep started, if any."""
+
+    def release(self) -> None:
+        """Nothing more will be logged: a local server may begin shutting down (the block's end waits for it)."""
+        if self.local_server is not None:
+            self.local_server.terminate()
+
+    def ready(self) -> str | None:
+        """The URI, once the server answers (a local server still starting is waited for)."""
+        if self.local_server is not None:
+            self.local_server.wait_ready()
+        return self.uri
+
+
+def refuse_credentials_in_uri(uri: str) -> None:
+    """A tracking URI with `user:password@` would travel to every trial in Ray's metadata and run records."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        shown = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+        raise JobConfigError(
+            f"tracking.uri (or MLFLOW_TRACKING_URI) holds credentials ({shown} with a user name or password in "
+            "it): they would be visible in Ray's job metadata and in every trial's run record. Give the URI "
+            "without them and set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD in the environment of the "
+            "driver and of the cluster's nodes (infra/README.md).")
+
+
+def results_table(grid) -> tuple[str, list[dict]]:
+    """A plain-text table of the trials (task, model, method, seed, validation, test, status).
+
+    With `select:`, each (task, model, method) shows only the trials of the value chosen on validation
+    (`pipelines.sweeps.select`) and failed trials; every row is returned, marked `chosen`.
+    """
+    rows = []
+    for result in grid:
+        point, metrics = result.config["point"], result.metrics or {}
+        rows.append({"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
+                     "seed": point["seed"], "select": select_label(point.get("select", {})),
+                     "validation": metrics.get("best_validation_score"),
+                     "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
+    chosen = chosen_labels(rows)
+    for r in rows:
+        r["chosen"] = chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]  # no score: no choice
+    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["select"], r["seed"]))
+    width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0
+    header = f"{'task':<8} {'model':<16} {'method':<22} {'select':<{width}} {'seed':>4} {'valid':>7} {'test':>7}  status"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        if r["chosen"] or r["status"] != "done":
+            lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['select']:<{width}} {r['seed']:>4} "
+                         f"{_fmt(r['validation']):>7} {_fmt(r['test']):>7}  {r['status']}")
+    if width:
+        lines.append(f"select: per (task, model, method), the value with the best mean validation score over seeds; "
+                     f"{sum(not r['chosen'] and r['status'] == 'done' for r in rows)} trials of other values not shown.")
+    return "\n".join(lines), rows
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
+    """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
+    model names."""
+    from pipelines.promote import SELECTION_METRIC, PromotionError, promote
+
+    capsule_rows = {e.key for e in sweep.methods if e.name == "capt"}
+    names = []
+    for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
+        try:
+            promote(tracking_uri=tracking_uri, model=model, task=task, metric=SELECTION_METRIC)
+            names.append(registered_model_name(model_slug(model), task))
+        except PromotionError as err:
+            logger.warning("Not promoted: %s", err)
+    return names
