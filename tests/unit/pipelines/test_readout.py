@@ -11,6 +11,7 @@ from helpers.jobs import tiny_job
 import capt
 from capt import tasks
 from capt.arch.readout import install_readout, installed_readout
+from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.config_sources import JobConfigError
 from pipelines.evaluation import predict
 from pipelines.job_setup import load_data
@@ -18,7 +19,6 @@ from pipelines.methods import load_artifact
 from pipelines.model_cache import BaseModelCache
 from pipelines.models import load_model
 from pipelines.readout import ENCODER_READOUT
-from pipelines.registry_model import CapsulePredictor, example_rows
 from pipelines.train import run
 
 
