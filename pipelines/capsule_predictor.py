@@ -87,10 +87,12 @@ class CapsulePredictor:
         loaded = load_model(result["model"], len(self.label_names), config["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         self.spec = loaded.spec
-        self.model = load_artifact(loaded.model, artifact_dir).to(self.device).eval()
+        # The head reads what it was trained to read; a result.json that names another readout is refused.
+        self.model = load_artifact(loaded.model, artifact_dir, config["model"].get("readout")).to(self.device).eval()
         method = config["method"]
         self.collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config["model"]["max_length"],
-                                       capsule_slots=sequence_overhead(method["name"], method["options"]))
+                                       capsule_slots=sequence_overhead(method["name"], method["options"]),
+                                       input_format=config["task"].get("input_format", "capt"))
         logger.info("Loaded %s capsule for %s on %s (%s)", method["name"], self.task, result["model"], self.device)
 
     @classmethod

@@ -44,6 +44,8 @@ class ModelSection:
     """Input tokens per example, capsule slots or virtual tokens included."""
     max_new_tokens: PositiveInt = 10
     """Tokens generated per example by the paper's evaluation protocol."""
+    readout: Literal["pooler", "cls", "mean", "capsule", "lm_head"] | None = None
+    """What the classifier reads (pipelines/readout.py): encoder-only heads read pooler ([CLS] through the pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the family's default, filled in at validation."""
 
 
 @dataclass(config=_STRICT)
@@ -64,6 +66,8 @@ class TaskSection:
     """Optional seeded subsample of the validation and test splits."""
     generated_size: PositiveInt = 200
     """Rows per generated train split (source=generated)."""
+    input_format: Literal["capt", "t5_superglue"] = "capt"
+    """How examples are rendered: this project's templates, or T5's own SuperGLUE format (T5 models only; capt/tasks/input_formats.py)."""
 
 
 @dataclass(config=_STRICT)
@@ -191,10 +195,10 @@ def validate_job_config(raw: dict[str, Any]) -> JobConfig:
     """Check types, ranges, unknown keys and the cross-field rules; raise once with every problem.
 
     The config returned is resolved: an optimiser or lr left empty is filled in from the defaults table
-    (`pipelines.optim_defaults`), so every consumer (training, result.json, MLflow params, the config
+    (`pipelines.optim_defaults`), an unset readout from the model's family (`pipelines.readout`), so every consumer (training, result.json, MLflow params, the config
     hash) sees the values actually used.
     """
-    from pipelines.optim_defaults import resolve_optim
+    from pipelines.config_resolve import resolve_job
 
     problems: list[str] = []
     config = None
@@ -205,7 +209,7 @@ def validate_job_config(raw: dict[str, Any]) -> JobConfig:
     problems += _cross_field_problems(raw)
     if not problems:
         try:
-            config = resolve_optim(config)
+            config = resolve_job(config)
         except ValueError as err:
             problems.append(str(err))
     if problems:
@@ -251,10 +255,39 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
     if isinstance(model.get("name", "tiny-t5"), str):
         name_problems = model_name_problems(model.get("name", "tiny-t5"))
         problems += name_problems or model_fit_problems(raw, options_ok and not problems)
+        if not name_problems:
+            problems += _readout_problems(raw) + _input_format_problems(raw)
     if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems
+
+
+def _input_format_problems(raw: dict[str, Any]) -> list[str]:
+    from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
+    from pipelines.models import model_shape
+
+    task = section(raw, "task")
+    input_format, name = task.get("input_format", "capt"), section(raw, "model").get("name", "tiny-t5")
+    if input_format not in INPUT_FORMATS or not isinstance(task.get("name", "rte"), str):
+        return []  # the schema reports it
+    try:
+        family = model_shape(name).family
+    except ValueError:
+        return []
+    return [f"task.{problem} (model.name={name!r})"
+            for problem in input_format_problems(input_format, family, task.get("name", "rte"))]
+
+
+def _readout_problems(raw: dict[str, Any]) -> list[str]:
+    from pipelines.models import model_shape
+    from pipelines.readout import readout_problems
+
+    try:
+        family = model_shape(section(raw, "model").get("name", "tiny-t5")).family
+    except ValueError:
+        return []  # model_fit_problems reported it
+    return readout_problems(raw, family)
 
 
 def section(raw: dict[str, Any], key: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from capt.errors import CaptError
 from pipelines.config import JobConfig, flatten
-from pipelines.optim_defaults import resolve_optim
+from pipelines.config_resolve import resolve_job
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ class JobFolderError(CaptError, RuntimeError):
 def hashed_config(config: JobConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The config as the hash sees it: plain JSON values, every key that can change the result.
 
-    A result is keyed by its resolved config: a `JobConfig`'s optimiser defaults are filled in first
-    (`pipelines.optim_defaults`, as `validate_job_config` and `run` do), so a job that leaves
+    A result is keyed by its resolved config: a `JobConfig`'s optimiser defaults and readout are filled in first
+    (`pipelines.config_resolve`, as `validate_job_config` and `run` do), so a job that leaves
     `optim.lr` empty and one that gives the default value explicitly share one hash and one folder, and
     a change of the defaults table changes the hash of exactly the jobs it changes.
 
@@ -55,7 +55,7 @@ def hashed_config(config: JobConfig | Mapping[str, Any]) -> dict[str, Any]:
     ends bit-identical to an uninterrupted one). `task.data_dir` counts as the job reads it: for local
     data without one, CAPT_DATA_DIR.
     """
-    data = resolve_optim(config).to_dict() if isinstance(config, JobConfig) else dict(config)
+    data = resolve_job(config).to_dict() if isinstance(config, JobConfig) else dict(config)
     plain = json.loads(json.dumps(data, default=str))
     for key in EXCLUDED_KEYS:
         section, _, leaf = key.rpartition(".")

@@ -17,9 +17,11 @@ from capt.arch import ArchSpec
 from capt.errors import CaptError
 from pipelines.checkpoint import install_hooks
 from pipelines.config import JobConfig
+from pipelines.config_resolve import resolve_job
 from pipelines.methods import adapt, parameter_groups, sequence_overhead
 from pipelines.models import LoadedModel, load_model
 from pipelines.optim_defaults import resolve_optim
+from pipelines.readout import install_job_readout
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +116,11 @@ def load_data(config: JobConfig) -> tasks.Splits:
 
 
 def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
-    """Build and prepare every piece of the job described by `config` (its optimiser defaults resolved);
+    """Build and prepare every piece of the job described by `config` (its defaults resolved, its readout installed);
     `loaded`: its base model, already loaded (e.g. from `pipelines.model_cache`), instead of loading it here."""
     from accelerate.utils import set_seed
 
-    config = resolve_optim(config)
+    config = resolve_job(config)
     accelerator = make_accelerator(config)
     _check_batch(config, accelerator.num_processes)
     set_seed(config.seed)
@@ -126,8 +128,10 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     if loaded is None:
         loaded = load_model(config.model.name, num_labels(config), config.model.dtype)
     model = adapt(loaded.model, config.method.name, config.method.options)
+    install_job_readout(model, loaded.model, config.model.readout)
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
-                              capsule_slots=sequence_overhead(config.method.name, config.method.options))
+                              capsule_slots=sequence_overhead(config.method.name, config.method.options),
+                              input_format=config.task.input_format)
     # Full batches only, so every process sees an equal share and DDP matches one process exactly;
     # the dropped remainder changes from epoch to epoch because the order is reshuffled.
     loader = torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, shuffle=True,

@@ -13,6 +13,7 @@ from torch import nn
 
 import capt
 from capt.arch import head_parameters
+from capt.arch.readout import installed_readout
 from capt.methods import METHODS, MethodModel, apply_method, get_method
 
 HEAD_WEIGHTS = "head.safetensors"
@@ -56,21 +57,31 @@ def parameter_groups(adapted: nn.Module, model: nn.Module, lr: float, head_lr: f
 
 
 def save_artifact(adapted: MethodModel, model: nn.Module, method: str, directory: str | os.PathLike,
-                  task: str, metrics: dict[str, float]) -> Path:
-    """Write the method's artifact (a capsule or an adapter), plus a trained head, to `directory`."""
+                  task: str, metrics: dict[str, float], readout: str | None = None) -> Path:
+    """Write the method's artifact (a capsule or an adapter), plus a trained head and its readout, to `directory`."""
     directory = Path(directory)
     adapted.save(directory, task=task, metrics=metrics, overwrite=True)
     head = _named_head(model)
     if head:
         save_file({n: p.detach().cpu().contiguous() for n, p in head.items()}, str(directory / HEAD_WEIGHTS))
-    (directory / METHOD_FILE).write_text(json.dumps({"method": method, "task": task, "metrics": metrics}, indent=2))
+    readout = readout or (installed_readout(model) if head else "lm_head")
+    info = {"method": method, "task": task, "metrics": metrics, "readout": readout}
+    (directory / METHOD_FILE).write_text(json.dumps(info, indent=2))
     return directory
 
 
-def load_artifact(model: nn.Module, directory: str | os.PathLike) -> MethodModel:
-    """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model."""
+def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str | None = None) -> MethodModel:
+    """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model, its head reading
+    what it was trained to read; `readout`, when given, must be that readout (a mismatch is refused)."""
+    from pipelines.readout import artifact_readout, install_job_readout
+
     directory = Path(directory)
     info = json.loads((directory / METHOD_FILE).read_text())
+    trained = artifact_readout(info, model)
+    if readout is not None and readout != trained:
+        raise capt.CapsuleArtifactError(
+            f"{directory / METHOD_FILE} was trained with readout={trained!r}, but readout={readout!r} was asked for: "
+            f"its head weights only fit what they were trained to read. Load it with readout={trained!r} (or none).")
     if (directory / HEAD_WEIGHTS).is_file():
         head = _named_head(model)
         weights = load_file(str(directory / HEAD_WEIGHTS))
@@ -79,7 +90,9 @@ def load_artifact(model: nn.Module, directory: str | os.PathLike) -> MethodModel
                                             f"head is {sorted(head)}.")
         for name, param in head.items():
             param.data.copy_(weights[name])
-    return get_method(info["method"]).model_class.load(model, directory)
+    adapted = get_method(info["method"]).model_class.load(model, directory)
+    install_job_readout(adapted, model, trained)
+    return adapted
 
 
 def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:

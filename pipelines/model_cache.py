@@ -12,7 +12,8 @@ What may be cached and why:
 - full_finetune trains the base weights themselves: it bypasses the cache (a fresh load, never stored).
 - Encoder classifiers (BERT family) have a task head inside the base model that every method trains. The entry
   keeps the head as loaded (the seeded initialisation a fresh load gives for this `num_labels`) and copies it back
-  after every job, before the check; a trained head never reaches the next job.
+  after every job, before the check; a trained head never reaches the next job. What the head reads (a readout,
+  `capt.arch.readout`) is a forward hook the job removes; one left behind changes the fingerprint.
 """
 
 from __future__ import annotations
@@ -119,13 +120,16 @@ def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def weights_fingerprint(model: nn.Module) -> str:
-    """The module tree (names and classes), every parameter and buffer (name, shape, dtype) and a CRC-32 of its bytes.
+    """The module tree (names, classes and forward hook counts), every parameter and buffer (name, shape, dtype) and
+    a CRC-32 of its bytes.
 
-    Any changed bit of any tensor, and any module a method left behind, changes the result.
+    Any changed bit of any tensor, and any module or forward hook a method (or a readout) left behind, changes the
+    result.
     """
     structure = hashlib.sha256()
     for name, module in model.named_modules():
-        structure.update(f"{name}={type(module).__name__};".encode())
+        hooks = len(module._forward_hooks) + len(module._forward_pre_hooks)
+        structure.update(f"{name}={type(module).__name__}:{hooks};".encode())
     crc = 0
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         structure.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capt.arch.readout import remove_readout
 from pipelines.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -30,12 +31,13 @@ from pipelines.checkpoint import (
 )
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import JobConfig, load_job_config, model_slug
+from pipelines.config_resolve import resolve_job
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
 from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache
-from pipelines.optim_defaults import model_family, optim_default, resolve_optim
+from pipelines.optim_defaults import model_family, optim_default
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -63,9 +65,9 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
     another config's outputs. With `train.resume`, a folder that already holds the finished result of
     this same config returns that result without training again (a restarted sweep never runs a trial
     twice), and a checkpoint of this same config is continued. The config is resolved first (optimiser
-    defaults filled in, `pipelines.optim_defaults`): its folder, hash and result hold the values used.
+    defaults and readout filled in, `pipelines.config_resolve`): its folder, hash and result hold the values used.
     """
-    config = resolve_optim(config)
+    config = resolve_job(config)
     with claim_job_folder(config):
         finished = finished_result(config) if config.train.resume else None
         if finished is not None:
@@ -78,6 +80,7 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
                                config.method.name) as loaded:
             job = build_job(config, loaded)
             result = fit(job, report)
+            remove_readout(job.base_model)
             job.accelerator.unwrap_model(job.model).detach()  # the cache keeps the bare base model
             return result
 
@@ -213,13 +216,13 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
         "generated_data": job.config.task.source == "generated", "processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
-        "optimizer": resolved_optimizer(job), "artifact_dir": str(job.output_dir / "artifact"),
+        "optimizer": resolved_optimizer(job), "readout": job.config.model.readout, "artifact_dir": str(job.output_dir / "artifact"),
         "config": job.config.to_dict(),
         "config_hash": config_hash(job.config),
     }
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
-                      job.output_dir / "artifact", job.config.task.name, result["metrics"])
+                      job.output_dir / "artifact", job.config.task.name, result["metrics"], job.config.model.readout)
         write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result

@@ -110,10 +110,15 @@ class PTuningV2Config(BaselineConfig):
     """Dropout applied to the prefix keys/values during training."""
     init_std: float = 1.0
     """Standard deviation of the normal initialisation of the prefixes (or of the MLP input embedding)."""
+    instance_tokens: int = 0
+    """Training-free instance-aware tokens added at inference (eval mode, generate), never in training steps: the
+    instance-only capsule (the masked mean of the previous layer's states, `task_vector=False`); T5 and decoder-only."""
 
     def _validate(self, check: _Checker) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
                       "integer >= 1")
+        check.require(_is_int(self.instance_tokens) and self.instance_tokens >= 0, "instance_tokens",
+                      self.instance_tokens, "integer >= 0 (0: none)")
         check.require(isinstance(self.reparameterize, bool), "reparameterize", self.reparameterize,
                       "true or false")
         check.require(_is_int(self.reparam_hidden) and self.reparam_hidden >= 1, "reparam_hidden",

@@ -10,6 +10,9 @@ relative position applied to them) and real tokens keep positions 0..n-1 (a cach
 num_tokens). P-Tuning v2 always runs on SDPA (models without SDPA support, e.g. Gemma2, are refused), so
 ``output_attentions`` is unavailable while it is attached.
 
+``instance_tokens: k`` adds k training-free instance-aware tokens at inference (eval mode and ``generate``; see
+``capt.baselines.instance_tokens``); training steps never see them.
+
 Parameters per attention stack (T5 has two: encoder and decoder):
 - direct: one tensor of shape (layers, 2, kv_heads, num_tokens, head_dim), i.e.
   layers x 2 x num_tokens x kv_width scalars (kv_width = d without grouped-query attention);
@@ -29,6 +32,7 @@ from capt.arch import AttentionSite
 from capt.baselines import prefix_attention
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PTuningV2Config
+from capt.baselines.instance_tokens import attach_instance_tokens, check_instance_tokens
 from capt.errors import MethodError
 
 logger = logging.getLogger(__name__)
@@ -82,6 +86,7 @@ class PTuningV2Model(AdaptedModel):
                 f"P-Tuning v2 runs on SDPA attention, which {type(base).__name__} does not support "
                 "(e.g. Gemma2's attention soft-capping); use another method for this model"
             )
+        check_instance_tokens(base, config.instance_tokens)
         super().__init__(base, config)
         self.freeze_base()
         self.sites = self.spec.attention_sites(base)
@@ -95,8 +100,15 @@ class PTuningV2Model(AdaptedModel):
         for name, sites in self.sites.items():
             for layer, site in enumerate(sites):
                 prefix_attention.attach(site.module, partial(self.prefixes[name].layer_kv, layer))
+        # Kept out of the module tree (it holds the base model again); it has no parameters.
+        object.__setattr__(self, "_instance", attach_instance_tokens(base, config.instance_tokens))
         logger.info("P-Tuning v2 on %s: %d prefix tokens in %s (%d trainable parameters)",
                     self.info.model_type, config.num_tokens, list(self.sites), self.num_trainable_parameters())
+
+    @classmethod
+    def sequence_overhead(cls, config: PTuningV2Config) -> int:
+        """The inference-time instance tokens (`capt.baselines.instance_tokens`); the prefixes live in the KV cache."""
+        return config.instance_tokens
 
     def _base_device(self) -> torch.device:
         return next(self.base.parameters()).device
@@ -105,7 +117,22 @@ class PTuningV2Model(AdaptedModel):
         """Prefix tensors (or embedding + MLP weights when reparameterised), named by stack."""
         return {f"prefixes.{name}": p for name, p in self.prefixes.named_parameters()}
 
+    def forward(self, **kwargs):
+        """The base model with the prefixes; in eval mode also with the instance tokens (when configured)."""
+        if self._instance is None or self.training:
+            return super().forward(**kwargs)
+        return self._instance(**kwargs)
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """``base.generate`` with the prefixes and the instance tokens (when configured)."""
+        if self._instance is None:
+            return super().generate(input_ids, attention_mask, **kwargs)
+        self._require_generate()
+        return self._instance.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
     def _release(self) -> None:
+        if self._instance is not None:
+            self._instance.detach()
         for sites in self.sites.values():
             for site in sites:
                 prefix_attention.release(site.module)

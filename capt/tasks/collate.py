@@ -25,8 +25,9 @@ import torch
 
 from capt.tasks.encode import ExampleEncoder
 from capt.tasks.errors import TaskUsageError
+from capt.tasks.input_formats import formatted_spec, input_format_problems
 from capt.tasks.records import Example
-from capt.tasks.registry import check_family, get
+from capt.tasks.registry import check_family
 
 IGNORE_INDEX = -100
 """Label value ignored by the loss."""
@@ -51,8 +52,13 @@ class Collator:
     """Tokenise and pad examples for `family` ("t5", "decoder" or "encoder")."""
 
     def __init__(self, tokenizer: Any, family: str, max_length: int = 512, capsule_slots: int = 1,
-                 max_target_length: int = 16, pad_to_multiple_of: int | None = None) -> None:
+                 max_target_length: int = 16, pad_to_multiple_of: int | None = None,
+                 input_format: str = "capt") -> None:
         check_family(family)
+        problems = input_format_problems(input_format, family)
+        if problems:
+            raise TaskUsageError("; ".join(problems) + ".")
+        self.input_format = input_format
         if capsule_slots < 0 or max_length - capsule_slots < 1:
             raise TaskUsageError(f"max_length={max_length} must exceed capsule_slots={capsule_slots} (>= 0).")
         self.tokenizer = tokenizer
@@ -64,6 +70,10 @@ class Collator:
         if self.pad_id is None:
             raise TaskUsageError("The tokenizer has neither a pad nor an EOS token.")
         self.encoder = ExampleEncoder(tokenizer, family, max_length - capsule_slots, max_target_length)
+
+    def _spec(self, task: str):
+        """The task's spec in this collator's input format (`capt.tasks.input_formats`)."""
+        return formatted_spec(task, self.input_format)
 
     @property
     def budget(self) -> int:
@@ -88,7 +98,7 @@ class Collator:
     def _t5(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
         sources, targets = [], []
         for ex in examples:
-            spec = get(ex.task)
+            spec = self._spec(ex.task)
             sources.append(self.encoder.source_ids(spec, ex.fields))
             targets.append(self.encoder.answer_ids(spec)[ex.label])
         batch = self._ids_and_mask(sources)
@@ -105,14 +115,14 @@ class Collator:
         return batch
 
     def _decoder(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-        prompts = [self.encoder.prompt_ids(get(ex.task), ex.fields) for ex in examples]
-        answers = [self.encoder.answer_ids(get(ex.task))[ex.label] for ex in examples]
+        prompts = [self.encoder.prompt_ids(self._spec(ex.task), ex.fields) for ex in examples]
+        answers = [self.encoder.answer_ids(self._spec(ex.task))[ex.label] for ex in examples]
         return self._decoder_batch(prompts, answers)
 
     def _encoder(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
         ids, types = [], []
         for ex in examples:
-            row_ids, row_types = self.encoder.pair_ids(get(ex.task), ex.fields)
+            row_ids, row_types = self.encoder.pair_ids(self._spec(ex.task), ex.fields)
             ids.append(row_ids)
             types.append(row_types)
         batch = self._ids_and_mask(ids)
@@ -134,9 +144,9 @@ class Collator:
         self._require_text_to_text("generation_batch")
         side = padding_side or ("left" if self.family == "decoder" else "right")
         if self.family == "t5":
-            rows = [self.encoder.source_ids(get(ex.task), ex.fields) for ex in examples]
+            rows = [self.encoder.source_ids(self._spec(ex.task), ex.fields) for ex in examples]
         else:
-            rows = [self.encoder.prompt_ids(get(ex.task), ex.fields) for ex in examples]
+            rows = [self.encoder.prompt_ids(self._spec(ex.task), ex.fields) for ex in examples]
         batch = self._ids_and_mask(rows, side)
         if self.family == "decoder":
             batch["prompt_mask"] = batch["attention_mask"].clone()
@@ -153,7 +163,7 @@ class Collator:
         tasks = {ex.task for ex in examples}
         if len(tasks) != 1:
             raise TaskUsageError(f"candidate_batch needs examples of exactly one task, got {sorted(tasks)}.")
-        spec = get(tasks.pop())
+        spec = self._spec(tasks.pop())
         count = spec.num_labels
         choices = [c for _ in examples for c in range(count)]
         answers = [self.encoder.answer_ids(spec)[c] for c in choices]

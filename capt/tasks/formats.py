@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from capt.tasks.input_formats import remove_markup
 from capt.tasks.records import Example
 from capt.tasks.registry import TaskSpec, check_family, get
 
@@ -66,7 +67,8 @@ def render_input(spec: TaskSpec, fields: Mapping[str, str], family: str) -> str 
     if isinstance(template, tuple):
         text, pair = template
         return text.format(**values), None if pair is None else pair.format(**values)
-    return template.format(**values)
+    rendered = template.format(**values)
+    return remove_markup(rendered) if spec.remove_markup and family == "t5" else rendered
 
 
 def render(example: Example, family: str) -> Rendered:

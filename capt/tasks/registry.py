@@ -85,6 +85,8 @@ class TaskSpec:
     """Dataset config on the hub (None: the default config)."""
     choice_based: bool = False
     """True when the options are rendered in the input and the answer is an option number."""
+    remove_markup: bool = False
+    """Remove HTML markup from the rendered T5 input (T5's own MultiRC format, `capt.tasks.input_formats`)."""
 
     @property
     def num_labels(self) -> int:

@@ -1,0 +1,97 @@
+"""`model.readout`: what a job's classifier reads, resolved before training and installed on the base model.
+
+Encoder-only models (BERT family) classify with a linear head, which reads one of `capt.arch.readout.READOUTS`
+(pooler, cls, mean, capsule); T5 and decoder-only models produce the label word with their language-model head,
+the one readout they have ("lm_head"). An unset `model.readout` resolves to `ENCODER_READOUT` or "lm_head" by the
+model's family, so result.json and the MLflow params always hold the value used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from capt.arch import head_parameters, spec_for
+from capt.arch.readout import READOUTS, ReadoutError, install_readout
+from pipelines.config import JobConfig, section
+from pipelines.methods import sequence_overhead
+
+LM_HEAD = "lm_head"
+"""The readout of T5 and decoder-only models: the label word from the language-model head."""
+ENCODER_READOUT = "mean"
+"""Default readout of encoder-only models, chosen on validation (benchmarks/README.md, "Readout of MiniLM"):
+the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""
+SLOT_METHODS = ("capt",)
+"""Methods whose inputs carry a capsule slot (the only ones the "capsule" readout can read)."""
+
+
+def default_readout(family: str) -> str:
+    """The readout a job on a model of `family` gets when `model.readout` is unset."""
+    return ENCODER_READOUT if family == "encoder" else LM_HEAD
+
+
+def allowed_readouts(family: str, method: str) -> tuple[str, ...]:
+    """The readouts of a (family, method): the encoder readouts ("capsule" only with a slot), else "lm_head"."""
+    if family != "encoder":
+        return (LM_HEAD,)
+    return tuple(r for r in READOUTS if r != "capsule" or method in SLOT_METHODS)
+
+
+def readout_problems(raw: dict[str, Any], family: str) -> list[str]:
+    """`model.readout` against the model's family and the method (the schema checks the spelling)."""
+    readout = section(raw, "model").get("readout")
+    method = section(raw, "method").get("name", "capt")
+    if readout is None or readout not in (*READOUTS, LM_HEAD):
+        return []
+    allowed = allowed_readouts(family, method)
+    if readout in allowed:
+        return []
+    if family != "encoder":
+        why = (f"{family!r} models read the label word from their language-model head, so the readout options are "
+               "for encoder-only (BERT-family) classifiers")
+    elif readout == LM_HEAD:
+        why = "encoder-only models classify with a linear head, not a language-model head"
+    else:
+        why = f"method {method!r} has no capsule slot (only {', '.join(SLOT_METHODS)} has one)"
+    return [f"model.readout={readout!r} with model.name={section(raw, 'model').get('name', 'tiny-t5')!r} and "
+            f"method.name={method!r}: {why} (allowed: {', '.join(allowed)}, or leave it unset for "
+            f"{default_readout(family)!r})"]
+
+
+def resolve_readout(config: JobConfig) -> JobConfig:
+    """`config` with `model.readout` filled in from the model's family when unset (unchanged otherwise)."""
+    if config.model.readout is not None:
+        return config
+    from pipelines.optim_defaults import model_family
+
+    model = dataclasses.replace(config.model, readout=default_readout(model_family(config.model.name)))
+    return dataclasses.replace(config, model=model)
+
+
+def artifact_readout(info: dict[str, Any], model: nn.Module) -> str:
+    """The readout recorded in an artifact's method.json; artifacts from before readouts were recorded read the
+    pooler (encoder classifiers) or the language-model head."""
+    return info.get("readout") or ("pooler" if head_parameters(model) else LM_HEAD)
+
+
+def adapted_span(adapted: nn.Module, model: nn.Module) -> tuple[int, int]:
+    """[start, stop) of the positions the method of `adapted` inserts into the input of the encoder `model`
+    (capsule slots, soft-prompt tokens; empty for methods that insert none)."""
+    if hasattr(adapted, "capsules"):  # capt.CapsuleModel
+        method, options = "capt", adapted.capsules[0].config.to_dict()
+    else:
+        method, options = adapted.adapter_config.method, adapted.adapter_config.to_dict()
+    start = spec_for(model).slot_offset
+    return start, start + sequence_overhead(method, options)
+
+
+def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> None:
+    """Make the head of the encoder classifier `model` (adapted as `adapted`) read `readout`; nothing for
+    models without a classifier head, whose readout is "lm_head"."""
+    if not head_parameters(model):
+        if readout != LM_HEAD:
+            raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head (allowed: {LM_HEAD}).")
+        return
+    install_readout(model, readout, adapted_span(adapted, model))
