@@ -284,10 +284,10 @@ def _readout_problems(raw: dict[str, Any]) -> list[str]:
     from pipelines.readout import readout_problems
 
     try:
-        family = model_shape(section(raw, "model").get("name", "tiny-t5")).family
+        spec = model_shape(section(raw, "model").get("name", "tiny-t5")).spec
     except ValueError:
         return []  # model_fit_problems reported it
-    return readout_problems(raw, family)
+    return readout_problems(raw, spec)
 
 
 def section(raw: dict[str, Any], key: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from capt.arch import head_parameters, spec_for
+from capt.arch import ArchSpec, head_parameters, spec_for
 from capt.arch.readout import READOUTS, ReadoutError, install_readout
 from pipelines.config import JobConfig, section
 from pipelines.methods import sequence_overhead
@@ -27,29 +27,29 @@ SLOT_METHODS = ("capt",)
 """Methods whose inputs carry a capsule slot (the only ones the "capsule" readout can read)."""
 
 
-def default_readout(family: str) -> str:
-    """The readout a job on a model of `family` gets when `model.readout` is unset."""
-    return ENCODER_READOUT if family == "encoder" else LM_HEAD
+def default_readout(spec: ArchSpec) -> str:
+    """The readout a job on a model of family `spec` gets when `model.readout` is unset."""
+    return ENCODER_READOUT if spec.classifier_head else LM_HEAD
 
 
-def allowed_readouts(family: str, method: str) -> tuple[str, ...]:
-    """The readouts of a (family, method): the encoder readouts ("capsule" only with a slot), else "lm_head"."""
-    if family != "encoder":
+def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
+    """The readouts of a (family, method): the classifier readouts ("capsule" only with a slot), else "lm_head"."""
+    if not spec.classifier_head:
         return (LM_HEAD,)
     return tuple(r for r in READOUTS if r != "capsule" or method in SLOT_METHODS)
 
 
-def readout_problems(raw: dict[str, Any], family: str) -> list[str]:
+def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     """`model.readout` against the model's family and the method (the schema checks the spelling)."""
     readout = section(raw, "model").get("readout")
     method = section(raw, "method").get("name", "capt")
     if readout is None or readout not in (*READOUTS, LM_HEAD):
         return []
-    allowed = allowed_readouts(family, method)
+    allowed = allowed_readouts(spec, method)
     if readout in allowed:
         return []
-    if family != "encoder":
-        why = (f"{family!r} models read the label word from their language-model head, so the readout options are "
+    if not spec.classifier_head:
+        why = (f"{spec.family!r} models read the label word from their language-model head, so the readout options are "
                "for encoder-only (BERT-family) classifiers")
     elif readout == LM_HEAD:
         why = "encoder-only models classify with a linear head, not a language-model head"
@@ -57,16 +57,16 @@ def readout_problems(raw: dict[str, Any], family: str) -> list[str]:
         why = f"method {method!r} has no capsule slot (only {', '.join(SLOT_METHODS)} has one)"
     return [f"model.readout={readout!r} with model.name={section(raw, 'model').get('name', 'tiny-t5')!r} and "
             f"method.name={method!r}: {why} (allowed: {', '.join(allowed)}, or leave it unset for "
-            f"{default_readout(family)!r})"]
+            f"{default_readout(spec)!r})"]
 
 
 def resolve_readout(config: JobConfig) -> JobConfig:
     """`config` with `model.readout` filled in from the model's family when unset (unchanged otherwise)."""
     if config.model.readout is not None:
         return config
-    from pipelines.optim_defaults import model_family
+    from pipelines.models import model_shape
 
-    model = dataclasses.replace(config.model, readout=default_readout(model_family(config.model.name)))
+    model = dataclasses.replace(config.model, readout=default_readout(model_shape(config.model.name).spec))
     return dataclasses.replace(config, model=model)
 
 

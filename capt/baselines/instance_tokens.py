@@ -19,7 +19,7 @@ from capt.inject import CapsuleModel, attach
 
 def check_instance_tokens(base: nn.Module, count: int) -> None:
     """Refuse instance tokens on encoder-only models (before the caller changes anything)."""
-    if count and spec_for(base).family == "encoder":
+    if count and spec_for(base).classifier_head:
         raise ValueError(f"instance_tokens={count} with an encoder-only ({type(base).__name__}) model: the "
                          "instance tokens are for text-to-text models (T5, decoder-only); allowed here: 0")
 

@@ -54,7 +54,7 @@ def test_the_readout_travels_with_the_artifact_and_a_mismatch_is_refused(tmp_pat
     assert installed_readout(loaded.model) == "capsule"
     collator = tasks.Collator(loaded.tokenizer, "encoder", max_length=96, capsule_slots=1)
     test = load_data(config).test
-    predictions = predict(reloaded, test, collator, "encoder", "rank", 8, 10, loaded.tokenizer, "cpu")
+    predictions = predict(reloaded, test, collator, loaded.spec, "rank", 8, 10, loaded.tokenizer, "cpu")
     assert tasks.compute_metrics("rte", predictions, [e.label for e in test])["score"] == pytest.approx(
         result["metrics"]["test_score"])
 
