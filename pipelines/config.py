@@ -28,7 +28,6 @@ from pipelines.config_sources import JobConfigError, merge_sources
 
 TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
 METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
-PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 

@@ -40,7 +40,6 @@ RUN_FILE = "mlflow_run.json"
 PARAM_VALUE_LIMIT = 500
 """Longest param value we send (MLflow's historical limit; newer servers take more)."""
 PARAMS_PER_BATCH = 100
-METRICS_PER_BATCH = 1000
 _TRUNCATED = "...[truncated]"
 T = TypeVar("T")
 
