@@ -24,9 +24,9 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from capt.tasks.registry import TASK_NAMES
 from pipelines.config_sources import JobConfigError, merge_sources
 
-TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
 METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -49,7 +49,7 @@ class ModelSection:
 class TaskSection:
     """Which task, and where its data comes from."""
 
-    name: Literal["boolq", "cb", "copa", "multirc", "rte", "wic", "csqa"] = "rte"
+    name: Literal[TASK_NAMES] = "rte"
     """Task name."""
     source: Literal["hub", "local", "generated"] = "local"
     """Data source: the hub (datasets), a local directory, or small data the project generates."""
