@@ -28,6 +28,7 @@ from capt.tasks.registry import TASK_NAMES
 from pipelines.config_sources import JobConfigError, merge_sources
 
 METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
+"""The adaptation methods a job can run: CaPT and the paper's baselines (the one list)."""
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
@@ -69,7 +70,7 @@ class TaskSection:
 class MethodSection:
     """The adaptation method and its own options."""
 
-    name: Literal["capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune"] = "capt"
+    name: Literal[METHOD_NAMES] = "capt"
     """Method: CaPT or one of the paper's baselines."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of that method only (capt: CapsuleConfig fields; baselines: their config fields)."""
