@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from capt.arch import spec_for
+from capt.atomic import write_atomically
 from capt.capsule import Capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError
@@ -108,9 +108,8 @@ def save_capsule(model: CapsuleModel, directory: str | os.PathLike, task: str | 
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in capsule.state_dict().items()}
     directory.mkdir(parents=True, exist_ok=True)
     # Write to temporary files first so a crash never leaves a half-written artifact behind.
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    text = json.dumps(asdict(metadata), indent=2, sort_keys=True)
-    _atomic_write(directory / METADATA_NAME, lambda p: Path(p).write_text(text))
+    write_atomically(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    write_atomically(directory / METADATA_NAME, json.dumps(asdict(metadata), indent=2, sort_keys=True))
     logger.info("Saved capsule (%d parameters) to %s", sum(t.numel() for t in tensors.values()), directory)
     return directory
 
@@ -132,17 +131,6 @@ def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMe
         task=task,
         metrics={k: float(v) for k, v in (metrics or {}).items()},
     )
-
-
-def _atomic_write(target: Path, write) -> None:
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_metadata(directory: str | os.PathLike) -> CapsuleMetadata:

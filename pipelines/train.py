@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capt.atomic import write_atomically
 from pipelines.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -31,7 +32,7 @@ from pipelines.checkpoint import (
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
+from pipelines.job_outputs import claim_job_folder, config_hash, finished_result
 from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from capt.atomic import write_atomically
 from capt.baselines.info import model_info
 from capt.errors import CaptError
 
@@ -60,11 +60,8 @@ def save_adapter(model: AdaptedModel, directory: str | Path, overwrite: bool = F
     directory.mkdir(parents=True, exist_ok=True)
     state = model.adapter_state_dict()
     meta = _metadata(model, state)
-    tmp_weights, tmp_meta = (p.with_name(p.name + ".tmp") for p in targets)
-    save_file(state, str(tmp_weights), metadata={"format": FORMAT, "method": model.method})
-    tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    os.replace(tmp_weights, targets[0])
-    os.replace(tmp_meta, targets[1])
+    write_atomically(targets[0], lambda p: save_file(state, p, metadata={"format": FORMAT, "method": model.method}))
+    write_atomically(targets[1], json.dumps(meta, indent=2, sort_keys=True))
     logger.info("saved %s adapter (%d tensors) to %s", model.method, len(state), directory)
     return directory
 
