@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
-from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.cli_errors import cli_main
 from pipelines.config import model_slug
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse when the best is worse than this value")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
     parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _promote_from_cli(args), args.debug, expected=(TrackingError,))
+    return cli_main(parser, argv, _promote_from_cli, expected=(TrackingError,))
 
 
 def _promote_from_cli(args: argparse.Namespace) -> int:

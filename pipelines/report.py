@@ -28,7 +28,7 @@ import pandas as pd
 
 from capt.errors import CaptError
 from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
-from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.cli_errors import cli_main
 from pipelines.sweep_select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
@@ -209,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="reports", help="output directory (default: reports)")
     parser.add_argument("--metric", default="test_score", help="run metric to tabulate (default: test_score)")
     parser.add_argument("--sweep", default=None, help="only runs tagged with this sweep")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _report_from_cli(args), args.debug)
+    return cli_main(parser, argv, _report_from_cli)
 
 
 def _report_from_cli(args: argparse.Namespace) -> int:
