@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from capt.tasks.config import DataConfig
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config_sources import JobConfigError, merge_sources
 
@@ -64,6 +65,13 @@ class TaskSection:
     """Optional seeded subsample of the validation and test splits."""
     generated_size: PositiveInt = 200
     """Rows per generated train split (source=generated)."""
+
+    def data_config(self, seed: int) -> DataConfig:
+        """The `capt.tasks.DataConfig` of this section, split with `seed` (no data_dir: CAPT_DATA_DIR's)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        if not fields["data_dir"]:
+            del fields["data_dir"]  # DataConfig's default reads the environment
+        return DataConfig(**fields, seed=seed)
 
 
 @dataclass(config=_STRICT)

@@ -137,3 +137,15 @@ def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "has 2 encoder layers, so [3] do not exist" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_task_section_builds_the_data_config_from_every_field(monkeypatch):
+    from pipelines.config import TaskSection
+
+    section = TaskSection(name="cb", source="generated", data_dir="/data", validation_fraction=0.2,
+                          max_train_examples=7, max_eval_examples=5, generated_size=30)
+    data = section.data_config(seed=4)
+    assert (data.source, data.data_dir, data.seed, data.validation_fraction, data.max_train_examples,
+            data.max_eval_examples, data.generated_size) == ("generated", "/data", 4, 0.2, 7, 5, 30)
+    monkeypatch.setenv("CAPT_DATA_DIR", "/from-env")
+    assert TaskSection().data_config(seed=0).data_dir == "/from-env"
