@@ -58,6 +58,7 @@ def test_unknown_model_and_missing_data_dir(monkeypatch):
     assert "CAPT_DATA_DIR" in message
 
 
+@pytest.mark.slow
 def test_cli_fails_before_loading_a_model(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("method:\n  name: capt\n  options: {length: 0}\ntrain:\n  batch_size: 0\n")
@@ -130,6 +131,7 @@ def test_baselines_refuse_a_model_type_only_capsules_support(tmp_path):
     assert "has 4 encoder layers" in _problems(f"model.name={umt5}", "method.options.layers=[4]")
 
 
+@pytest.mark.slow
 def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(JOB_CONFIGS[0]),
                            "task.source=generated", "model.name=tiny-t5", "method.options.layers=[3]",

@@ -22,6 +22,7 @@ LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.slow
 def test_method_trains_and_its_artifact_reloads(tmp_path, model, method):
     config = tiny_job(tmp_path / "job", model, method, method={"options": OPTIONS.get(method, {})},
                       optim={"lr": LEARNING_RATES.get(method)})
