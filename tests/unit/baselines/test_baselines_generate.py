@@ -20,7 +20,6 @@ STEPS = 6
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("kind", ["t5", "llama", "qwen2"])
-@pytest.mark.slow
 def test_cached_generate_equals_uncached_greedy(kind: str, name: str) -> None:
     adapted = apply(build(kind), CONFIGS[name])
     ids = fixed_ids(batch=3, length=5)
@@ -61,7 +60,6 @@ def _prompted_encoder_outputs(adapted, batch: dict[str, torch.Tensor]):
 
 @pytest.mark.parametrize("name", ["prompt_tuning", "prompt_tuning_instance"])
 @pytest.mark.parametrize("beams", [1, 3])
-@pytest.mark.slow
 def test_prompt_tuning_generate_from_encoder_outputs_equals_from_input_ids(name: str, beams: int) -> None:
     adapted = apply(build("t5"), CONFIGS[name])
     batch = random_batch("t5")  # right-padded rows: the scores differ unless the extended mask hides the padding

@@ -25,7 +25,6 @@ def _perturb(adapted) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
-@pytest.mark.slow
 def test_round_trip_gives_identical_outputs(kind: str, method: str, tmp_path: Path) -> None:
     config = small_config(method, instance_token=True) if method == "prompt_tuning" else small_config(method)
     adapted = apply(build(kind), config)

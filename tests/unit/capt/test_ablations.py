@@ -28,7 +28,6 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.slow
 def test_variant_trains_and_has_its_parameter_count(kind, variant):
     options, capsule_layers, expected = VARIANTS[variant]
     model = BUILDERS[kind](layers=LAYERS)

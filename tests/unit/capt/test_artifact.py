@@ -28,7 +28,6 @@ def _snapshot(directory: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0], "project_rank": 3}, {"fusion": "conv", "length": 2},
                                     {"fusion": "prepend"}, {"task_vector": False}])
-@pytest.mark.slow
 def test_round_trip_is_exact(kind, tmp_path, config):
     model = _trained(kind, **config)
     inputs = random_batch(kind)
