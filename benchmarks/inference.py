@@ -28,12 +28,12 @@ import capt
 from benchmarks import models
 from benchmarks.common import BenchResult, Table, interleaved, median, paired_ratios, spread
 from benchmarks.plots import grouped_bars
+from capt.tasks.registry import TASK_NAMES
 
 logger = logging.getLogger(__name__)
 
 NAME = "inference"
 TITLE = "Inference: CapsuleBank with 7 tasks mixed in one batch, and capsule artifact sizes"
-TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
 MIXED = "bank, 7 tasks mixed"
 BARE = "bare model (no capsule)"
 ARTIFACT_ARCHS = ("t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b")
@@ -51,7 +51,7 @@ def settings(quick: bool) -> dict[str, Any]:
 def make_bank(base: torch.nn.Module, directory: Path) -> capt.CapsuleBank:
     """Seven capsules with random task vectors, saved as artifacts and loaded into one bank."""
     dirs = {}
-    for index, task in enumerate(TASKS):
+    for index, task in enumerate(TASK_NAMES):
         torch.manual_seed(index)
         model = capt.attach(base, capt.CapsuleConfig(init="normal"))
         dirs[task] = capt.save_capsule(model, directory / task, task=task)
@@ -62,9 +62,9 @@ def make_bank(base: torch.nn.Module, directory: Path) -> capt.CapsuleBank:
 def make_modes(bank: capt.CapsuleBank, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[], None]]:
     """The four ways to score the batch; every callable scores all rows once."""
     rows = batch["input_ids"].shape[0]
-    names = [TASKS[i % len(TASKS)] for i in range(rows)]
+    names = [TASK_NAMES[i % len(TASK_NAMES)] for i in range(rows)]
     per_task = {task: {k: v[[i for i in range(rows) if names[i] == task]] for k, v in batch.items()}
-                for task in TASKS}
+                for task in TASK_NAMES}
 
     def bare() -> None:
         bank.base_model(**batch)
@@ -73,7 +73,7 @@ def make_modes(bank: capt.CapsuleBank, batch: dict[str, torch.Tensor]) -> dict[s
         bank(**batch, capsule=names)
 
     def one_capsule() -> None:
-        bank(**batch, capsule=TASKS[0])
+        bank(**batch, capsule=TASK_NAMES[0])
 
     def one_task_at_a_time() -> None:
         for task, part in per_task.items():
@@ -87,7 +87,7 @@ def throughput(config: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     """Rows per second of every mode, and ratios to the mixed bank (paired per round)."""
     model_config = models.config_for(config["arch"], **config["changes"])
     base = models.build(model_config).eval()
-    rows = config["rows_per_task"] * len(TASKS)
+    rows = config["rows_per_task"] * len(TASK_NAMES)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model_config.vocab_size, (rows, config["seq"]), generator=generator)
     labels = torch.randint(3, model_config.vocab_size, (rows, config["target"]), generator=generator)
@@ -136,7 +136,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Throughput table and plot, and the artifact size table."""
     result = BenchResult(NAME, TITLE, config)
     table, described = throughput(config)
-    shape = (f"{config['rows_per_task'] * len(TASKS)} rows ({config['rows_per_task']} per task), "
+    shape = (f"{config['rows_per_task'] * len(TASK_NAMES)} rows ({config['rows_per_task']} per task), "
              f"{config['seq']} input tokens, {config['target']} label tokens")
     result.tables.append(Table(f"{config['arch']} ({described}), random weights: {shape}",
                                ["mode", "rows", "median_s", "rows_per_s", "throughput_vs_bare", "throughput_vs_mixed",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from capt.atomic import write_atomically
 from capt.errors import ArtifactError
 
 MAX_METADATA_BYTES = 1 << 20
@@ -48,18 +48,6 @@ class ArtifactKind:
     """Problems of values beyond their JSON type (e.g. a format newer than this package reads)."""
 
 
-def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
-    """Call `write(temporary_path)` next to `target`, then move the result onto `target` in one step."""
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_artifact(kind: ArtifactKind, directory: str | os.PathLike, tensors: dict[str, torch.Tensor],
                    metadata: dict[str, Any], header: dict[str, str], overwrite: bool) -> Path:
     """Write `tensors` (safetensors, with `header` as its string metadata) and `metadata` (sorted JSON)."""
@@ -69,9 +57,8 @@ def write_artifact(kind: ArtifactKind, directory: str | os.PathLike, tensors: di
         raise kind.exists_error(f"{directory} already holds a {kind.name} ({', '.join(existing)}); pass "
                                 "overwrite=True to replace it.")
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / kind.weights_name, lambda path: save_file(tensors, path, metadata=header))
-    text = json.dumps(metadata, indent=2, sort_keys=True)
-    atomic_write(directory / kind.metadata_name, lambda path: Path(path).write_text(text))
+    write_atomically(directory / kind.weights_name, lambda path: save_file(tensors, path, metadata=header))
+    write_atomically(directory / kind.metadata_name, json.dumps(metadata, indent=2, sort_keys=True))
     return directory
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from capt.errors import CapsuleConfigError
+from capt.errors import CapsuleConfigError, Problems
 
 LAYER_PRESETS = ("all", "first_half", "odd")
 FUSIONS = ("add", "project", "prepend", "conv")
@@ -39,9 +39,10 @@ class CapsuleConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layers, list):
             object.__setattr__(self, "layers", tuple(self.layers))
-        problems = _problems(self)
-        if problems:
-            raise CapsuleConfigError("Invalid CapsuleConfig: " + "; ".join(problems) + ".")
+        problems = Problems("CapsuleConfig", CapsuleConfigError)
+        _field_problems(self, problems)
+        _combination_problems(self, problems)
+        problems.raise_if_any()
 
     @property
     def num_slots(self) -> int:
@@ -82,51 +83,38 @@ class CapsuleConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CapsuleConfig:
         """Build from a dict, rejecting unknown keys by name."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CapsuleConfigError(
-                f"Unknown CapsuleConfig keys {unknown}; allowed keys: {sorted(known)}."
-            )
+        problems = Problems("CapsuleConfig", CapsuleConfigError)
+        problems.unknown_keys(data, sorted(f.name for f in dataclasses.fields(cls)))
+        problems.raise_if_any()
         return cls(**data)
 
 
-def _problems(cfg: CapsuleConfig) -> list[str]:
-    """Every invalid field of `cfg`, each as 'key=value (allowed: ...)'."""
-    problems: list[str] = []
+def _field_problems(cfg: CapsuleConfig, problems: Problems) -> None:
+    """Record every invalid field of `cfg`."""
     layers = cfg.layers
     if isinstance(layers, str):
-        if layers not in LAYER_PRESETS:
-            problems.append(f"layers={layers!r} (allowed: {', '.join(LAYER_PRESETS)} or a list of layer indices)")
+        problems.require(layers in LAYER_PRESETS, "layers", layers,
+                         f"{', '.join(LAYER_PRESETS)} or a list of layer indices")
     elif not layers or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
-        problems.append(f"layers={list(layers)!r} (allowed: a non-empty list of non-negative ints)")
-    if cfg.fusion not in FUSIONS:
-        problems.append(f"fusion={cfg.fusion!r} (allowed: {', '.join(FUSIONS)})")
-    if cfg.init not in INITS:
-        problems.append(f"init={cfg.init!r} (allowed: {', '.join(INITS)})")
-    if not isinstance(cfg.init_std, int | float) or isinstance(cfg.init_std, bool) or cfg.init_std <= 0:
-        problems.append(f"init_std={cfg.init_std!r} (allowed: a float > 0)")
+        problems.add("layers", list(layers), "a non-empty list of non-negative ints")
+    problems.require(cfg.fusion in FUSIONS, "fusion", cfg.fusion, ", ".join(FUSIONS))
+    problems.require(cfg.init in INITS, "init", cfg.init, ", ".join(INITS))
+    bad_std = not isinstance(cfg.init_std, int | float) or isinstance(cfg.init_std, bool) or cfg.init_std <= 0
+    problems.require(not bad_std, "init_std", cfg.init_std, "a float > 0")
     for name in ("instance_mean", "task_vector"):
-        if not isinstance(getattr(cfg, name), bool):
-            problems.append(f"{name}={getattr(cfg, name)!r} (allowed: true or false)")
+        problems.require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name), "true or false")
     for name in ("length", "conv_kernel", "project_rank"):
         value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{name}={value!r} (allowed: an int >= 1)")
-    problems.extend(_combination_problems(cfg))
-    return problems
+        problems.require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
+                         "an int >= 1")
 
 
-def _combination_problems(cfg: CapsuleConfig) -> list[str]:
-    """Field combinations that describe no capsule."""
-    problems: list[str] = []
+def _combination_problems(cfg: CapsuleConfig, problems: Problems) -> None:
+    """Record field combinations that describe no capsule."""
     if cfg.instance_mean is False and cfg.task_vector is False:
-        problems.append("instance_mean=False with task_vector=False (allowed: at least one of them true)")
+        problems.add("instance_mean", False, "at least one of them true", given_with="task_vector=False")
     if cfg.task_vector is False and cfg.fusion != "add":
-        problems.append(
-            f"fusion={cfg.fusion!r} with task_vector=False (allowed: 'add'; the instance-only anchor has no weights)"
-        )
+        problems.add("fusion", cfg.fusion, "'add'; the instance-only anchor has no weights",
+                     given_with="task_vector=False")
     if cfg.instance_mean is False and cfg.fusion in ("project", "conv", "prepend"):
-        problems.append(f"fusion={cfg.fusion!r} with instance_mean=False (allowed: 'add'; there is no mean to fuse)")
-    return problems
-
+        problems.add("fusion", cfg.fusion, "'add'; there is no mean to fuse", given_with="instance_mean=False")

@@ -12,7 +12,11 @@ class CaptError(Exception):
     """
 
 
-class CapsuleConfigError(CaptError, ValueError):
+class ConfigError(CaptError, ValueError):
+    """A config of the library (or a combination of its fields) is invalid; raised by `Problems`."""
+
+
+class CapsuleConfigError(ConfigError):
     """A `CapsuleConfig` (or a combination of its fields) is invalid."""
 
 
@@ -58,3 +62,36 @@ class AdapterExistsError(AdapterError, FileExistsError):
 
 class UnknownConfigError(CaptError, TypeError):
     """An object given as a method config is not the config class of any registered method."""
+class Problems:
+    """The one validation idiom of the library's configs: collect every problem, then raise them together.
+
+    Each problem reads ``key=value (allowed: ...)`` (``key=value with other=value (allowed: ...)`` for a
+    combination); `raise_if_any` raises `error` with one paragraph ``Invalid <owner>: p1; p2.``
+    """
+
+    def __init__(self, owner: str, error: type[ConfigError] = ConfigError) -> None:
+        self.owner = owner
+        self.error = error
+        self.items: list[str] = []
+
+    def add(self, key: str, value: object, allowed: str, given_with: str = "") -> None:
+        """Record `key`=`value` as invalid; `allowed` says what would be accepted, `given_with` the other
+        field that makes the combination invalid (e.g. ``"task_vector=False"``)."""
+        combined = f" with {given_with}" if given_with else ""
+        self.items.append(f"{key}={value!r}{combined} (allowed: {allowed})")
+
+    def require(self, ok: bool, key: str, value: object, allowed: str) -> None:
+        """Record `key`=`value` as invalid unless `ok`."""
+        if not ok:
+            self.add(key, value, allowed)
+
+    def unknown_keys(self, given: object, known: list[str]) -> None:
+        """Record the keys of `given` that are not fields (`known`, listed as the allowed ones)."""
+        unknown = sorted(set(given) - set(known))  # type: ignore[call-overload]
+        if unknown:
+            self.items.append(f"unknown keys {unknown} (allowed: {known or 'none'})")
+
+    def raise_if_any(self) -> None:
+        """Raise one `error` naming every recorded problem; nothing when there is none."""
+        if self.items:
+            raise self.error(f"Invalid {self.owner}: " + "; ".join(self.items) + ".")

@@ -10,6 +10,7 @@ traceback (and Python's exit status 1).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 from collections.abc import Callable
@@ -23,6 +24,24 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (CaptError, ServiceError, Val
 """Failures of every entry point: the project's input errors (`CaptError`, which `JobConfigError` and
 the task, capsule and artifact errors derive from), services that cannot be reached, and `ValueError`,
 which the pre-flight checks raise for an impossible combination of settings."""
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""The log line of every entry point."""
+
+
+def cli_main(parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], int],
+             expected: tuple[type[BaseException], ...] = (),
+             debug_on: argparse.ArgumentParser | None = None) -> int:
+    """The one skeleton of every entry point's ``main``: parse `argv` (argparse exits 2 on a bad command
+    line), log at INFO, run ``body(args)`` and return its exit status; an expected failure (see `run_cli`)
+    is printed as one paragraph and gives `EXIT_BAD_INPUT`. ``--debug`` goes on `debug_on` (a subcommand's
+    parser), else on `parser`.
+    """
+    add_debug_flag(debug_on or parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    return run_cli(lambda: body(args), args.debug, expected)
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:

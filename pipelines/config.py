@@ -24,11 +24,13 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from capt.methods import METHODS
+from capt.tasks.config import DataConfig
+from capt.tasks.registry import TASK_NAMES
 from pipelines.config_sources import JobConfigError, merge_sources
 
-TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
-METHOD_NAMES = ("capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune")
-PROMPT_METHODS = ("capt", "prompt_tuning", "ptuning_v2")
+METHOD_NAMES = tuple(METHODS)
+"""The adaptation methods a job can run: the names of `capt.methods.METHODS`, the one registry."""
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
@@ -52,7 +54,7 @@ class ModelSection:
 class TaskSection:
     """Which task, and where its data comes from."""
 
-    name: Literal["boolq", "cb", "copa", "multirc", "rte", "wic", "csqa"] = "rte"
+    name: Literal[TASK_NAMES] = "rte"
     """Task name."""
     source: Literal["hub", "local", "generated"] = "local"
     """Data source: the hub (datasets), a local directory, or small data the project generates."""
@@ -69,12 +71,19 @@ class TaskSection:
     input_format: Literal["capt", "t5_superglue"] = "capt"
     """How examples are rendered: this project's templates, or T5's own SuperGLUE format (T5 models only; capt/tasks/input_formats.py)."""
 
+    def data_config(self, seed: int) -> DataConfig:
+        """The `capt.tasks.DataConfig` of this section, split with `seed` (no data_dir: CAPT_DATA_DIR's)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        if not fields["data_dir"]:
+            del fields["data_dir"]  # DataConfig's default reads the environment
+        return DataConfig(**fields, seed=seed)
+
 
 @dataclass(config=_STRICT)
 class MethodSection:
     """The adaptation method and its own options."""
 
-    name: Literal["capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune"] = "capt"
+    name: Literal[METHOD_NAMES] = "capt"
     """Method: CaPT or one of the paper's baselines."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of that method only (capt: CapsuleConfig fields; baselines: their config fields)."""

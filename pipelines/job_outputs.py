@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from capt.atomic import write_atomically
 from capt.errors import CaptError
 from pipelines.config import JobConfig, flatten
 from pipelines.config_resolve import resolve_job
@@ -211,8 +212,3 @@ def config_diff(old: Mapping[str, Any], new: JobConfig | Mapping[str, Any], limi
     return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """A killed job leaves either no file or the whole file (resume trusts a result.json it can parse)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

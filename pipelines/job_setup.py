@@ -106,13 +106,7 @@ def check_launch(num_processes: int, distributed_type: str) -> None:
 
 def load_data(config: JobConfig) -> tasks.Splits:
     """The paper's splits of the configured task (train 90 %, validation 10 %, official validation = test)."""
-    section = config.task
-    data = tasks.DataConfig(
-        source=section.source, data_dir=section.data_dir or tasks.DataConfig().data_dir, seed=config.seed,
-        validation_fraction=section.validation_fraction, max_train_examples=section.max_train_examples,
-        max_eval_examples=section.max_eval_examples, generated_size=section.generated_size,
-    )
-    return tasks.load_splits(section.name, data)
+    return tasks.load_splits(config.task.name, config.task.data_config(config.seed))
 
 
 def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:

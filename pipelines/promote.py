@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from capt.errors import CaptError
-from pipelines.cli_errors import add_debug_flag, run_cli
-from pipelines.config import TASKS, model_slug
+from capt.tasks.registry import TASK_NAMES
+from pipelines.cli_errors import cli_main
+from pipelines.config import model_slug
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
@@ -130,8 +131,8 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
             stage: str | None = None, tracking_uri: str | None = None,
             higher_is_better: bool | None = None) -> Promotion:
     """Apply the promotion policy (module docstring) to `capt-<slug(model)>-<task>`."""
-    if task not in TASKS:
-        raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASKS)}.")
+    if task not in TASK_NAMES:
+        raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
     higher = metric_direction(metric, higher_is_better)
     if metric.startswith("test_"):
         logger.warning("Choosing the champion on %s, a test metric: the test split is then no longer a fair "
@@ -185,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse when the best is worse than this value")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
     parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _promote_from_cli(args), args.debug, expected=(TrackingError,))
+    return cli_main(parser, argv, _promote_from_cli, expected=(TrackingError,))
 
 
 def _promote_from_cli(args: argparse.Namespace) -> int:

@@ -27,15 +27,14 @@ from typing import Any
 import pandas as pd
 
 from capt.errors import CaptError
-from pipelines.cli_errors import add_debug_flag, run_cli
-from pipelines.config import TASKS
+from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
+from pipelines.cli_errors import cli_main
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
 
 AVERAGE = "SuperGLUE avg"
-SUPERGLUE = ("boolq", "cb", "copa", "multirc", "rte", "wic")
-"""The six SuperGLUE tasks of the paper's average (CSQA is reported beside them, never in it)."""
+"""Column of the paper's average over the six SuperGLUE tasks (CSQA is reported beside them, never in it)."""
 REPORT_MD, REPORT_PNG = "report.md", "report.png"
 SELECTION_METRIC = "best_validation_score"
 SELECTION_NOTE = (f"Selection on the validation split: each run's checkpoint and, with `select:`, the value with the "
@@ -85,18 +84,19 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         part = part if "select" in part else part.assign(select="")
         stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
         table = stats.unstack("task").swaplevel(axis=1)
-        tasks = _ordered(part["task"], TASKS)
+        tasks = _ordered(part["task"], TASK_NAMES)
         methods = _ordered(part["method"], METHOD_ORDER)
         table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
         chosen = part.groupby(["method", "task"])["select"].first()
         for task in tasks:
             table[(task, "select")] = [chosen.get((method, task), "") for method in methods]
-        means = table.xs("mean", axis=1, level=1)[[t for t in tasks if t in SUPERGLUE]]
+        means = table.xs("mean", axis=1, level=1)[[t for t in tasks if t in SUPERGLUE_TASKS]]
         table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
         table[(AVERAGE, "std")] = float("nan")
         table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # SuperGLUE tasks covered
         table[(AVERAGE, "select")] = ""
-        order = [*(t for t in tasks if t in SUPERGLUE), AVERAGE, *(t for t in tasks if t not in SUPERGLUE)]
+        order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
+                 *(t for t in tasks if t not in SUPERGLUE_TASKS)]
         tables[str(model)] = table[order]
     return tables
 
@@ -111,11 +111,11 @@ def format_cell(mean: float, std: float) -> str:
 def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
     """The Markdown report: one table per base model."""
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
-             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE)}; * when it misses one "
+             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; * when it misses one "
              "of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
     for model, table in tables.items():
         columns = list(table.columns.get_level_values(0).unique())
-        superglue = sum(c in SUPERGLUE for c in columns)
+        superglue = sum(c in SUPERGLUE_TASKS for c in columns)
         lines += [f"## {model}", "", "| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
         for method, row in table.iterrows():
             lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
@@ -209,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="reports", help="output directory (default: reports)")
     parser.add_argument("--metric", default="test_score", help="run metric to tabulate (default: test_score)")
     parser.add_argument("--sweep", default=None, help="only runs tagged with this sweep")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _report_from_cli(args), args.debug)
+    return cli_main(parser, argv, _report_from_cli)
 
 
 def _report_from_cli(args: argparse.Namespace) -> int:

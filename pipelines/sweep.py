@@ -16,7 +16,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, as `ray job submit` does)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.cli_errors import add_debug_flag, run_cli  # noqa: E402
+from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config  # noqa: E402
 from pipelines.sweeps.run import promote_champions, results_table, run_sweep, tracking_server  # noqa: E402
@@ -32,10 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="restore an interrupted sweep (Tuner.restore)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the sweep config")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _sweep_from_cli(args), args.debug)
+    return cli_main(parser, argv, _sweep_from_cli)
 
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""Small random-weight models sized for a 2-CPU machine, built from `*Config` objects (no download)."""
+"""Small random-weight models sized for a 2-CPU machine, built from `*Config` objects (no download).
+
+The one tiny-model factory: jobs build `tiny-*` models here, and the tests build theirs from the same
+configs (tests/tiny_models.py) with a smaller width and a few fields changed.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Any
 from torch import nn
 from transformers import BertConfig, LlamaConfig, PretrainedConfig, Qwen2Config, T5Config
 
-_WIDTH = {"hidden": 64, "ffn": 128, "layers": 2, "heads": 4}
+HEADS = 4
+"""Attention heads of every tiny model (the key/value width is hidden / HEADS)."""
 _MODEL_CLASSES = {"tiny-t5": "T5ForConditionalGeneration", "tiny-llama": "LlamaForCausalLM",
                   "tiny-qwen2": "Qwen2ForCausalLM", "tiny-bert": "BertForSequenceClassification"}
 
@@ -16,28 +21,51 @@ def build(name: str, tokenizer: Any, num_labels: int) -> nn.Module:
     """The tiny model `name` ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert") for `tokenizer`'s vocabulary."""
     ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
            "bos_token_id": tokenizer.bos_token_id}
+    return instantiate(name, config(name, len(tokenizer), ids, num_labels))
+
+
+def instantiate(name: str, model_config: PretrainedConfig) -> nn.Module:
+    """A random-weight model of tiny model `name` from `model_config` (drawn from torch's global RNG)."""
     import transformers  # the model classes import slowly: configs alone (pre-flight checks) do without them
 
-    model_config = config(name, len(tokenizer), ids, num_labels)
     return getattr(transformers, _MODEL_CLASSES[name])(model_config)
 
 
-def config(name: str, vocab_size: int, ids: dict[str, int | None], num_labels: int = 2) -> PretrainedConfig:
-    """The config of tiny model `name` (what pre-flight validation reads: depth, position limit)."""
+def config(name: str, vocab_size: int, ids: dict[str, int | None], num_labels: int = 2, hidden: int = 64,
+           layers: int = 2, **changes: Any) -> PretrainedConfig:
+    """The config of tiny model `name` (what pre-flight validation reads: depth, position limit).
+
+    `hidden` sets the width (feed-forward 2 x hidden), `layers` the depth; `changes` set any other field
+    of the transformers config (the tests' smaller position limit or larger initialiser scale).
+    """
+    width = {"hidden": hidden, "ffn": 2 * hidden, "layers": layers, "vocab_size": vocab_size}
     if name == "tiny-t5":
-        return T5Config(vocab_size=vocab_size, d_model=_WIDTH["hidden"], d_kv=16, d_ff=_WIDTH["ffn"],
-                        num_layers=_WIDTH["layers"], num_heads=_WIDTH["heads"], dropout_rate=0.0,
-                        decoder_start_token_id=ids["pad_token_id"], pad_token_id=ids["pad_token_id"],
-                        eos_token_id=ids["eos_token_id"])
-    if name in ("tiny-llama", "tiny-qwen2"):
-        config_cls = LlamaConfig if name == "tiny-llama" else Qwen2Config
-        return config_cls(vocab_size=vocab_size, hidden_size=_WIDTH["hidden"], intermediate_size=_WIDTH["ffn"],
-                          num_hidden_layers=_WIDTH["layers"], num_attention_heads=_WIDTH["heads"],
-                          num_key_value_heads=2, max_position_embeddings=1024, **ids)
-    if name == "tiny-bert":
-        return BertConfig(vocab_size=vocab_size, hidden_size=_WIDTH["hidden"], num_hidden_layers=_WIDTH["layers"],
-                          num_attention_heads=_WIDTH["heads"], intermediate_size=_WIDTH["ffn"],
-                          max_position_embeddings=1024, num_labels=num_labels,
-                          pad_token_id=ids["pad_token_id"], hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0)
-    raise ValueError(f"Unknown tiny model {name!r}; allowed: {', '.join(_MODEL_CLASSES)}.")
+        fields = _t5_fields(width, ids)
+    elif name in ("tiny-llama", "tiny-qwen2"):
+        fields = _decoder_fields(width, ids)
+    elif name == "tiny-bert":
+        fields = _bert_fields(width, ids, num_labels)
+    else:
+        raise ValueError(f"Unknown tiny model {name!r}; allowed: {', '.join(_MODEL_CLASSES)}.")
+    config_cls = {"tiny-t5": T5Config, "tiny-llama": LlamaConfig, "tiny-qwen2": Qwen2Config}.get(name, BertConfig)
+    return config_cls(**{**fields, **changes})
+
+
+def _t5_fields(width: dict[str, int], ids: dict[str, int | None]) -> dict[str, Any]:
+    return {"vocab_size": width["vocab_size"], "d_model": width["hidden"], "d_kv": width["hidden"] // HEADS,
+            "d_ff": width["ffn"], "num_layers": width["layers"], "num_heads": HEADS, "dropout_rate": 0.0,
+            "decoder_start_token_id": ids["pad_token_id"], "pad_token_id": ids["pad_token_id"],
+            "eos_token_id": ids["eos_token_id"]}
+
+
+def _decoder_fields(width: dict[str, int], ids: dict[str, int | None]) -> dict[str, Any]:
+    return {"vocab_size": width["vocab_size"], "hidden_size": width["hidden"], "intermediate_size": width["ffn"],
+            "num_hidden_layers": width["layers"], "num_attention_heads": HEADS, "num_key_value_heads": 2,
+            "max_position_embeddings": 1024, **ids}
+
+
+def _bert_fields(width: dict[str, int], ids: dict[str, int | None], num_labels: int) -> dict[str, Any]:
+    return {"vocab_size": width["vocab_size"], "hidden_size": width["hidden"], "num_hidden_layers": width["layers"],
+            "num_attention_heads": HEADS, "intermediate_size": width["ffn"], "max_position_embeddings": 1024,
+            "num_labels": num_labels, "pad_token_id": ids["pad_token_id"], "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0}

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
+from capt.atomic import write_atomically
 from pipelines.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -29,11 +30,11 @@ from pipelines.checkpoint import (
     save_checkpoint,
     trainable_state,
 )
-from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.cli_errors import cli_main
 from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.config_resolve import resolve_job
 from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.job_outputs import claim_job_folder, config_hash, finished_result, write_atomically
+from pipelines.job_outputs import claim_job_folder, config_hash, finished_result
 from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache
@@ -262,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _train_from_cli(args), args.debug, expected=(TrainingDivergedError,))
+    return cli_main(parser, argv, _train_from_cli, expected=(TrainingDivergedError,))
 
 
 def _train_from_cli(args: argparse.Namespace) -> int:

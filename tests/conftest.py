@@ -8,7 +8,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from tiny_models import BUILDERS  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skip `gpu`-marked tests, with the reason, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=sorted(BUILDERS))

@@ -1,55 +1,34 @@
-"""Tiny models of every supported family, built from `*Config` objects (never downloaded)."""
+"""Tiny models of every supported family for the tests, from the one factory `pipelines.tiny_models`."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from transformers import (
-    BertConfig,
-    BertForSequenceClassification,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+
+from pipelines import tiny_models
 
 VOCAB = 64
 PAD, EOS, BOS = 0, 1, 2
+IDS = {"pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": BOS}
+NAMES = {"t5": "tiny-t5", "llama": "tiny-llama", "qwen2": "tiny-qwen2", "bert": "tiny-bert"}
+"""Test kind -> the tiny model of `pipelines.tiny_models` it is built from."""
+_TEST_FIELDS = {"t5": {"num_decoder_layers": 2, "initializer_factor": 10.0},
+                "llama": {"max_position_embeddings": 128}, "qwen2": {"max_position_embeddings": 128},
+                "bert": {"max_position_embeddings": 128}}
+"""What the test models change: a fixed two-layer T5 decoder, a larger T5 init, a shorter position limit."""
 
 
-def tiny_t5(seed: int = 0, layers: int = 2) -> T5ForConditionalGeneration:
+def tiny_model(kind: str, seed: int = 0, layers: int = 2, hidden: int = 32, **changes) -> torch.nn.Module:
+    """A tiny model of `kind` (t5, llama, qwen2, bert; 3 labels for bert) in eval mode, seeded by `seed`."""
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=layers, num_decoder_layers=2,
-                      num_heads=4, dropout_rate=0.0, initializer_factor=10.0, decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=EOS)
-    return T5ForConditionalGeneration(config).eval()
+    name = NAMES[kind]
+    config = tiny_models.config(name, VOCAB, IDS, num_labels=3, hidden=hidden, layers=layers,
+                                **{**_TEST_FIELDS[kind], **changes})
+    return tiny_models.instantiate(name, config).eval()
 
 
-def tiny_llama(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
-    return LlamaForCausalLM(config).eval()
-
-
-def tiny_qwen2(seed: int = 0, layers: int = 2) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
-    return Qwen2ForCausalLM(config).eval()
-
-
-def tiny_bert(seed: int = 0, layers: int = 2) -> BertForSequenceClassification:
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=3, pad_token_id=PAD,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return BertForSequenceClassification(config).eval()
-
-
-BUILDERS = {"t5": tiny_t5, "llama": tiny_llama, "qwen2": tiny_qwen2, "bert": tiny_bert}
+BUILDERS = {kind: functools.partial(tiny_model, kind) for kind in NAMES}
 
 
 def random_batch(kind: str, batch: int = 3, length: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:

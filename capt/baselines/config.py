@@ -1,7 +1,7 @@
 """Typed, validated configurations of the baseline methods.
 
-Every config is a frozen dataclass. Construction validates all fields at once and raises ``ValueError``
-naming every bad key, its value and what is allowed. ``from_dict`` additionally rejects unknown keys.
+Every config is a frozen dataclass. Construction validates all fields at once and raises `ConfigError`
+(a ``ValueError``) naming every bad key, its value and what is allowed (`capt.errors.Problems`). ``from_dict`` additionally rejects unknown keys.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
+
+from capt.errors import Problems
 
 
 def _is_int(value: Any) -> bool:
@@ -20,34 +22,16 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-class _Checker:
-    """Collects every validation problem of one config before raising."""
-
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
-        self.problems: list[str] = []
-
-    def require(self, ok: bool, key: str, value: Any, allowed: str) -> None:
-        """Record ``key=value`` as invalid unless ``ok``; ``allowed`` says what would be accepted."""
-        if not ok:
-            self.problems.append(f"{key}={value!r} (allowed: {allowed})")
-
-    def raise_if_any(self) -> None:
-        """Raise one ``ValueError`` listing every recorded problem."""
-        if self.problems:
-            raise ValueError(f"invalid {self.owner}: " + "; ".join(self.problems))
-
-
 class BaselineConfig:
     """Shared behaviour of the baseline configs (serialisation, unknown-key checks)."""
 
     method: ClassVar[str] = ""
 
-    def _validate(self, check: _Checker) -> None:
+    def _validate(self, check: Problems) -> None:
         """Record problems of this config's fields (overridden per method)."""
 
     def __post_init__(self) -> None:
-        check = _Checker(type(self).__name__)
+        check = Problems(type(self).__name__)
         self._validate(check)
         check.raise_if_any()
 
@@ -58,14 +42,12 @@ class BaselineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         """Build from a dict, rejecting unknown keys (listed with the allowed ones) and invalid values."""
+        problems = Problems(cls.__name__)
         if not isinstance(data, dict):
-            raise ValueError(f"{cls.__name__} expects a mapping, got {type(data).__name__}")
-        allowed = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        unknown = sorted(set(data) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"invalid {cls.__name__}: unknown keys {unknown} (allowed: {allowed or 'none'})"
-            )
+            problems.add("options", data, f"a mapping of {cls.__name__} fields, not a {type(data).__name__}")
+        else:
+            problems.unknown_keys(data, [f.name for f in dataclasses.fields(cls)])  # type: ignore[arg-type]
+        problems.raise_if_any()
         return cls(**data)
 
 
@@ -84,7 +66,7 @@ class PromptTuningConfig(BaselineConfig):
     instance_token: bool = False
     """Add one training-free token whose embedding is the masked mean of the input token embeddings."""
 
-    def _validate(self, check: _Checker) -> None:
+    def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
                       "integer >= 1")
         check.require(self.init in ("normal", "vocab"), "init", self.init, "'normal' or 'vocab'")
@@ -114,7 +96,7 @@ class PTuningV2Config(BaselineConfig):
     """Training-free instance-aware tokens added at inference (eval mode, generate), never in training steps: the
     instance-only capsule (the masked mean of the previous layer's states, `task_vector=False`); T5 and decoder-only."""
 
-    def _validate(self, check: _Checker) -> None:
+    def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
                       "integer >= 1")
         check.require(_is_int(self.instance_tokens) and self.instance_tokens >= 0, "instance_tokens",
@@ -144,7 +126,7 @@ class LoraConfig(BaselineConfig):
     target_modules: list[str] | None = field(default=None)
     """Names of the linear modules to adapt; None picks the family default (``capt.arch`` ``ArchSpec.lora_targets``)."""
 
-    def _validate(self, check: _Checker) -> None:
+    def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.r) and self.r >= 1, "r", self.r, "integer >= 1")
         check.require(_is_real(self.alpha) and self.alpha > 0, "alpha", self.alpha, "finite number > 0")
         check.require(_is_real(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", self.dropout,

@@ -29,17 +29,12 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import PromptTuningConfig
+from capt.capsule import masked_mean
 from capt.errors import MethodError
 
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-
-
-def masked_mean(embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``embeds`` (B, n, d) over positions where ``mask`` (B, n) is nonzero; zeros if none."""
-    weights = mask.to(embeds.dtype).unsqueeze(-1)
-    return (embeds * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
 class PromptTuningModel(AdaptedModel):
@@ -76,7 +71,7 @@ class PromptTuningModel(AdaptedModel):
         prompt = self.prompt.to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
         if not self.adapter_config.instance_token:
             return prompt
-        return torch.cat([masked_mean(embeds, instance_mask).unsqueeze(1), prompt], dim=1)
+        return torch.cat([masked_mean(embeds, instance_mask).to(embeds.dtype).unsqueeze(1), prompt], dim=1)
 
     def _instance_mask(self, mask: torch.Tensor, labels: torch.Tensor | None,
                        prompt_mask: torch.Tensor | None) -> torch.Tensor:

@@ -32,7 +32,7 @@ from capt.tasks.metrics import (
     task_score,
 )
 from capt.tasks.records import Example, Splits
-from capt.tasks.registry import FAMILIES, TaskSpec, get, names
+from capt.tasks.registry import FAMILIES, SUPERGLUE_TASKS, TASK_NAMES, TaskSpec, get, names
 from capt.tasks.splits import split_train_validation, subsample
 
 _LAZY = {
@@ -43,7 +43,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "DATA_DIR_ENV", "FAMILIES", "INVALID", "SOURCES", "Collator", "DataConfig", "DecoderInput",
+    "DATA_DIR_ENV", "FAMILIES", "INVALID", "SOURCES", "SUPERGLUE_TASKS", "TASK_NAMES", "Collator", "DataConfig", "DecoderInput",
     "EncoderInput", "Example", "IGNORE_INDEX", "Splits", "T5Input", "TaskDataError", "TaskSpec",
     "UnknownTaskError", "accuracy", "average_score", "compute_metrics", "exact_match", "f1a",
     "generate_rows", "get", "load_split", "load_splits", "macro_f1", "minilm_tokenizer", "names",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from capt.errors import Problems
+
 SOURCES: tuple[str, ...] = ("hub", "local", "generated")
 """Valid values of `DataConfig.source`."""
 
@@ -18,7 +20,7 @@ def _env_data_dir() -> str | None:
 
 @dataclass
 class DataConfig:
-    """Typed data settings; `__post_init__` rejects bad values, naming the key and what is allowed."""
+    """Typed data settings; `__post_init__` rejects bad values, naming the key and what is allowed (`ConfigError`)."""
 
     source: str = "local"
     """Where rows come from: "hub" (`datasets`, needs network or a warm cache), "local" or "generated"."""
@@ -42,18 +44,15 @@ class DataConfig:
     """`cache_dir` passed to `datasets.load_dataset` (None: the datasets default)."""
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.source not in SOURCES:
-            problems.append(f"source={self.source!r}: allowed {', '.join(SOURCES)}")
-        if not 0.0 < float(self.validation_fraction) < 1.0:
-            problems.append(f"validation_fraction={self.validation_fraction!r}: must be in (0, 1)")
+        problems = Problems("DataConfig")
+        problems.require(self.source in SOURCES, "source", self.source, ", ".join(SOURCES))
+        problems.require(0.0 < float(self.validation_fraction) < 1.0, "validation_fraction",
+                         self.validation_fraction, "a number in (0, 1)")
         for key in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                problems.append(f"{key}={value!r}: must be a positive int or None")
+            problems.require(value is None or (isinstance(value, int) and value >= 1), key, value,
+                             "a positive int or None")
         for key in ("generated_size", "generated_eval_size"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                problems.append(f"{key}={value!r}: must be a positive int")
-        if problems:
-            raise ValueError("Invalid DataConfig: " + "; ".join(problems) + ".")
+            problems.require(isinstance(value, int) and value >= 1, key, value, "a positive int")
+        problems.raise_if_any()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from capt.tasks.errors import UnknownTaskError
+from capt.tasks import registry
 from capt.tasks.records import GENERATED_KEY
 
 NOUNS = ("apple", "river", "teacher", "garden", "window", "doctor", "violin", "mountain", "kitten",
@@ -123,8 +123,6 @@ def _multirc(rng: random.Random, idx: int, counters: dict[str, int]) -> Row:
 _SIMPLE: dict[str, Callable[[random.Random, int], Row]] = {
     "boolq": _boolq, "cb": _cb, "copa": _copa, "rte": _rte, "wic": _wic, "csqa": _csqa,
 }
-TASKS: tuple[str, ...] = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
-"""Tasks the generator covers (all registered tasks)."""
 
 
 def generate_rows(task: str, split: str, size: int, seed: int = 0) -> list[Row]:
@@ -132,8 +130,7 @@ def generate_rows(task: str, split: str, size: int, seed: int = 0) -> list[Row]:
 
     Deterministic in (task, split, size, seed); ``split`` is ``train`` or ``val``.
     """
-    if task not in TASKS:
-        raise UnknownTaskError(f"Unknown task {task!r}; valid tasks: {', '.join(TASKS)}.")
+    registry.get(task)  # an unknown task raises UnknownTaskError (a KeyError) naming the valid ones
     rng = random.Random(f"capt-generated:{task}:{split}:{seed}")
     if task == "multirc":
         counters = {"question": 0, "answer": 0}
@@ -145,7 +142,7 @@ def generate_rows(task: str, split: str, size: int, seed: int = 0) -> list[Row]:
     return rows
 
 
-def write_generated(directory: str | Path, tasks: Iterable[str] = TASKS, train_size: int = 200,
+def write_generated(directory: str | Path, tasks: Iterable[str] = registry.TASK_NAMES, train_size: int = 200,
                     val_size: int = 50, seed: int = 0) -> Path:
     """Write generated data in the official local layout ``<directory>/<task>/{train,val}.jsonl``."""
     root = Path(directory)

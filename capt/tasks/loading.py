@@ -121,7 +121,7 @@ def _hub_rows(task: str, split: str, config: DataConfig) -> tuple[str, RawRows]:
     try:
         import datasets
     except ImportError as err:
-        raise ImportError("source='hub' needs the `datasets` package: pip install 'capt[pipeline]'.") from err
+        raise ImportError("source='hub' needs the `datasets` package: pip install 'capt[hub]'.") from err
     spec = get(task)
     args = (spec.hub_path,) if spec.hub_config is None else (spec.hub_path, spec.hub_config)
     source = f"hub:{spec.hub_path}/{spec.hub_config or 'default'}[{HUB_SPLITS[split]}]"

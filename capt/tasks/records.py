@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 GENERATED_PREFIX = "gen:"
@@ -37,10 +36,6 @@ class Example:
         """True for records the project generated itself (not real benchmark data)."""
         return self.uid.startswith(GENERATED_PREFIX)
 
-    def with_fields(self, **changes: str) -> Example:
-        """A copy with some fields replaced (used by truncation)."""
-        return Example(self.task, self.uid, {**self.fields, **changes}, self.label, self.group)
-
 
 @dataclass(frozen=True)
 class Splits:
@@ -56,9 +51,3 @@ class Splits:
     def sizes(self) -> dict[str, int]:
         """Number of examples per split."""
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test)}
-
-    def label_counts(self) -> dict[str, dict[int, int]]:
-        """Label histogram per split."""
-        return {name: dict(sorted(Counter(e.label for e in rows).items()))
-                for name, rows in (("train", self.train), ("validation", self.validation),
-                                   ("test", self.test))}

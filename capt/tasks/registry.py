@@ -238,10 +238,15 @@ _SPECS: tuple[TaskSpec, ...] = (
 
 _REGISTRY: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}
 
+TASK_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+"""The registered task names, in the paper's order (SuperGLUE tasks, then CommonsenseQA): the one list."""
+SUPERGLUE_TASKS: tuple[str, ...] = tuple(spec.name for spec in _SPECS if spec.hub_path == "aps/super_glue")
+"""The SuperGLUE tasks (the paper's average is over these)."""
+
 
 def names() -> tuple[str, ...]:
     """The registered task names, in the paper's order (SuperGLUE tasks, then CommonsenseQA)."""
-    return tuple(_REGISTRY)
+    return TASK_NAMES
 
 
 def get(name: str) -> TaskSpec:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
-from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.cli_errors import cli_main
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
@@ -25,11 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--root", required=True, help="a trial's state dir or any folder above several")
     sync.add_argument("--tracking-uri", default=None, help="override the URI recorded with each operation")
     sync.add_argument("--retry-s", type=float, default=30.0, help="retry budget per trial (seconds)")
-    add_debug_flag(sync)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: sync_command(args.root, args.tracking_uri, args.retry_s), args.debug,
-                   expected=(TrackingError,))
+    return cli_main(parser, argv, lambda args: sync_command(args.root, args.tracking_uri, args.retry_s),
+                    expected=(TrackingError,), debug_on=sync)
 
 
 def sync_command(root: str, tracking_uri: str | None, retry_s: float) -> int:

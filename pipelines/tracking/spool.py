@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from capt.atomic import write_atomically
 from pipelines.config import flatten
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ RUN_FILE = "mlflow_run.json"
 PARAM_VALUE_LIMIT = 500
 """Longest param value we send (MLflow's historical limit; newer servers take more)."""
 PARAMS_PER_BATCH = 100
-METRICS_PER_BATCH = 1000
 _TRUNCATED = "...[truncated]"
 T = TypeVar("T")
 
@@ -213,12 +213,7 @@ class Spool:
         if not data:
             self.path.unlink(missing_ok=True)
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, data)
 
     def __len__(self) -> int:
         """How many lines wait here, corrupt ones included."""
@@ -241,9 +236,7 @@ def write_run_record(state_dir: str | os.PathLike[str], record: Mapping[str, Any
     """Write `mlflow_run.json` atomically."""
     path = Path(state_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(dict(record), indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(dict(record), indent=2))
 
 
 def find_state_dirs(root: str | os.PathLike[str], names: Iterable[str] = (PENDING_FILE,)) -> list[Path]:

@@ -150,6 +150,7 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
     check_case(case, places, tmp_path)
     left = tmp_path / "job"  # a data case's own output folder: no result a later resume could trust

@@ -88,12 +88,14 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
     check_case(case, places, tmp_path)
     assert not any(tmp_path.iterdir()), "a failed run wrote into its working directory"
 
 
 @pytest.mark.parametrize("case", DEBUG_CASES, ids=[c.name for c in DEBUG_CASES])
+@pytest.mark.slow
 def test_debug_adds_the_traceback_to_the_same_paragraph(case: Case, places: Places, tmp_path: Path) -> None:
     before = folder_digest(places.outputs)
     proc = run_entry(case.entry, case.args(places), cwd=tmp_path)

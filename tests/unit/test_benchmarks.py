@@ -66,6 +66,7 @@ def test_pipeline_overhead_states_both_targets_for_the_minute_trials():
         assert any(o.startswith("job.train.max_steps=") for o in overrides)
 
 
+@pytest.mark.slow
 def test_step_cost_gives_a_ratio_to_the_floor_for_every_method(tmp_path):
     config = {"archs": [{"arch": "t5-base", "changes": TINY_T5, "batch": 2, "seq": 8, "target": 2},
                         {"arch": "llama-3.2-1b", "changes": TINY_LLAMA, "batch": 2, "seq": 8, "target": 2}],

@@ -27,6 +27,7 @@ def expected_count(method: str, model: torch.nn.Module, adapted) -> int:
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_method_trains_only_its_parameters(kind: str, method: str) -> None:
     model = build(kind)
     adapted = apply(model, small_config(method))

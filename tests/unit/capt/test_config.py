@@ -1,10 +1,14 @@
-"""CapsuleConfig validation: one error naming every bad key, the value and what is allowed."""
+"""Config validation (CapsuleConfig, the baselines' and the task data's): one error naming every bad key,
+the value and what is allowed, in one format."""
 
 from __future__ import annotations
 
 import pytest
 
 import capt
+from capt.baselines import LoraConfig
+from capt.errors import ConfigError
+from capt.tasks import DataConfig
 
 
 def test_defaults_are_the_papers():
@@ -47,5 +51,22 @@ def test_layer_presets_resolve():
 def test_dict_round_trip_and_unknown_keys():
     config = capt.CapsuleConfig(layers=[0, 2], fusion="conv", length=2)
     assert capt.CapsuleConfig.from_dict(config.to_dict()) == config
-    with pytest.raises(capt.CapsuleConfigError, match=r"Unknown CapsuleConfig keys \['depth'\]"):
+    with pytest.raises(capt.CapsuleConfigError, match=r"Invalid CapsuleConfig: unknown keys \['depth'\]"):
         capt.CapsuleConfig.from_dict({"depth": 3})
+
+
+@pytest.mark.parametrize(("build", "expected"), [
+    (lambda: capt.CapsuleConfig(length=0, fusion="mul"),
+     "Invalid CapsuleConfig: fusion='mul' (allowed: add, project, prepend, conv); length=0 (allowed: an int >= 1)."),
+    (lambda: LoraConfig(r=0, dropout=1.0),
+     "Invalid LoraConfig: r=0 (allowed: integer >= 1); dropout=1.0 (allowed: number in [0, 1))."),
+    (lambda: LoraConfig.from_dict({"rank": 4}),
+     "Invalid LoraConfig: unknown keys ['rank'] (allowed: ['r', 'alpha', 'dropout', 'target_modules'])."),
+    (lambda: DataConfig(source="web", generated_size=0),
+     "Invalid DataConfig: source='web' (allowed: hub, local, generated); generated_size=0 (allowed: a positive int)."),
+], ids=["capsule", "baseline", "baseline-keys", "task-data"])
+def test_every_config_reports_its_problems_in_one_format(build, expected):
+    with pytest.raises(ConfigError) as raised:
+        build()
+    assert isinstance(raised.value, capt.CaptError) and isinstance(raised.value, ValueError)
+    assert str(raised.value) == expected

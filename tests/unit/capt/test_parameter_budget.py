@@ -3,42 +3,26 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    T5Config,
-    T5ForConditionalGeneration,
-)
 
 import capt
+from benchmarks.models import build_meta, config_for
 
-# Public config values of the checkpoints (config.json on the hub), and their public parameter counts.
-REAL = {
-    "t5-base": (T5ForConditionalGeneration, T5Config(
-        vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12,
-        relative_attention_num_buckets=32, feed_forward_proj="relu", tie_word_embeddings=True), 12, 768),
-    "t5-large": (T5ForConditionalGeneration, T5Config(
-        vocab_size=32128, d_model=1024, d_kv=64, d_ff=4096, num_layers=24, num_heads=16,
-        relative_attention_num_buckets=32, feed_forward_proj="relu", tie_word_embeddings=True), 24, 1024),
-    "llama-3.2-1b": (LlamaForCausalLM, LlamaConfig(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True), 16, 2048),
-    "qwen2.5-1.5b": (Qwen2ForCausalLM, Qwen2Config(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True), 28, 1536),
-}
+PAPER_MODELS = ("t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b")
+"""The paper's models, at their published shapes (`benchmarks.models.ARCHS`, the one copy)."""
+# The checkpoints' public parameter counts.
 PUBLIC_TOTALS = {"t5-base": 222_903_552, "t5-large": 737_668_096, "llama-3.2-1b": 1_235_814_400,
                  "qwen2.5-1.5b": 1_543_714_304}
 
 
-@pytest.mark.parametrize("name", sorted(REAL))
+def _meta_model(name: str):
+    """The model on the meta device, with its layer count and hidden size (T5 maps these names to its own)."""
+    config = config_for(name)
+    return build_meta(config), config.num_hidden_layers, config.hidden_size
+
+
+@pytest.mark.parametrize("name", PAPER_MODELS)
 def test_capsule_budget_matches_the_paper(name):
-    cls, config, layers, hidden = REAL[name]
-    with torch.device("meta"):
-        model = cls(config)
+    model, layers, hidden = _meta_model(name)
     total = sum(p.numel() for p in model.parameters())
     assert total == PUBLIC_TOTALS[name]
     capsule_model = capt.attach(model)
@@ -52,9 +36,7 @@ def test_capsule_budget_matches_the_paper(name):
 
 @pytest.mark.parametrize("rank", [4, 64])
 def test_low_rank_project_fusion_budget_on_t5_base(rank):
-    cls, config, layers, hidden = REAL["t5-base"]
-    with torch.device("meta"):
-        model = cls(config)
+    model, layers, hidden = _meta_model("t5-base")
     capsule_model = capt.attach(model, capt.CapsuleConfig(fusion="project", project_rank=rank))
     trainable = sum(p.numel() for p in capsule_model.trainable_parameters())
     assert trainable == layers * hidden + layers * 2 * rank * hidden

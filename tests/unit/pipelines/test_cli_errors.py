@@ -50,3 +50,34 @@ def test_anything_else_keeps_its_traceback():
     with pytest.raises(KeyboardInterrupt):
         run_cli(_raise(KeyboardInterrupt()), debug=False)
     assert run_cli(lambda: 0, debug=False) == 0
+
+
+def test_every_entry_point_main_is_the_one_skeleton(capsys):
+    """train, sweep, promote, report and tracking share `cli_main`: --debug, one paragraph, exit 2."""
+    import argparse
+    import inspect
+
+    from pipelines import promote, report, sweep, train
+    from pipelines.cli_errors import cli_main
+    from pipelines.tracking import cli
+
+    for module in (train, sweep, promote, report, cli):
+        assert "cli_main(" in inspect.getsource(module.main), module.__name__
+
+    def parser() -> argparse.ArgumentParser:
+        made = argparse.ArgumentParser(prog="tool")
+        made.add_argument("--size", type=int, default=1)
+        return made
+
+    assert cli_main(parser(), ["--size", "3"], lambda args: args.size) == 3
+    assert cli_main(parser(), ["--debug"], _raise_with(JobConfigError("size=0 (allowed: an int >= 1)"))) == 2
+    assert capsys.readouterr().err.endswith("error: size=0 (allowed: an int >= 1)\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(parser(), ["--size", "big"], lambda args: 0)
+    assert exit_info.value.code == EXIT_BAD_INPUT
+
+
+def _raise_with(err: BaseException):
+    def body(args) -> int:
+        raise err
+    return body

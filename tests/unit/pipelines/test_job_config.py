@@ -58,6 +58,7 @@ def test_unknown_model_and_missing_data_dir(monkeypatch):
     assert "CAPT_DATA_DIR" in message
 
 
+@pytest.mark.slow
 def test_cli_fails_before_loading_a_model(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("method:\n  name: capt\n  options: {length: 0}\ntrain:\n  batch_size: 0\n")
@@ -130,6 +131,7 @@ def test_baselines_refuse_a_model_type_only_capsules_support(tmp_path):
     assert "has 4 encoder layers" in _problems(f"model.name={umt5}", "method.options.layers=[4]")
 
 
+@pytest.mark.slow
 def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(JOB_CONFIGS[0]),
                            "task.source=generated", "model.name=tiny-t5", "method.options.layers=[3]",
@@ -137,3 +139,15 @@ def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "has 2 encoder layers, so [3] do not exist" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_task_section_builds_the_data_config_from_every_field(monkeypatch):
+    from pipelines.config import TaskSection
+
+    section = TaskSection(name="cb", source="generated", data_dir="/data", validation_fraction=0.2,
+                          max_train_examples=7, max_eval_examples=5, generated_size=30)
+    data = section.data_config(seed=4)
+    assert (data.source, data.data_dir, data.seed, data.validation_fraction, data.max_train_examples,
+            data.max_eval_examples, data.generated_size) == ("generated", "/data", 4, 0.2, 7, 5, 30)
+    monkeypatch.setenv("CAPT_DATA_DIR", "/from-env")
+    assert TaskSection().data_config(seed=0).data_dir == "/from-env"

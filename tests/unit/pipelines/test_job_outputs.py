@@ -111,6 +111,7 @@ def _job_command(folder: Path, *extra: str) -> list[str]:
             "train.eval_batch_size=8", "train.eval_mode=rank", "train.patience=null", f"output_dir={folder}", *extra]
 
 
+@pytest.mark.slow
 def test_a_second_job_on_a_folder_in_use_fails_at_once(tmp_path):
     folder = tmp_path / "job"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -31,6 +31,7 @@ def _tensors(result: dict) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("model", "method", "options"), CASES)
+@pytest.mark.slow
 def test_a_second_job_takes_the_cached_model_and_trains_exactly_as_a_fresh_load(tmp_path, model, method, options):
     cache = BaseModelCache()
     first = run(_job(tmp_path / "a", model, method, options, seed=0), base_models=cache)

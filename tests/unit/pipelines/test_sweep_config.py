@@ -26,6 +26,7 @@ def _paper_models_cached(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.relative_to(CONFIGS)))
+@pytest.mark.slow
 def test_every_shipped_sweep_parses_and_names_its_command(path):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and f"--config pipelines/configs/{path.relative_to(CONFIGS)}" in first
@@ -34,6 +35,7 @@ def test_every_shipped_sweep_parses_and_names_its_command(path):
 
 
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
+@pytest.mark.slow
 def test_paper_grids_are_seven_tasks_five_methods_three_seeds(name):
     sweep = load_sweep_config(CONFIGS / "paper" / f"{name}.yaml")
     points = trials(sweep)
@@ -46,6 +48,7 @@ def test_paper_grids_are_seven_tasks_five_methods_three_seeds(name):
     assert sweep.resources.gpus_per_worker >= 1
 
 
+@pytest.mark.slow
 def test_ablations_cover_every_row_of_the_table():
     points = trials(load_sweep_config(CONFIGS / "ablations.yaml"))
     options = {p.method: p.job["method"]["options"] for p in points}
@@ -204,6 +207,7 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
 
 
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
+@pytest.mark.slow
 def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
     path = CONFIGS / "paper" / f"{name}.yaml"
     local = {p.task: p.job["task"] for p in trials(load_sweep_config(path))}  # CAPT_DATA_DIR set by the fixture

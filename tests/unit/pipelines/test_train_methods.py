@@ -8,20 +8,21 @@ import pytest
 from helpers.jobs import tiny_job
 
 from capt import tasks
+from pipelines.config import METHOD_NAMES
 from pipelines.evaluation import predict
 from pipelines.job_setup import load_data
 from pipelines.methods import load_artifact
 from pipelines.models import load_model
 from pipelines.train import run
 
-METHODS = ["capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune"]
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}
 LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.slow
 def test_method_trains_and_its_artifact_reloads(tmp_path, model, method):
     config = tiny_job(tmp_path / "job", model, method, method={"options": OPTIONS.get(method, {})},
                       optim={"lr": LEARNING_RATES.get(method)})

@@ -46,7 +46,7 @@ def test_data_config_defaults_and_errors(monkeypatch):
     assert config.data_dir == "/somewhere" and config.source == "local" and config.validation_fraction == 0.1
     monkeypatch.delenv("CAPT_DATA_DIR")
     assert DataConfig().data_dir is None
-    with pytest.raises(ValueError, match="source='web': allowed hub, local, generated"):
+    with pytest.raises(ValueError, match=r"source='web' \(allowed: hub, local, generated\)"):
         DataConfig(source="web")
     with pytest.raises(ValueError, match="validation_fraction"):
         DataConfig(validation_fraction=1.5)
