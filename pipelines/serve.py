@@ -83,7 +83,12 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int) -> None:
         signal.signal(signum, lambda *_: stop.set())
     serve.start(http_options={"host": host, "port": port})
     try:
-        serve.run(deployment(settings), name="capt", route_prefix="/", blocking=False)
+        try:
+            serve.run(deployment(settings), name="capt", route_prefix="/", blocking=False)
+        except RuntimeError as err:  # a replica's constructor failed; Serve's message ends with its error
+            reason = [line for line in str(err).splitlines() if line.strip()][-1].strip()
+            raise ServeError(f"The Serve application did not start: its replica failed with {reason} (--debug "
+                             "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
         print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
               f"{settings.poll_s:g} s) at http://{host}:{port}/ ; Ctrl-C stops.", flush=True)
         stop.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ class CapsuleServer:
     """One replica: the base model once, every capsule in one bank, an alias poller in a thread."""
 
     def __init__(self, settings: dict[str, Any], capsules: Sequence[ServedCapsule] | None = None) -> None:
+        self._stop = threading.Event()
         self.settings = ServeSettings.from_args(settings)
         self.source: RegistrySource | None = None
         if capsules is None:  # the registry's versions; a list given directly is served as it is (benchmark)
@@ -49,7 +51,6 @@ class CapsuleServer:
         self.engine = CapsuleEngine(capsules)
         self.answer_batch.set_max_batch_size(self.settings.max_batch_requests)
         self.answer_batch.set_batch_wait_timeout_s(self.settings.batch_wait_s)
-        self._stop = threading.Event()
         if self.source is not None:
             threading.Thread(target=self._poll, name="capt-alias-poll", daemon=True).start()
 
@@ -130,5 +131,9 @@ def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None
 
 
 def build(args: dict[str, Any]) -> serve.Application:
-    """The application builder a Serve config file names (``import_path: pipelines.serving.app:build``)."""
-    return deployment(ServeSettings.from_args(args))
+    """The application builder a Serve config file names (``import_path: pipelines.serving.app:build``).
+
+    ``tracking_uri`` defaults to MLFLOW_TRACKING_URI of the process that builds it (on a cluster, the head).
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return deployment(ServeSettings.from_args({**({"tracking_uri": uri} if uri else {}), **args}))

@@ -57,22 +57,27 @@ def registered_names(uri: str, prefix: str) -> list[str]:
 
 
 def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
-    """Download version `version` of `name` below `root` and locate its capsule folder and result.json."""
+    """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root))
-    try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(target),
-                                                    tracking_uri=uri)
+    try:  # the version's own location: a models:/ URI would be resolved against the default registry
+        source = _client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
+        mlmodel = _download(uri, f"{source}/MLmodel", target)
+        artifacts = _pyfunc_artifacts(mlmodel, name, version)
+        if not all(isinstance(artifacts.get(key), dict) for key in ("capsule", "result")):
+            raise TrackingError(f"Version {version} of {name!r} is not a CaPT capsule pyfunc: its MLmodel names no "
+                                f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).")
+        capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
+                                    for key in ("capsule", "result"))
     except MlflowException as err:
         raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {err.message}") from err
-    model_dir = Path(local)
-    artifacts = _pyfunc_artifacts(model_dir / "MLmodel", name, version)
-    try:
-        capsule_dir, result_path = (model_dir / artifacts[key]["path"] for key in ("capsule", "result"))
-    except (KeyError, TypeError) as err:
-        raise TrackingError(f"Version {version} of {name!r} is not a CaPT capsule pyfunc: its MLmodel names no "
-                            f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).") from err
     result = json.loads(result_path.read_text(encoding="utf-8"))
     return CapsuleVersion(name, version, capsule_dir, result)
+
+
+def _download(uri: str, artifact_uri: str, target: Path) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(target), tracking_uri=uri))
 
 
 def _pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
