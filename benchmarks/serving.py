@@ -158,6 +158,12 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         with ray_cluster(2):
             pooled = measure(config, sets, rows)
         sizes = {count: sum(capsule_bytes(c.capsule_dir) for c in capsules) for count, capsules in sets.items()}
+    return tabulate(result, pooled, sizes)
+
+
+def tabulate(result: BenchResult, pooled: dict[int, dict[str, Any]], sizes: dict[int, int]) -> BenchResult:
+    """The table, the throughput targets (mixed over single) and the memory target, from pooled measurements."""
+    config = result.settings
     single = pooled[1]["rows"] / pooled[1]["elapsed"]
     table = []
     for count, got in pooled.items():
