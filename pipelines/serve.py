@@ -31,12 +31,13 @@ from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config import TASKS
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
+from pipelines.sweep_config import TrackingSection
 from pipelines.tracking import TrackingError
 
 logger = logging.getLogger(__name__)
 
-DEMO_STORE = Path("outputs/mlflow")
-"""The local MLflow store `make demo` writes (the smoke sweep's tracking.local_dir)."""
+DEMO_STORE = Path(TrackingSection().local_dir)
+"""The local MLflow store `make demo` writes (a sweep's default tracking.local_dir)."""
 
 
 @contextlib.contextmanager

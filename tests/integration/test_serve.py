@@ -72,10 +72,11 @@ def _get(url: str) -> dict[str, Any] | None:
 
 @pytest.fixture(scope="module")
 def server(registry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
-    """The entry point as a real process (local Ray, Serve on 127.0.0.1:<free port>); SIGINT at the end."""
+    """The entry point as a real process serving every task with a champion (rte, cb) on a local Ray, Serve on
+    127.0.0.1:<free port>; SIGINT at the end."""
     port = free_port(LOCALHOST)
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
-    command = [sys.executable, "-m", "pipelines.serve", "--model", MODEL, "--tasks", "rte,cb", "--tracking-uri",
+    command = [sys.executable, "-m", "pipelines.serve", "--model", MODEL, "--all", "--tracking-uri",
                registry["uri"], "--port", str(port), "--poll-s", str(POLL_S), "--max-rows", str(MAX_ROWS),
                "--num-cpus", "2"]
     with open(log, "wb") as sink:
