@@ -49,6 +49,8 @@ class CapsuleServer:
             versions = self.source.check(self.settings.tasks)
             capsules = [self.source.fetch(task, version) for task, version in versions.items()]
         self.engine = CapsuleEngine(capsules)
+        self.loaded_rss_mb = _rss_mb()
+        """Resident memory once the base model and every capsule are loaded, before any request."""
         self.answer_batch.set_max_batch_size(self.settings.max_batch_requests)
         self.answer_batch.set_batch_wait_timeout_s(self.settings.batch_wait_s)
         if self.source is not None:
@@ -115,10 +117,14 @@ class CapsuleServer:
 
     def status(self) -> dict[str, Any]:
         """What this replica serves: capsule versions, base model, resident memory."""
-        import psutil
+        return {"base_model": self.engine.base_name, "alias": self.settings.alias, "versions": self.engine.versions(),
+                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": _rss_mb()}
 
-        return {"base_model": self.engine.base_name, "alias": self.settings.alias,
-                "versions": self.engine.versions(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None = None) -> serve.Application:
