@@ -19,7 +19,7 @@ from pipelines.serving.app import build
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.serving.settings import ServeSettings
 
-SERVE_CONFIG = Path(__file__).resolve().parents[2] / "infra" / "serve.yaml"
+SERVE_CONFIG = Path(__file__).resolve().parents[3] / "infra" / "serve.yaml"
 
 
 @pytest.fixture(scope="module")
