@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import inference, learning, pipeline_overhead, step_cost, time_to_result
+from benchmarks import inference, learning, pipeline_overhead, serving, step_cost, time_to_result
 from benchmarks.common import (
     OFFLINE_ENV,
     RESULTS,
@@ -37,7 +37,7 @@ from benchmarks.report import write_report
 logger = logging.getLogger("benchmarks.run")
 
 BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
-                                     (step_cost, time_to_result, pipeline_overhead, inference, learning)}
+                                     (step_cost, time_to_result, pipeline_overhead, inference, serving, learning)}
 
 
 def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None

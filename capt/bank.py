@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from capt.capsule import Capsule
 from capt.errors import CapsuleArtifactError
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata, read_capsule
@@ -32,3 +33,22 @@ class CapsuleBank(CapsuleModel):
     def names(self) -> list[str]:
         """Capsule names, in index order."""
         return list(self.selector.names)
+
+    def replace(self, name: str, capsule: Capsule, metadata: CapsuleMetadata) -> None:
+        """Swap capsule `name` for `capsule` (from `capt.io.read_capsule`, so already checked against the base).
+
+        Hot reload without rebuilding the bank: the other capsules stay as they are. The caller must not
+        run the bank meanwhile (a serving replica holds its lock around forwards and this call).
+        """
+        if name not in self.names:
+            raise CapsuleArtifactError(f"This bank holds no capsule {name!r}; it holds {self.names}.")
+        index = self.names.index(name)
+        if capsule.config.num_slots != self.num_slots:
+            raise CapsuleArtifactError(
+                f"The new capsule for {name!r} occupies {capsule.config.num_slots} slots; this bank's capsules occupy "
+                f"{self.num_slots}. Capsules sharing one model must occupy the same number of slots.")
+        self.capsules[index] = capsule
+        self.metadata[name] = metadata
+        for handle in self._handles:  # the set of capsule layers may have changed
+            handle.remove()
+        self._handles = self._register_hooks()

@@ -258,7 +258,9 @@ class CapsuleModel(nn.Module):
         mask = match_batch(ctx.first_mask if layer == 0 else ctx.rest_mask, batch)  # (B, S)
         slots = states[:, start:stop]  # (B, k, D)
         row_capsule = None if ctx.row_capsule is None else match_batch(ctx.row_capsule, batch)
-        for index, capsule in enumerate(self.capsules):
+        used = range(len(self.capsules)) if row_capsule is None else row_capsule.unique().tolist()
+        for index in used:  # only the capsules of this batch's rows: a bank may hold many more
+            capsule = self.capsules[index]
             if not capsule.covers(layer):
                 continue
             if row_capsule is None:

@@ -63,6 +63,15 @@ def _prepared(task: str, row: Mapping[str, Any], position: int) -> dict[str, Any
     return out
 
 
+def validated_examples(task: str, rows: Sequence[Mapping[str, Any]]) -> list[tasks.Example]:
+    """Raw rows of `task` as examples, checked as training data is; the error names the row and field.
+
+    The one input check of every way a capsule answers (the registry pyfunc, the Serve app).
+    """
+    numbered = [(i + 1, _prepared(task, row, i)) for i, row in enumerate(rows)]
+    return examples_from_rows(task, "predict", numbered, source="model input")
+
+
 def example_rows(task: str, count: int = 2) -> list[dict[str, Any]]:
     """Unlabelled raw rows in the official layout (schema-valid generated data): an input example."""
     rows = []
@@ -106,8 +115,7 @@ class CapsulePredictor:
         """Label names for raw rows (one per row; one per answer for MultiRC)."""
         if not rows:
             return []
-        numbered = [(i + 1, _prepared(self.task, row, i)) for i, row in enumerate(rows)]
-        examples = examples_from_rows(self.task, "predict", numbered, source="model input")
+        examples = validated_examples(self.task, rows)
         ids = predict(self.model, examples, self.collator, self.spec, self.mode, self.batch_size,
                       self.max_new_tokens, self.tokenizer, self.device)
         return [self.label_names[i] if 0 <= i < len(self.label_names) else INVALID_LABEL for i in ids]

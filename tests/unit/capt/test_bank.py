@@ -72,3 +72,35 @@ def test_bank_selection_errors_are_clear(kind, capsule_dirs):
     with pytest.raises(capt.CaptError, match="one capsule per row"):
         bank(**inputs, capsule=["rte"] * 3)
     assert bank.names == ["rte", "cb", "copa"]
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama"])
+def test_replace_swaps_one_capsule_in_place_and_refuses_another_slot_count(kind, capsule_dirs, tmp_path):
+    """A capsule on other layers (odd only) replaces an all-layer one: its rows answer as that capsule alone,
+    the other rows as before; a capsule of two slots cannot join a bank of one-slot capsules."""
+    base = BUILDERS[kind]()
+    inputs = random_batch(kind, batch=3)
+    choice = ["rte", "copa", "rte"]
+    bank = capt.CapsuleBank(base, {"rte": capsule_dirs["rte"], "copa": capsule_dirs["copa"]})
+    with torch.no_grad():
+        before = bank(**inputs, capsule=choice).logits
+    bank.replace("rte", *capt.io.read_capsule(base, capsule_dirs["cb"]))
+    with torch.no_grad():
+        after = bank(**inputs, capsule=choice).logits
+    bank.detach()
+    single = capt.load_capsule(base, capsule_dirs["cb"])
+    with torch.no_grad():
+        alone = single(**inputs).logits
+    single.detach()
+    torch.testing.assert_close(after[[0, 2]], alone[[0, 2]], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(after[1], before[1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(after[0], before[0], atol=1e-4)
+
+    wide = capt.attach(BUILDERS[kind](), capt.CapsuleConfig(length=2))
+    capt.save_capsule(wide, tmp_path / "wide")
+    wide.detach()
+    bank = capt.CapsuleBank(base, {"rte": capsule_dirs["rte"]})
+    with pytest.raises(capt.CapsuleArtifactError, match="occupies 2 slots; this bank's capsules occupy 1"):
+        bank.replace("rte", *capt.io.read_capsule(base, tmp_path / "wide"))
+    with pytest.raises(capt.CapsuleArtifactError, match="holds no capsule 'boolq'"):
+        bank.replace("boolq", *capt.io.read_capsule(base, capsule_dirs["cb"]))

@@ -1,0 +1,143 @@
+"""Serve every promoted capsule of one base model with Ray Serve: one frozen base, tasks mixed per batch.
+
+    python -m pipelines.serve --model tiny-t5 [--tasks rte,cb | --all] [--alias champion]
+                              [--tracking-uri http://127.0.0.1:5000] [--port 8000] [--poll-s 30]
+
+Each replica loads the base model once and the capsules of ``capt-<model-slug>-<task>@<alias>`` into one
+`capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}``
+answers labels, per-label scores (rank evaluation) and the registry version that answered. Requests
+for different tasks are batched together (`serve.batch`). Every ``--poll-s`` seconds the replicas read
+the aliases again and load a moved alias's capsule without a restart.
+
+Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
+(outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
+unless ``--host`` says otherwise. Under ``ray job submit`` the same command deploys onto the cluster;
+infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctrl-C shuts Serve down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.config import TASKS
+from pipelines.serving.settings import ServeSettings
+from pipelines.serving.source import RegistrySource, ServeError
+from pipelines.sweeps.config import TrackingSection
+from pipelines.tracking import TrackingError
+
+logger = logging.getLogger(__name__)
+
+DEMO_STORE = Path(TrackingSection().local_dir)
+"""The local MLflow store `make demo` writes (a sweep's default tracking.local_dir)."""
+
+
+@contextlib.contextmanager
+def tracking_uri(given: str | None) -> Iterator[str]:
+    """The registry's URI: `given`, MLFLOW_TRACKING_URI (both checked now), or a local server on the demo store."""
+    from pipelines.services import LocalMlflowServer
+    from pipelines.services.mlflow_probe import check_mlflow_server
+
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        yield uri
+        return
+    if not (DEMO_STORE / "mlflow.db").is_file():
+        raise ServeError(f"No registry to serve from: no --tracking-uri, no MLFLOW_TRACKING_URI, and no local store "
+                         f"at {DEMO_STORE.resolve()}/mlflow.db. Run `make demo` first (it trains and promotes "
+                         "capsules there), or pass --tracking-uri.")
+    server = LocalMlflowServer(DEMO_STORE).start()
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list[str]:
+    """--tasks as a list, or with --all every task of the model whose registered model has the alias."""
+    if not every:
+        return [t.strip() for t in (tasks or "").split(",") if t.strip()]
+    registered = source.registered_tasks()
+    with_alias = [t for t in registered if source.check_alias(t) is not None]
+    if not with_alias:
+        source.check(registered or list(TASKS[:1]))  # raises the paragraph that says what is missing
+    return with_alias
+
+
+def serve_until_stopped(settings: ServeSettings, host: str, port: int) -> None:
+    """Deploy on Ray Serve with HTTP on host:port, then wait for SIGINT/SIGTERM and shut Serve down."""
+    from ray import serve
+
+    from pipelines.serving.app import deployment
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    serve.start(http_options={"host": host, "port": port})
+    try:
+        try:
+            serve.run(deployment(settings), name="capt", route_prefix="/", blocking=False)
+        except RuntimeError as err:  # a replica's constructor failed; Serve's message ends with its error
+            reason = [line for line in str(err).splitlines() if line.strip()][-1].strip()
+            raise ServeError(f"The Serve application did not start: its replica failed with {reason} (--debug "
+                             "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
+        print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
+              f"{settings.poll_s:g} s) at http://{host}:{port}/ ; Ctrl-C stops.", flush=True)
+        stop.wait()
+    finally:
+        serve.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; exit 0 after a clean shutdown, 2 for bad input or an unreachable service."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.serve", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tasks", help="comma-separated tasks (rte,cb)")
+    which.add_argument("--all", action="store_true", help="every task of the model with a version at --alias")
+    parser.add_argument("--alias", default="champion", help="registry alias to serve (default: champion)")
+    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the demo store")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--poll-s", type=float, default=30.0, help="seconds between alias reads (default 30)")
+    parser.add_argument("--max-rows", type=int, default=64, help="most rows per request (default 64)")
+    parser.add_argument("--max-batch", type=int, default=16, help="most requests per mixed batch (default 16)")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas, one base model each (default 1)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
+    add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_cli(lambda: _serve_from_cli(args), args.debug, expected=(TrackingError,))
+
+
+def _serve_from_cli(args: argparse.Namespace) -> int:
+    from pipelines.ray_connect import ray_cluster
+    from pipelines.services import port_is_free
+
+    if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
+        raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
+                         "pick another port.")
+    with tracking_uri(args.tracking_uri) as uri:
+        source = RegistrySource(uri, args.model, args.alias, root=".")
+        tasks = chosen_tasks(source, args.tasks, args.all)
+        source.check(tasks)
+        settings = ServeSettings.from_args({
+            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
+            "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,
+            "num_replicas": args.replicas})
+        with ray_cluster(args.num_cpus):
+            serve_until_stopped(settings, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""`CapsuleEngine`: one frozen base model, one `capt.CapsuleBank`, many requests answered in one mixed batch.
+
+No Ray and no MLflow here: the Serve deployment (`pipelines.serving.app`) feeds it requests and new
+registry versions; the benchmark and the tests can drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capt import CapsuleBank
+from capt.errors import CapsuleArtifactError
+from capt.inject import CapsuleModel
+from capt.io import read_capsule
+from capt.methods import METHODS
+from capt.tasks import Collator, Example, rank_classify, texts_to_labels
+from capt.tasks import get as task_spec
+from pipelines.capsule_predictor import INVALID_LABEL, validated_examples
+from pipelines.evaluation import sequence_log_likelihood
+from pipelines.methods import METHOD_FILE, sequence_overhead
+from pipelines.models import load_model, model_shape
+from pipelines.serving import batch as mixed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedCapsule:
+    """A capsule to serve: where its files are and which registry version they are."""
+
+    name: str
+    """Its name in the bank and in requests (the task name; the benchmark serves copies under other names)."""
+    task: str
+    """The task whose rows it reads."""
+    model_name: str
+    """Registered model it came from (``capt-<model-slug>-<task>``), or a label for local capsules."""
+    version: int
+    """Registry version."""
+    capsule_dir: Path
+    """Capsule artifact folder (safetensors + JSON)."""
+    result: Mapping[str, Any] = field(repr=False)
+    """The job's result.json (base model, method options, evaluation mode)."""
+
+
+@dataclass
+class Answer:
+    """What one request gets back."""
+
+    labels: list[str]
+    scores: list[list[float]] | None
+    """Per row, the log-likelihood of each label (rank mode); None when generated."""
+    label_names: list[str]
+    model_name: str
+    version: int
+
+
+@dataclass
+class _Settings:
+    served: ServedCapsule
+    collator: Collator
+    mode: str
+    max_new_tokens: int
+
+
+class CapsuleEngine:
+    """The base model of the capsules' results, loaded once, with every capsule in one bank."""
+
+    def __init__(self, capsules: Sequence[ServedCapsule], device: str | None = None) -> None:
+        if not capsules:
+            raise CapsuleArtifactError("Nothing to serve: no capsule was given.")
+        first = capsules[0].result
+        self.base_name, self.family = first["model"], first["family"]
+        _check_same_base(capsules, self.base_name)
+        self.spec = model_shape(self.base_name).spec
+        if self.spec.classifier_head:
+            raise CapsuleArtifactError(
+                f"{self.base_name!r} is an encoder-only model: each of its capsules comes with its own task's "
+                "classification head, so tasks cannot share one base model in a batch. Serve a text-to-text "
+                "model (T5 or decoder-only), whose capsules answer with words.")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels, first["config"]["model"]["dtype"])
+        self.tokenizer = loaded.tokenizer
+        base = loaded.model.to(self.device).eval()
+        for served in capsules:
+            _check_method(served)
+        self.bank = CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}).eval()
+        self.settings = {c.name: self._settings(c) for c in capsules}
+        self.lock = threading.Lock()
+        """Held around every batch and every capsule swap: a swap waits for the batch in flight."""
+
+    def _settings(self, served: ServedCapsule) -> _Settings:
+        config = served.result["config"]
+        method = config["method"]
+        collator = Collator(self.tokenizer, self.family, max_length=config["model"]["max_length"],
+                            capsule_slots=sequence_overhead(method["name"], method["options"]))
+        return _Settings(served, collator, config["train"]["eval_mode"], config["model"]["max_new_tokens"])
+
+    @property
+    def names(self) -> list[str]:
+        """The capsules served, by name."""
+        return list(self.settings)
+
+    def versions(self) -> dict[str, int]:
+        """The registry version each capsule name serves now."""
+        return {name: s.served.version for name, s in self.settings.items()}
+
+    def examples(self, name: str, rows: Sequence[Mapping[str, Any]]) -> list[Example]:
+        """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
+        return validated_examples(self.settings[name].served.task, rows)
+
+    def replace(self, served: ServedCapsule) -> None:
+        """Serve `served` under its name from the next batch on (checked against the base model first)."""
+        _check_same_base([served], self.base_name)
+        _check_method(served)
+        capsule, metadata = read_capsule(self.bank.base_model, served.capsule_dir)
+        capsule = capsule.to(self.device).eval()
+        settings = self._settings(served)
+        with self.lock:
+            self.bank.replace(served.name, capsule, metadata)
+            self.settings[served.name] = settings
+        logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
+
+    @torch.no_grad()
+    def answer(self, requests: Sequence[tuple[str, list[Example]]]) -> list[Answer]:
+        """Answers to (capsule name, examples) requests, all of them in one mixed batch per evaluation mode."""
+        answers: list[Answer | None] = [None] * len(requests)
+        with self.lock:
+            for mode in ("rank", "generate"):
+                chosen = [i for i, (name, _) in enumerate(requests) if self.settings[name].mode == mode]
+                if chosen:
+                    parts = [self._part(*requests[i]) for i in chosen]
+                    found = self._rank(parts) if mode == "rank" else self._generate(parts)
+                    for i, ans in zip(chosen, found, strict=True):
+                        answers[i] = ans
+        return [a for a in answers if a is not None]
+
+    def _part(self, name: str, examples: list[Example]) -> mixed.Part:
+        return mixed.Part(name, examples, self.settings[name].collator)
+
+    def _answer(self, name: str, ids: list[int], scores: list[list[float]] | None) -> Answer:
+        served = self.settings[name].served
+        label_names = list(task_spec(served.task).label_names)
+        labels = [label_names[i] if 0 <= i < len(label_names) else INVALID_LABEL for i in ids]
+        return Answer(labels, scores, label_names, served.model_name, served.version)
+
+    def _rank(self, parts: list[mixed.Part]) -> list[Answer]:
+        inputs, capsules, counts = mixed.candidate_batch(parts, self.pad_id)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        labels = inputs.pop("labels")
+        extra = {"labels": labels} if self.spec.encoder_decoder else {}  # labels build T5's decoder inputs
+        logits = self.bank(**inputs, **extra, capsule=capsules).logits
+        scores = sequence_log_likelihood(logits, labels, shift=self.spec.shifts_labels).cpu()
+        answers, start = [], 0
+        for part, count in zip(parts, counts, strict=True):
+            block = scores[start:start + count * len(part.examples)].view(len(part.examples), count)
+            start += count * len(part.examples)
+            answers.append(self._answer(part.capsule, rank_classify(block), block.tolist()))
+        return answers
+
+    def _generate(self, parts: list[mixed.Part]) -> list[Answer]:
+        inputs, capsules = mixed.generation_batch(parts, self.pad_id, self.spec)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        longest = max(self.settings[p.capsule].max_new_tokens for p in parts)
+        generated = self.bank.generate(**inputs, capsule=capsules, max_new_tokens=longest, do_sample=False,
+                                       num_beams=1, pad_token_id=self.pad_id)
+        if self.spec.generation_echoes_prompt:
+            generated = generated[:, inputs["input_ids"].shape[1]:]  # keep the new tokens only
+        answers, row = [], 0
+        for part in parts:
+            limit = self.settings[part.capsule].max_new_tokens  # what this capsule's pyfunc would generate
+            own = generated[row:row + len(part.examples), :limit + int(self.spec.encoder_decoder)]  # T5 starts with its decoder start token
+            row += len(part.examples)
+            texts = self.tokenizer.batch_decode(own, skip_special_tokens=True)
+            task = self.settings[part.capsule].served.task
+            answers.append(self._answer(part.capsule, texts_to_labels(task, texts, part.examples), None))
+        return answers
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token of the base model's tokenizer (EOS where it has none)."""
+        pad_id = self.tokenizer.pad_token_id
+        return pad_id if pad_id is not None else self.tokenizer.eos_token_id
+
+
+def _check_same_base(capsules: Sequence[ServedCapsule], base_name: str) -> None:
+    """Every capsule was trained on `base_name` (the artifact's fingerprint is checked on load as well)."""
+    for served in capsules:
+        if served.result["model"] != base_name:
+            raise CapsuleArtifactError(
+                f"{served.model_name} version {served.version} was trained on base model {served.result['model']!r}, "
+                f"not on {base_name!r}, the base model this server holds: a capsule only fits its own base model.")
+
+
+def _check_method(served: ServedCapsule) -> None:
+    """Only CaPT capsules share a bank; other methods' adapters change the base model itself."""
+    method = served.result["config"]["method"]["name"]
+    entry = METHODS.get(method)
+    shares_a_bank = entry is not None and issubclass(entry.model_class, CapsuleModel)
+    if not shares_a_bank or not (Path(served.capsule_dir) / METHOD_FILE).is_file():
+        raise CapsuleArtifactError(
+            f"{served.model_name} version {served.version} holds a {method!r} artifact, not a CaPT capsule: "
+            "only capsules can share one frozen base model.")
+
+
+def capsule_bytes(directory: str | os.PathLike[str]) -> int:
+    """Bytes of a capsule artifact's weights file."""
+    return (Path(directory) / "capsule.safetensors").stat().st_size

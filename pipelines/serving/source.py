@@ -1,0 +1,99 @@
+"""Where served capsules come from: the registry versions an alias names, read again at every poll."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from capt.errors import CaptError
+from pipelines.config import TASKS, model_slug
+from pipelines.serving.engine import ServedCapsule
+from pipelines.tracking.serving import alias_version, download_version, registered_names, version_tags
+from pipelines.tracking.spool import registered_model_name
+
+logger = logging.getLogger(__name__)
+
+
+class ServeError(CaptError, ValueError):
+    """The Serve app cannot start as asked; the message names the option and the fix."""
+
+
+@dataclass
+class RegistrySource:
+    """The capsules `capt-<slug(model)>-<task>@<alias>` of a tracking server, downloaded below `root`."""
+
+    uri: str
+    model: str
+    alias: str
+    root: str | os.PathLike[str]
+
+    def name(self, task: str) -> str:
+        """The registered model of `task` for this base model."""
+        return registered_model_name(model_slug(self.model), task)
+
+    def registered_tasks(self) -> list[str]:
+        """Tasks with a registered model for this base model (any version, any alias)."""
+        prefix = registered_model_name(model_slug(self.model), "")
+        names = set(registered_names(self.uri, prefix))
+        return [task for task in TASKS if self.name(task) in names]
+
+    def check(self, tasks: list[str]) -> dict[str, int]:
+        """The version at the alias of every task; ServeError naming what is missing and how to fix it."""
+        if not tasks:
+            raise ServeError("--tasks: no task given; name tasks (--tasks rte,cb) or pass --all.")
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; tasks: {', '.join(TASKS)}.")
+        registered = self.registered_tasks()
+        if not registered:
+            raise ServeError(
+                f"--model {self.model!r}: no capsule of this base model is registered at {self.uri} (no registered "
+                f"model named {self.name('<task>')!r}). Registered capsule models there: "
+                f"{', '.join(registered_names(self.uri, 'capt-')) or 'none'}. Run a sweep with tracking on first, "
+                "or check --model (a name like google-t5/t5-base or its slug t5-base) and --tracking-uri.")
+        versions = {}
+        for task in tasks:
+            if task not in registered:
+                raise ServeError(f"--tasks: no capsule of {self.model!r} for task {task!r} is registered at "
+                                 f"{self.uri}; registered tasks of this model: {', '.join(registered)}.")
+            version = self.check_alias(task)
+            if version is None:
+                raise ServeError(f"--alias {self.alias!r}: {self.name(task)} has no version with this alias at "
+                                 f"{self.uri}. Promote one first: python -m pipelines.promote --model {self.model} "
+                                 f"--task {task}.")
+            versions[task] = version
+        self._check_one_base(versions)
+        return versions
+
+    def check_alias(self, task: str) -> int | None:
+        """The version the alias names in the task's registered model (None: no such alias)."""
+        return alias_version(self.uri, self.name(task), self.alias)
+
+    def _check_one_base(self, versions: dict[str, int]) -> None:
+        """The versions were trained on one base model (two hub ids can share a slug); the replica also checks
+        every capsule's fingerprint against the base model it loads."""
+        bases = {task: version_tags(self.uri, self.name(task), v).get("base_model") for task, v in versions.items()}
+        if len(set(bases.values()) - {None}) > 1:
+            listed = ", ".join(f"{self.name(t)}@{self.alias} on {b!r}" for t, b in bases.items())
+            raise ServeError(f"--model {self.model!r}: the capsules to serve were trained on different base models "
+                             f"({listed}); one server holds one base model. Serve them separately.")
+
+    def fetch(self, task: str, version: int) -> ServedCapsule:
+        """Download `version` of the task's registered model and describe it for the engine."""
+        found = download_version(self.uri, self.name(task), version, self.root)
+        return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result)
+
+    def moved(self, serving: dict[str, int]) -> dict[str, int]:
+        """Tasks whose alias now names another version than `serving` has: {task: new version}."""
+        changed = {}
+        for task, current in serving.items():
+            try:
+                version = alias_version(self.uri, self.name(task), self.alias)
+            except Exception as err:  # noqa: BLE001 - whatever failed, the current version keeps answering
+                logger.warning("Cannot read %s@%s (%s); still serving version %d", self.name(task), self.alias,
+                               err, current)
+                continue
+            if version is not None and version != current:
+                changed[task] = version
+        return changed

@@ -1,0 +1,93 @@
+"""Registry lookups for the Serve app (`pipelines.serving`): which version an alias names, and its files.
+
+A version's files are read as plain files: the pyfunc's ``capsule`` artifact (safetensors + JSON) and its
+``result.json``. Nothing is unpickled and no pyfunc is loaded (that would build a base model per task).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import yaml
+from mlflow.exceptions import MlflowException, RestException
+
+from pipelines.tracking.client import TrackingError, _client
+
+
+@dataclass(frozen=True)
+class CapsuleVersion:
+    """One registry version downloaded for serving."""
+
+    name: str
+    """Registered model name, ``capt-<model-slug>-<task>``."""
+    version: int
+    """The version the alias named when it was read."""
+    capsule_dir: Path
+    """The capsule artifact folder (capsule.safetensors, capsule.json, method.json)."""
+    result: dict[str, Any]
+    """The job's result.json: base model, method, evaluation settings."""
+
+
+def alias_version(uri: str, name: str, alias: str) -> int | None:
+    """The version `alias` points at in registered model `name`; None when the model has no such alias.
+
+    TrackingError when the model does not exist.
+    """
+    client = _client(uri)
+    try:
+        model = client.get_registered_model(name)
+    except RestException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise TrackingError(f"No registered model {name!r} at {uri}.") from err
+        raise
+    version = (model.aliases or {}).get(alias)
+    return None if version is None else int(version)
+
+
+def registered_names(uri: str, prefix: str) -> list[str]:
+    """Registered model names starting with `prefix`."""
+    models = _client(uri).search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+    return sorted(m.name for m in models)
+
+
+def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
+    """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    target = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root))
+    try:  # the version's own location: a models:/ URI would be resolved against the default registry
+        source = _client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
+        mlmodel = _download(uri, f"{source}/MLmodel", target)
+        artifacts = _pyfunc_artifacts(mlmodel, name, version)
+        if not all(isinstance(artifacts.get(key), dict) for key in ("capsule", "result")):
+            raise TrackingError(f"Version {version} of {name!r} is not a CaPT capsule pyfunc: its MLmodel names no "
+                                f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).")
+        capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
+                                    for key in ("capsule", "result"))
+    except MlflowException as err:
+        raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {err.message}") from err
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    return CapsuleVersion(name, version, capsule_dir, result)
+
+
+def _download(uri: str, artifact_uri: str, target: Path) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(target), tracking_uri=uri))
+
+
+def _pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
+    """The ``python_function`` flavor's artifacts table of an MLmodel file (YAML, never unpickled)."""
+    if not mlmodel.is_file():
+        raise TrackingError(f"Version {version} of {name!r} has no MLmodel file: it is not a logged model.")
+    flavor = (yaml.safe_load(mlmodel.read_text(encoding="utf-8")) or {}).get("flavors", {}).get("python_function", {})
+    return flavor.get("artifacts") or {}
+
+
+def version_tags(uri: str, name: str, version: int) -> dict[str, str]:
+    """The tags of one version (``base_model`` says which base model its capsule was trained on)."""
+    return dict(_client(uri).get_model_version(name, str(version)).tags or {})

@@ -1,0 +1,92 @@
+"""The serving engine without Ray: one mixed batch answers as each task's pyfunc predictor, a capsule swaps
+in place, capsules of another base model or of an encoder are refused; the Serve config file and settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers.registry import train_capsule
+from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from ray.serve.schema import ServeDeploySchema
+
+from capt.errors import CapsuleArtifactError
+from capt.tasks import TaskDataError
+from pipelines.config_sources import JobConfigError
+from pipelines.serving.app import build
+from pipelines.serving.engine import CapsuleEngine, ServedCapsule
+from pipelines.serving.settings import ServeSettings
+
+SERVE_CONFIG = Path(__file__).resolve().parents[3] / "infra" / "serve.yaml"
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("serving-jobs")
+    return {f"{task}{seed}": train_capsule(out / f"{task}{seed}", task, seed, max_epochs=1)
+            for task, seed in (("rte", 0), ("cb", 0), ("rte", 1))}
+
+
+def _served(result: dict[str, Any], version: int = 1, **changes: Any) -> ServedCapsule:
+    fields = {"name": result["task"], "task": result["task"], "model_name": f"capt-tiny-t5-{result['task']}",
+              "version": version, "capsule_dir": Path(result["artifact_dir"]), "result": result, **changes}
+    return ServedCapsule(**fields)
+
+
+def test_one_mixed_batch_answers_as_each_task_alone_and_a_swap_takes_effect(jobs: dict[str, Any]) -> None:
+    engine = CapsuleEngine([_served(jobs["rte0"]), _served(jobs["cb0"])])
+    rows = {task: example_rows(task, 5) for task in ("rte", "cb")}
+    requests = [("rte", rows["rte"][:2]), ("cb", rows["cb"]), ("rte", rows["rte"][2:])]
+    answers = engine.answer([(name, engine.examples(name, part)) for name, part in requests])
+    for task in ("rte", "cb"):
+        alone = CapsulePredictor(jobs[f"{task}0"]["artifact_dir"], jobs[f"{task}0"]).predict_rows(rows[task])
+        assert [label for (name, _), a in zip(requests, answers, strict=True) if name == task
+                for label in a.labels] == alone
+    assert [len(s) for s in answers[1].scores] == [3] * 5 and answers[1].version == 1
+
+    before = [p.detach().clone() for p in engine.bank.capsules[0].parameters()]
+    engine.replace(_served(jobs["rte1"], version=2))
+    assert engine.versions() == {"rte": 2, "cb": 1}
+    after = engine.answer([("rte", engine.examples("rte", rows["rte"]))])[0]
+    assert after.version == 2
+    assert after.labels == CapsulePredictor(jobs["rte1"]["artifact_dir"], jobs["rte1"]).predict_rows(rows["rte"])
+    assert any(not p.equal(q) for p, q in zip(before, engine.bank.capsules[0].parameters(), strict=True))
+
+
+def test_rows_are_checked_with_the_pyfunc_errors(jobs: dict[str, Any]) -> None:
+    engine = CapsuleEngine([_served(jobs["rte0"])])
+    with pytest.raises(TaskDataError, match="row 1: field 'hypothesis': missing field"):
+        engine.examples("rte", [{"premise": "A cat sat."}])
+
+
+def test_capsules_of_another_base_model_or_an_encoder_are_refused(jobs: dict[str, Any]) -> None:
+    other = {**jobs["cb0"], "model": "tiny-llama"}
+    with pytest.raises(CapsuleArtifactError, match="trained on base model 'tiny-llama', not on 'tiny-t5'"):
+        CapsuleEngine([_served(jobs["rte0"]), _served(other)])
+    engine = CapsuleEngine([_served(jobs["rte0"])])
+    with pytest.raises(CapsuleArtifactError, match="trained on base model 'tiny-llama'"):
+        engine.replace(_served(other, name="rte"))
+    assert engine.versions() == {"rte": 1}
+    encoder = {**jobs["rte0"], "model": "tiny-bert", "family": "encoder"}
+    with pytest.raises(CapsuleArtifactError, match="encoder-only model"):
+        CapsuleEngine([_served(encoder)])
+
+
+def test_the_serve_config_file_is_valid_and_builds_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    ServeDeploySchema.model_validate(config)
+    (app,) = config["applications"]
+    assert app["import_path"] == "pipelines.serving.app:build"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.internal.example")
+    assert build(app["args"]) is not None
+    settings = ServeSettings.from_args({**app["args"], "tracking_uri": "https://mlflow.internal.example"})
+    assert settings.num_gpus == 1 and settings.alias == "champion"
+
+
+def test_bad_serve_settings_name_the_key() -> None:
+    with pytest.raises(JobConfigError, match=r"poll_s: .*greater than 0 \(given -1\)"):
+        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "poll_s": -1})
+    with pytest.raises(JobConfigError, match="Allowed keys: model, tasks"):
+        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "polls": 3})
