@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import random_batch, tiny_bert, tiny_t5
+from tiny_models import random_batch, tiny_model
 
 import capt
 from capt.arch.readout import (
@@ -18,7 +18,7 @@ from capt.arch.readout import (
 
 
 def _train(readout: str, steps: int = 25) -> tuple[list[float], torch.Tensor]:
-    model = tiny_bert()
+    model = tiny_model("bert")
     capsule_model = capt.attach(model)
     head = list(model.classifier.parameters())
     for param in head:
@@ -48,7 +48,7 @@ def test_every_readout_trains_and_reads_something_different():
 
 
 def test_the_mean_ignores_padding_and_removing_a_readout_restores_the_pooler():
-    model = tiny_bert()
+    model = tiny_model("bert")
     batch = random_batch("bert", batch=3, length=7)
     batch.pop("labels")
     with torch.no_grad():
@@ -71,7 +71,7 @@ def test_the_mean_leaves_out_inserted_positions_and_the_capsule_readout_reads_th
 
 
 def test_bad_readouts_are_refused():
-    model = tiny_bert()
+    model = tiny_model("bert")
     with pytest.raises(ReadoutError, match="readout='avg' is not a readout"):
         install_readout(model, "avg")
     with pytest.raises(ReadoutError, match="only CaPT has a capsule slot"):
@@ -80,4 +80,4 @@ def test_bad_readouts_are_refused():
     with pytest.raises(ReadoutError, match="already has a readout"):
         install_readout(model, "mean")
     with pytest.raises(ReadoutError, match="no pooler output"):
-        install_readout(tiny_t5(), "mean")
+        install_readout(tiny_model("t5"), "mean")
