@@ -32,7 +32,7 @@ from pipelines.sweep_resources import (  # noqa: E402
     trial_resources,
 )
 from pipelines.sweep_resources import max_concurrent as _trials_at_once  # noqa: E402
-from pipelines.sweep_select import chosen_labels, select_label  # noqa: E402
+from pipelines.sweep_summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
@@ -172,40 +172,6 @@ def refuse_credentials_in_uri(uri: str) -> None:
             "driver and of the cluster's nodes (infra/README.md).")
 
 
-def results_table(grid) -> tuple[str, list[dict]]:
-    """A plain-text table of the trials (task, model, method, seed, validation, test, status).
-
-    With `select:`, each (task, model, method) shows only the trials of the value chosen on validation
-    (`pipelines.sweep_select`) and failed trials; every row is returned, marked `chosen`.
-    """
-    rows = []
-    for result in grid:
-        point, metrics = result.config["point"], result.metrics or {}
-        rows.append({"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
-                     "seed": point["seed"], "select": select_label(point.get("select", {})),
-                     "validation": metrics.get("best_validation_score"),
-                     "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
-    chosen = chosen_labels(rows)
-    for r in rows:
-        r["chosen"] = chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]  # no score: no choice
-    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["select"], r["seed"]))
-    width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0
-    header = f"{'task':<8} {'model':<16} {'method':<22} {'select':<{width}} {'seed':>4} {'valid':>7} {'test':>7}  status"
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        if r["chosen"] or r["status"] != "done":
-            lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['select']:<{width}} {r['seed']:>4} "
-                         f"{_fmt(r['validation']):>7} {_fmt(r['test']):>7}  {r['status']}")
-    if width:
-        lines.append(f"select: per (task, model, method), the value with the best mean validation score over seeds; "
-                     f"{sum(not r['chosen'] and r['status'] == 'done' for r in rows)} trials of other values not shown.")
-    return "\n".join(lines), rows
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
     """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
     model names."""
@@ -241,7 +207,8 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
     with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
         uri = endpoint.ready()
         grid = run_sweep(sweep, uri, args.resume)
-        table, rows = results_table(grid)
+        table, rows = results_table(grid, data_kinds(sweep))
+        table += "\n" + write_summary(sweep, rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does
