@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.report_levels import CHANCE, MAJORITY, column_label, is_reference
+from pipelines.report_levels import CHANCE, MAJORITY, UNTRAINED, column_label, is_reference
 
 _LEVEL_STYLE = {MAJORITY: {"colors": "black", "linestyles": "--"}, CHANCE: {"colors": "dimgray", "linestyles": ":"}}
 _HALF_GROUP = 0.42
@@ -51,7 +51,8 @@ def _bars(ax, table: pd.DataFrame, columns: list[str]) -> None:
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(columns))]
         means = [row[(c, "mean")] for c in columns]
         stds = [0.0 if math.isnan(row[(c, "std")]) else row[(c, "std")] for c in columns]
-        bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=str(method))
+        style = {"hatch": "//", "alpha": 0.55} if method.endswith(UNTRAINED) else {}
+        bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=str(method), **style)
         ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in means], fontsize=6, padding=1)
 
 
