@@ -149,7 +149,6 @@ def measure(config: dict[str, Any], sets: dict[int, list], rows: dict[str, list]
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Train the capsules, serve them on a local Ray, load the three applications, tabulate."""
     from pipelines.capsule_predictor import example_rows
-
     from pipelines.ray_connect import ray_cluster
     from pipelines.serving.engine import capsule_bytes
 

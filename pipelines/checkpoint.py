@@ -51,6 +51,8 @@ class LoopState:
     """Sum of the training losses since the last validation."""
     loss_count: int = 0
     """Number of losses in `loss_sum`."""
+    untrained_score: float | None = None
+    """Test score before the first training step (with `train.score_untrained`), kept for a resumed job."""
 
     def mean_loss(self) -> float:
         """Mean training loss since the last validation."""

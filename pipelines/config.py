@@ -143,6 +143,8 @@ class TrainSection:
     """Run on CPU even when GPUs are visible."""
     eval_test_each_validation: bool = True
     """Also score the test split at each new best validation (so the test score is the best checkpoint's)."""
+    score_untrained: bool = False
+    """Also score the test split once before the first training step (result metric test_untrained_score)."""
 
 
 @dataclass(config=_STRICT)

@@ -9,7 +9,9 @@ score (`best_validation_score`): selection on validation, never on test. `--metr
 whose direction is known (`METRIC_DIRECTIONS`), or any metric with `--lower-is-better` /
 `--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous champion that
 loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``, ``promoted_at`` and
-the metric's value as tags. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it
+the metric's value as tags (when it becomes champion, or is chosen by another metric than before). The command
+prints each change it made (alias moved from which version to which, tags, stage), or that it changed nothing.
+``--min`` refuses (exit 1, nothing changed) when the best is worse than it
 (below it, or above it for a lower-is-better metric); ``--stage`` also moves the legacy stage (deprecated in
 MLflow since 2.9).
 """
@@ -21,7 +23,7 @@ import logging
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from capt.errors import CaptError
@@ -66,6 +68,9 @@ class Promotion:
     previous: int | None
     """The former champion (now challenger), if it changed."""
     changed: bool
+    """Whether the champion alias moved."""
+    changes: list[str] = field(default_factory=list)
+    """Every change made to the registry, one phrase each (aliases moved, tags set, stage moved); empty: none."""
 
 
 def metric_value(version: VersionInfo, metric: str) -> float | None:
@@ -155,19 +160,56 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
                                f"{worse} --min {min_value:g}. Nothing was changed.")
     previous = next((v for v in versions if CHAMPION in v.aliases), None)
     changed = previous is None or previous.version != best.version
-    if previous is not None and changed:
-        registry.set_alias(name, CHALLENGER, previous.version)
-    elif CHALLENGER in best.aliases:
-        registry.delete_alias(name, CHALLENGER)
-    registry.set_alias(name, CHAMPION, best.version)
-    registry.set_tags(name, best.version, {"validation_status": "approved", "promoted_metric": metric,
-                                           "promoted_value": value,
-                                           "promoted_at": datetime.now(UTC).isoformat(timespec="seconds")})
+    changes = _move_aliases(registry, name, versions, best, previous)
+    changes += _tag_champion(registry, name, best, metric, value, changed)
     if stage:
-        logger.warning("Model Registry stages are deprecated since MLflow 2.9 (aliases replace them); "
-                       "moving version %d to stage %s anyway.", best.version, stage)
-        registry.transition_stage(name, best.version, stage)
-    return Promotion(name, best.version, value, metric, previous.version if previous and changed else None, changed)
+        changes += _set_stage(registry, name, best, stage)
+    return Promotion(name, best.version, value, metric, previous.version if previous and changed else None, changed,
+                     changes)
+
+
+def _version(version: VersionInfo | None) -> str:
+    return "none" if version is None else f"version {version.version}"
+
+
+def _move_aliases(registry: Registry, name: str, versions: list[VersionInfo], best: VersionInfo,
+                  previous: VersionInfo | None) -> list[str]:
+    """Champion to `best`; a displaced champion becomes challenger; the champion is never also challenger."""
+    if previous is not None and previous.version == best.version:
+        if CHALLENGER not in best.aliases:
+            return []
+        registry.delete_alias(name, CHALLENGER)
+        return [f"alias {CHALLENGER} removed from version {best.version} (it is the {CHAMPION})"]
+    challenger = next((v for v in versions if CHALLENGER in v.aliases), None)
+    registry.set_alias(name, CHAMPION, best.version)
+    changes = [f"alias {CHAMPION} moved from {_version(previous)} to version {best.version}"]
+    if previous is not None:
+        registry.set_alias(name, CHALLENGER, previous.version)
+        changes.append(f"alias {CHALLENGER} moved from {_version(challenger)} to version {previous.version}")
+    elif challenger is not None and challenger.version == best.version:
+        registry.delete_alias(name, CHALLENGER)
+        changes.append(f"alias {CHALLENGER} removed from version {best.version} (it is the {CHAMPION})")
+    return changes
+
+
+def _tag_champion(registry: Registry, name: str, best: VersionInfo, metric: str, value: float,
+                  changed: bool) -> list[str]:
+    """The champion's approval tags, set when it became champion or was chosen by another metric than before."""
+    tags = {"validation_status": "approved", "promoted_metric": metric, "promoted_value": str(value)}
+    if not changed and all(best.tags.get(key) == text for key, text in tags.items()):
+        return []
+    tags["promoted_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    registry.set_tags(name, best.version, tags)
+    return [f"tags of version {best.version} set: " + ", ".join(f"{key}={text}" for key, text in tags.items())]
+
+
+def _set_stage(registry: Registry, name: str, best: VersionInfo, stage: str) -> list[str]:
+    if best.stage == stage:
+        return []
+    logger.warning("Model Registry stages are deprecated since MLflow 2.9 (aliases replace them); "
+                   "moving version %d to stage %s anyway.", best.version, stage)
+    registry.transition_stage(name, best.version, stage)
+    return [f"stage of version {best.version} moved from {best.stage} to {stage}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,11 +238,16 @@ def _promote_from_cli(args: argparse.Namespace) -> int:
     except PromotionRefused as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    note = f"; version {done.previous} is now {CHALLENGER}" if done.previous else ""
-    status = "promoted" if done.changed else "already champion"
-    print(f"{done.name}: version {done.champion} {status} as {CHAMPION} ({done.metric}={done.value:.4g}){note}.")
-    print(f"Load it with mlflow.pyfunc.load_model('models:/{done.name}@{CHAMPION}').")
+    print(promotion_summary(done))
     return 0
+
+
+def promotion_summary(done: Promotion) -> str:
+    """What `promote` changed, one line per change, or that it changed nothing."""
+    chosen = f"version {done.champion} has the best {done.metric} ({done.value:.4g})"
+    if not done.changes:
+        return f"{done.name}: no change: {chosen} and is already {CHAMPION}."
+    return "\n".join([f"{done.name}: {chosen}. Changed:", *(f"  - {change}" for change in done.changes)])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@
 
 One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
 tasks' means; CSQA has its own column after it), as
-Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). Runs count when
+Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
+the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
+it) come from the runs themselves (`pipelines.report_levels`); tasks on generated data are marked in the
+table, the title and the picture. Runs count when
 FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
 reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
 the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
@@ -29,6 +32,19 @@ import pandas as pd
 from capt.errors import CaptError
 from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
 from pipelines.cli_errors import cli_main
+from pipelines.report_levels import (
+    GENERATED_NOTE,
+    LEVEL_METRICS,
+    LEVELS_METRIC,
+    LEVELS_NOTE,
+    UNTRAINED,
+    column_label,
+    generated_tasks,
+    is_reference,
+    row_order,
+    with_reference_rows,
+)
+from pipelines.report_plot import plot
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
@@ -53,6 +69,8 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
     """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records.
 
     Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
+    Columns `majority`, `chance` and `untrained` hold the run's reference levels when `metric` is the test score
+    (`pipelines.report_levels`), `data` its run tag ``data`` ("generated" or "real").
     """
     rows = []
     for run in runs:
@@ -61,9 +79,12 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
             continue
         if sweep is not None and tags.get("sweep") != sweep:
             continue
+        levels = {column: float(metrics.get(name, math.nan)) if metric == LEVELS_METRIC else math.nan
+                  for column, name in LEVEL_METRICS.items()}
         rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
-                     "select": tags.get(SELECT_TAG, ""), "selection": float(metrics.get(SELECTION_METRIC, -math.inf))})
-    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "select", "selection"])
+                     "select": tags.get(SELECT_TAG, ""), "selection": float(metrics.get(SELECTION_METRIC, -math.inf)),
+                     "data": tags.get("data", ""), **levels})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "select", "selection", "data", *LEVEL_METRICS])
     chosen = chosen_labels(frame.rename(columns={"selection": "validation"}).to_dict("records"))
     keep = pd.Series([chosen.get((r.model, r.task, r.method), r.select) == r.select for r in frame.itertuples()],
                      index=frame.index, dtype=bool)  # a group with no validation score at all chooses nothing
@@ -78,14 +99,16 @@ def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
 
 def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
-    select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it."""
+    select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it. Reference
+    rows (majority class, chance, untrained) come with the methods (`pipelines.report_levels`); the frame's
+    ``attrs["generated"]`` lists its tasks on generated data."""
     tables = {}
     for model, part in frame.groupby("model", sort=True):
-        part = part if "select" in part else part.assign(select="")
+        part = with_reference_rows(part if "select" in part else part.assign(select=""))
         stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
         table = stats.unstack("task").swaplevel(axis=1)
         tasks = _ordered(part["task"], TASK_NAMES)
-        methods = _ordered(part["method"], METHOD_ORDER)
+        methods = row_order(part["method"], METHOD_ORDER)
         table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
         chosen = part.groupby(["method", "task"])["select"].first()
         for task in tasks:
@@ -98,6 +121,7 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
                  *(t for t in tasks if t not in SUPERGLUE_TASKS)]
         tables[str(model)] = table[order]
+        tables[str(model)].attrs["generated"] = generated_tasks(part)
     return tables
 
 
@@ -113,10 +137,15 @@ def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
              f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; * when it misses one "
              "of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
+    if any(is_reference(m) or m.endswith(UNTRAINED) for table in tables.values() for m in table.index):
+        lines += [LEVELS_NOTE, ""]
+    if any(table.attrs.get("generated") for table in tables.values()):
+        lines += [GENERATED_NOTE, ""]
     for model, table in tables.items():
         columns = list(table.columns.get_level_values(0).unique())
         superglue = sum(c in SUPERGLUE_TASKS for c in columns)
-        lines += [f"## {model}", "", "| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        shown = [column_label(c, table.attrs.get("generated", ())) for c in columns]
+        lines += [f"## {model}", "", "| method | " + " | ".join(shown) + " |", "|---|" + "---:|" * len(columns)]
         for method, row in table.iterrows():
             lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
         seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
@@ -130,33 +159,6 @@ def _cell(row: pd.Series, column: str, superglue_tasks: int) -> str:
         return average + ("*" if average != "-" and row[(AVERAGE, "n")] < superglue_tasks else "")
     chosen = row[(column, "select")]
     return format_cell(row[(column, "mean")], row[(column, "std")]) + (f" [{chosen}]" if chosen else "")
-
-
-def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str]) -> Path:
-    """A grouped bar chart per base model (tasks and the SuperGLUE average on x, one bar per method, std as error bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(tables), 1, figsize=(10, 3.6 * len(tables)), squeeze=False)
-    for ax, (model, table) in zip(axes[:, 0], tables.items(), strict=True):
-        columns = list(table.columns.get_level_values(0).unique())
-        width = 0.8 / max(1, len(table.index))
-        for i, (method, row) in enumerate(table.iterrows()):
-            xs = [j + (i - (len(table.index) - 1) / 2) * width for j in range(len(columns))]
-            means = [row[(c, "mean")] for c in columns]
-            stds = [0.0 if math.isnan(row[(c, "std")]) else row[(c, "std")] for c in columns]
-            ax.bar(xs, means, width, yerr=stds, capsize=2, label=str(method))
-        ax.set_xticks(range(len(columns)), columns)
-        ax.set_ylabel(metric)
-        ax.set_title(model)
-        ax.legend(fontsize="small", ncols=min(5, len(table.index)))
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.PathLike[str],
@@ -176,16 +178,25 @@ def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.Pa
         runs = experiment_runs(experiment, uri)
     except (ServiceError, TrackingError) as err:
         raise ReportError(str(err)) from err
+    return write_report(runs, experiment, out, metric, sweep)
+
+
+def write_report(runs: list[Mapping[str, Any]], experiment: str, out_dir: str | os.PathLike[str],
+                 metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
+    """report.md and report.png of `runs` (`experiment_runs` records) in `out_dir`; (markdown, md path, png path)."""
+    out = Path(out_dir)
     frame = run_frame(runs, metric, sweep)
     if frame.empty:
         raise ReportError(f"Experiment {experiment!r} has {len(runs)} run(s) but none FINISHED with tags "
                           f"{', '.join(_KEYS)} and metric {metric!r}" + (f" in sweep {sweep!r}" if sweep else "") + ".")
     tables = build_tables(frame)
-    text = markdown(tables, metric, f"{experiment}: {metric}")
+    generated = any(table.attrs.get("generated") for table in tables.values())
+    title = f"{experiment}: {metric}" + (" (generated data, not benchmark results)" if generated else "")
+    text = markdown(tables, metric, title)
     out.mkdir(parents=True, exist_ok=True)
     md_path = out / REPORT_MD
     md_path.write_text(text + "\n", encoding="utf-8")
-    return text, md_path, plot(tables, metric, out / REPORT_PNG)
+    return text, md_path, plot(tables, metric, out / REPORT_PNG, title)
 
 
 def check_writable_folder(out: Path) -> None:

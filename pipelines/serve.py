@@ -27,8 +27,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, run_cli
-from pipelines.config import TASKS
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.sweeps.config import TrackingSection
@@ -69,7 +69,7 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
     registered = source.registered_tasks()
     with_alias = [t for t in registered if source.check_alias(t) is not None]
     if not with_alias:
-        source.check(registered or list(TASKS[:1]))  # raises the paragraph that says what is missing
+        source.check(registered or list(TASK_NAMES[:1]))  # raises the paragraph that says what is missing
     return with_alias
 
 

@@ -19,7 +19,8 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config  # noqa: E402
-from pipelines.sweeps.run import promote_champions, results_table, run_sweep, tracking_server  # noqa: E402
+from pipelines.sweeps.run import promote_champions, run_sweep, tracking_server  # noqa: E402
+from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
@@ -41,7 +42,8 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
     with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
         uri = endpoint.ready()
         grid = run_sweep(sweep, uri, args.resume)
-        table, rows = results_table(grid)
+        table, rows = results_table(grid, data_kinds(sweep))
+        table += "\n" + write_summary(sweep, rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
+from capt.tasks.levels import reference_levels
 from pipelines.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -91,6 +92,9 @@ def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
     config = job.config
     accelerator = job.accelerator
     loop, best = _start_or_resume(job)
+    if config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
+        loop.untrained_score = _evaluate(job, job.splits.test)["score"]  # the reference training has to beat
+        job.model.train()
     meter = _Meter(started=time.perf_counter())
     progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
                     desc=f"{config.task.name}/{config.method.name}")
@@ -211,7 +215,7 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "task": job.config.task.name, "model": job.config.model.name, "model_slug": model_slug(job.config.model.name),
         "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
         "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-                    **{f"test_{k}": v for k, v in test.items()}},
+                    **{f"test_{k}": v for k, v in test.items()}, **_reference_scores(job, loop)},
         "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
         "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
@@ -227,6 +231,14 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
+
+
+def _reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
+    """What the test score is measured against: the majority class, chance and (if scored) the untrained model."""
+    scores = {f"test_{k}": v for k, v in reference_levels(job.splits.train, job.splits.test).items()}
+    if loop.untrained_score is not None:
+        scores["test_untrained_score"] = loop.untrained_score
+    return scores
 
 
 def resolved_optimizer(job: Job) -> dict[str, Any]:

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 
 from capt.errors import CaptError
-from pipelines.config import TASKS, model_slug
+from capt.tasks.registry import TASK_NAMES
+from pipelines.config import model_slug
 from pipelines.serving.engine import ServedCapsule
 from pipelines.tracking.serving import alias_version, download_version, registered_names, version_tags
 from pipelines.tracking.spool import registered_model_name
@@ -36,15 +37,15 @@ class RegistrySource:
         """Tasks with a registered model for this base model (any version, any alias)."""
         prefix = registered_model_name(model_slug(self.model), "")
         names = set(registered_names(self.uri, prefix))
-        return [task for task in TASKS if self.name(task) in names]
+        return [task for task in TASK_NAMES if self.name(task) in names]
 
     def check(self, tasks: list[str]) -> dict[str, int]:
         """The version at the alias of every task; ServeError naming what is missing and how to fix it."""
         if not tasks:
             raise ServeError("--tasks: no task given; name tasks (--tasks rte,cb) or pass --all.")
-        unknown = [t for t in tasks if t not in TASKS]
+        unknown = [t for t in tasks if t not in TASK_NAMES]
         if unknown:
-            raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; tasks: {', '.join(TASKS)}.")
+            raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; tasks: {', '.join(TASK_NAMES)}.")
         registered = self.registered_tasks()
         if not registered:
             raise ServeError(

@@ -1,7 +1,7 @@
 """Running a sweep: the Tune grid, the tracking server beside it, the results table and the champions.
 
 `pipelines/sweep.py` is the entry point users submit; it calls `run_sweep` inside `tracking_server` and
-`ray_cluster`, then `results_table` and `promote_champions`.
+`ray_cluster`, then `summary.results_table` and `promote_champions`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
-from pipelines.sweeps.select import chosen_labels, select_label
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger("pipelines.sweep")
@@ -158,40 +157,6 @@ def refuse_credentials_in_uri(uri: str) -> None:
             "it): they would be visible in Ray's job metadata and in every trial's run record. Give the URI "
             "without them and set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD in the environment of the "
             "driver and of the cluster's nodes (infra/README.md).")
-
-
-def results_table(grid) -> tuple[str, list[dict]]:
-    """A plain-text table of the trials (task, model, method, seed, validation, test, status).
-
-    With `select:`, each (task, model, method) shows only the trials of the value chosen on validation
-    (`pipelines.sweeps.select`) and failed trials; every row is returned, marked `chosen`.
-    """
-    rows = []
-    for result in grid:
-        point, metrics = result.config["point"], result.metrics or {}
-        rows.append({"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
-                     "seed": point["seed"], "select": select_label(point.get("select", {})),
-                     "validation": metrics.get("best_validation_score"),
-                     "test": metrics.get("test_score"), "status": "error" if result.error else "done"})
-    chosen = chosen_labels(rows)
-    for r in rows:
-        r["chosen"] = chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]  # no score: no choice
-    rows.sort(key=lambda r: (r["model"], r["task"], r["method"], r["select"], r["seed"]))
-    width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0
-    header = f"{'task':<8} {'model':<16} {'method':<22} {'select':<{width}} {'seed':>4} {'valid':>7} {'test':>7}  status"
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        if r["chosen"] or r["status"] != "done":
-            lines.append(f"{r['task']:<8} {r['model']:<16} {r['method']:<22} {r['select']:<{width}} {r['seed']:>4} "
-                         f"{_fmt(r['validation']):>7} {_fmt(r['test']):>7}  {r['status']}")
-    if width:
-        lines.append(f"select: per (task, model, method), the value with the best mean validation score over seeds; "
-                     f"{sum(not r['chosen'] and r['status'] == 'done' for r in rows)} trials of other values not shown.")
-    return "\n".join(lines), rows
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:

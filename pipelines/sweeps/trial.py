@@ -115,6 +115,7 @@ def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict
         "register": config.tracking.register and registers_model(entry.name),
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
+                 "data": "generated" if job["task"]["source"] == "generated" else "real",
                  "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {}))},
     }
 

@@ -84,12 +84,26 @@ def test_promotion_lifecycle_and_the_champion_pyfunc(
     second = results[("rte", "capt", 1)]
     track(uri, second)
     assert client.get_model_version(NAME, "2").tags["validation_status"] == "pending"
-    assert promote.main(["--model", "tiny-t5", "--task", "rte", *by_test, "--stage", "Production",
-                         "--tracking-uri", uri]) == 0
-    assert "version 1 is now challenger" in capsys.readouterr().out
+    promote_by_test = ["--model", "tiny-t5", "--task", "rte", *by_test, "--stage", "Production", "--tracking-uri", uri]
+    capsys.readouterr()  # what tracking printed
+    assert promote.main(promote_by_test) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"{NAME}: version 2 has the best test_score (") and said[0].endswith("Changed:")
+    assert said[1:4] == ["  - alias champion moved from version 1 to version 2",
+                         "  - alias challenger moved from none to version 1",
+                         "  - tags of version 2 set: validation_status=approved, promoted_metric=test_score, "
+                         f"promoted_value={second['metrics']['test_score']}, promoted_at="
+                         f"{client.get_model_version(NAME, '2').tags['promoted_at']}"]
+    assert said[4:] == ["  - stage of version 2 moved from None to Production"]
     assert _aliases(client) == {"champion": "2", "challenger": "1"}
     assert client.get_model_version(NAME, "2").current_stage == "Production"
-    assert promote.promote("google/tiny-t5", "rte", "test_score", tracking_uri=uri).changed is False  # idempotent
+    tags = client.get_model_version(NAME, "2").tags
+    assert promote.main(promote_by_test) == 0  # idempotent, and says so in one line
+    assert capsys.readouterr().out.splitlines() == [
+        f"{NAME}: no change: version 2 has the best test_score ({second['metrics']['test_score']:.4g}) and is already "
+        "champion."]
+    assert client.get_model_version(NAME, "2").tags == tags, "an unchanged champion keeps its promotion tags"
+    assert promote.promote("google/tiny-t5", "rte", "test_score", tracking_uri=uri).changes == []
 
     rows = [{k: v for k, v in row.items() if k != "generated"} for row in generate_rows("rte", "val", 6, seed=5)]
     mlflow.set_tracking_uri(uri)
@@ -154,6 +168,9 @@ def test_report_tables_mean_and_std_over_seeds(
     assert "## tiny-t5" in text and "| method | cb | rte | SuperGLUE avg |" in text
     assert capt_row in text and f"| prompt_tuning | - | {pt:.2f} | {pt:.2f}* |" in text
     assert text.index("| prompt_tuning") < text.index("| capt")  # baselines first, CaPT last
+    majority = {key: r["metrics"]["test_majority_score"] for key, r in results.items()}
+    assert f"| majority class | {majority[('cb', 'capt', 0)]:.2f} |" in text  # measured by the jobs, logged, tabulated
+    assert text.index("| majority class") < text.index("| chance") < text.index("| prompt_tuning")
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.main(["--experiment", "missing", "--tracking-uri", mlflow_server.uri, "--out", str(tmp_path)]) == 2
     assert "No experiment 'missing'" in capsys.readouterr().err

@@ -4,6 +4,7 @@ in a reused trial process that keeps its base model."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -124,6 +125,17 @@ def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server,
     experiment = client.get_experiment_by_name("capt-it-resume")
     names = [r.info.run_name for r in client.search_runs([experiment.experiment_id])]
     assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(2)], "one MLflow run per trial"
+    folder = tmp_path / "it-resume"  # the resumed sweep's summary covers the trial finished before the kill too
+    with (folder / "summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((r["seed"], r["status"], r["data"]) for r in rows) == [("0", "done", "generated"),
+                                                                       ("1", "done", "generated")]
+    assert all(float(r["majority"]) > 0 and r["chance"] and r["untrained"] and r["test"] for r in rows)
+    assert "| rte | tiny-t5 | capt | 1 | generated |" in (folder / "summary.md").read_text()
+    assert "jobs/" in (folder / "README.md").read_text()
+    header = next(line for line in resumed.stdout.splitlines() if line.startswith("task "))
+    assert header.split()[4:9] == ["data", "majority", "chance", "untrained", "valid"]
+    assert f"Summary: {folder / 'summary.md'}" in resumed.stdout
 
 
 def _final_tune_results(experiment: Path) -> dict[int, dict]:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 from helpers.registry import train_capsule
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from ray.serve.schema import ServeDeploySchema
 
 from capt.errors import CapsuleArtifactError
 from capt.tasks import TaskDataError
+from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.config_sources import JobConfigError
 from pipelines.serving.app import build
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule

@@ -11,8 +11,8 @@ from ray.tune import Result
 from pipelines.config import JobConfigError
 from pipelines.report import build_tables, markdown, run_frame
 from pipelines.sweeps.config import load_sweep_config, trials
-from pipelines.sweeps.run import results_table
 from pipelines.sweeps.select import chosen_labels
+from pipelines.sweeps.summary import results_table
 
 SMOKE = Path(__file__).resolve().parents[3] / "pipelines" / "configs" / "smoke.yaml"
 LRS = (0.01, 0.1, 0.3)

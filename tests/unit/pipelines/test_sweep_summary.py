@@ -1,0 +1,62 @@
+"""The end of a sweep: the printed table sets each trial beside the majority class, chance and its untrained
+self, and the sweep folder gets summary.md, summary.csv and a README of its layout."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from pipelines.sweep_config import load_sweep_config
+from ray.tune import Result
+
+from pipelines.sweeps.summary import data_kinds, results_table, write_summary
+
+SMOKE = Path(__file__).resolve().parents[3] / "pipelines" / "configs" / "smoke.yaml"
+SCORES = {("cb", "minilm"): (36.0, 33.1, 20.0, 93.75, 83.6666), ("rte", "minilm"): (58.0, 50.2, 42.0, 100.0, 98.0)}
+"""(task, model) -> (majority, chance, untrained, best validation, test), as a trial reports them."""
+
+
+def _grid() -> list[Result]:
+    metrics = ("test_majority_score", "test_chance_score", "test_untrained_score", "best_validation_score",
+               "test_score")
+    return [Result(metrics={**dict(zip(metrics, scores, strict=True)),
+                            "config": {"point": {"task": task, "model": model, "method": "capt", "seed": 0}}},
+                   checkpoint=None, error=None, path="unused") for (task, model), scores in SCORES.items()]
+
+
+def test_the_printed_table_shows_majority_chance_and_untrained_beside_the_scores(tmp_path):
+    sweep = load_sweep_config(SMOKE, [f"storage_path={tmp_path}", "data_source=generated", "models=[minilm]"])
+    text, rows = results_table(_grid(), data_kinds(sweep))
+    header, _, cb, rte, *notes = text.splitlines()
+    assert header.split() == ["task", "model", "method", "seed", "data", "majority", "chance", "untrained", "valid",
+                              "test", "status"]
+    assert cb.split() == ["cb", "minilm", "capt", "0", "generated", "36.0", "33.1", "20.0", "93.8", "83.7", "done"]
+    assert rte.split()[5:10] == ["58.0", "50.2", "42.0", "100.0", "98.0"]
+    assert any("majority: always the most frequent training label" in n for n in notes)
+    assert any("data=generated" in n and "not benchmark data" in n for n in notes)
+    assert [r["data"] for r in rows] == ["generated", "generated"]
+
+
+def test_the_sweep_folder_gets_summary_files_and_a_readme(tmp_path):
+    sweep = load_sweep_config(SMOKE, [f"storage_path={tmp_path}", "data_source=generated", "models=[minilm]"])
+    _, rows = results_table(_grid(), data_kinds(sweep))
+    said = write_summary(sweep, rows)
+    folder = tmp_path / "smoke"
+    assert str(folder / "summary.md") in said
+    summary = (folder / "summary.md").read_text()
+    assert summary.startswith("# Sweep `smoke`: results on generated data (not benchmark data)")
+    assert "| task | model | method | seed | data | majority | chance | untrained | validation | test | status |" in summary
+    assert "| cb | minilm | capt | 0 | generated | 36.0 | 33.1 | 20.0 | 93.8 | 83.7 | done |" in summary
+    with (folder / "summary.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert [(r["task"], r["majority"], r["untrained"], r["test"], r["chosen"]) for r in table] == [
+        ("cb", "36.0", "20.0", "83.67", "True"), ("rte", "58.0", "42.0", "98.0", "True")]
+    readme = (folder / "README.md").read_text()
+    assert "jobs/<task>-<model>-<method>-s<seed>-<config hash>/" in readme and "--resume" in readme
+    assert "capt-smoke" in readme
+
+
+def test_a_summary_that_cannot_be_written_is_reported_not_raised(tmp_path):
+    (tmp_path / "smoke").write_text("a file where the sweep folder goes")
+    sweep = load_sweep_config(SMOKE, [f"storage_path={tmp_path}", "data_source=generated"])
+    assert write_summary(sweep, []).startswith("No summary files: ")
