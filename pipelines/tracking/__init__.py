@@ -28,13 +28,13 @@ The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
 from __future__ import annotations
 
 from pipelines.tracking.cli import main
-from pipelines.tracking.client import CAPSULE_MODEL, TRIAL_KEY_TAG, TrackingError, is_transient
+from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient
 from pipelines.tracking.pyfunc import CapsulePyfunc
 from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
 from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
 from pipelines.tracking.tracker import TrialTracker
 from pipelines.tracking_spool import RetryPolicy, TrackingUnavailable
 
-__all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
+__all__ = ["TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
            "SyncSummary", "TrackingError", "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs",
            "is_transient", "main", "sync_pending"]
