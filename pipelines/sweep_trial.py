@@ -30,6 +30,8 @@ from pipelines.sweep_resources import runs_in_trial_process, worker_bundle
 from pipelines.sweep_select import SELECT_TAG, select_label
 
 logger = logging.getLogger(__name__)
+RUN_DESCRIPTION = "mlflow.note.content"
+"""The run tag MLflow shows as the run's description."""
 CLAIM_WAIT_S = 60.0
 """How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
 RESET_WAIT_S = "60"
@@ -122,7 +124,9 @@ def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict
         "register": config.tracking.register and entry.name == "capt",
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
-                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {}))},
+                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {})),
+                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, seed {point['seed']} "
+                                  f"(trial {trial} of sweep {config.name})"},
     }
 
 

@@ -20,6 +20,8 @@ from pipelines.tracking.pyfunc import register_capsule
 from pipelines.tracking.run_content import final_metrics, summary_tags
 
 logger = logging.getLogger(__name__)
+FINAL_STEP = 0
+"""The step of one-off final metrics: the MLflow UI charts a metric logged at step 0 only as bars across runs."""
 _SOURCE_TYPES = {"generated": "code", "hub": "hugging_face", "local": "local"}
 """MLflow dataset source types of the project's data sources."""
 
@@ -67,7 +69,7 @@ def apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str |
             client.set_tag(run_id, "registration_error", f"{type(exc).__name__}: {exc}"[:5000])
     linked = {"model_id": model_id, "dataset_name": dataset.name if dataset else None,
               "dataset_digest": dataset.digest if dataset else None}
-    metrics = [Metric(k, v, op["timestamp"], int(result.get("steps", 0)), run_id=run_id, **linked)
+    metrics = [Metric(k, v, op["timestamp"], FINAL_STEP, run_id=run_id, **linked)
                for k, v in final_metrics(result).items()]
     if metrics:
         client.log_batch(run_id, metrics=metrics)

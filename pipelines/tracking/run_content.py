@@ -22,6 +22,8 @@ PERF_METRICS = ("wall_time_s", "tokens_per_second", "peak_memory_mb")
 _RENAMED = {"best_validation_score": "validation/best_score", "epoch": "train/epoch",
             **{name: f"perf/{name}" for name in PERF_METRICS}}
 _RENAMED_BACK = {v: k for k, v in _RENAMED.items()}
+_CURVES = ("train_loss", "best_validation_score")
+"""Final metrics that the validation records already logged step by step."""
 SUMMARY_KEYS = ("steps", "epochs", "best_step", "stopped_early", "trainable_parameters", "processes")
 """One-off numbers of a finished run: tags, so they are never drawn as single dots among the curves."""
 PATH_PARAMS = {"output_dir": "output_dir", "task.data_dir": "data_dir"}
@@ -64,11 +66,13 @@ def _finite(value: Any) -> float | None:
 
 
 def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics a finished trial logs with its model: best validation, test and perf figures (MLflow names).
+    """The one-off metrics of a finished trial (MLflow names): test scores and perf figures.
 
-    ``train_loss`` is left out: the last validation record already logged it at the same step.
+    They are logged at step 0, which the MLflow UI draws as bar charts across runs (a single point at a later
+    step is drawn as a lone dot on a line chart). ``train_loss`` and ``best_validation_score`` are left out:
+    the validation records already logged them as curves.
     """
-    chosen = {k: v for k, v in result.get("metrics", {}).items() if k != "train_loss"}
+    chosen = {k: v for k, v in result.get("metrics", {}).items() if k not in _CURVES}
     chosen.update({k: result[k] for k in PERF_METRICS if k in result})
     return {mlflow_metric_name(k): value for k, v in chosen.items() if (value := _finite(v)) is not None}
 

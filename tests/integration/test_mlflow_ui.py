@@ -39,6 +39,11 @@ def _pairs(items: list[dict[str, str]] | None) -> dict[str, str]:
     return {item["key"]: item["value"] for item in items or []}
 
 
+def _steps(uri: str, run: dict[str, Any], key: str) -> list[int]:
+    history = _rest(uri, "GET", "metrics/get-history", params={"run_id": run["info"]["run_id"], "metric_key": key})
+    return sorted({int(m.get("step", 0)) for m in history["metrics"]})  # a point linked to the model repeats its step
+
+
 def test_the_experiment_says_what_the_sweep_is(smoke_sweep: dict[str, Any]) -> None:
     experiment = _rest(smoke_sweep["uri"], "GET", "experiments/get",
                        params={"experiment_id": smoke_sweep["experiment_id"]})["experiment"]
@@ -68,6 +73,9 @@ def test_runs_hold_resolved_params_grouped_metrics_system_metrics_and_their_data
         assert all(key.split("/")[0] in METRIC_GROUPS for key in metrics), sorted(metrics)
         assert not metrics & {"steps", "best_step", "epochs", "trainable_parameters"}, "summaries are tags"
         assert any(key.startswith("system/") for key in metrics), f"{name} has no system metrics"
+        assert _steps(smoke_sweep["uri"], run, "validation/score") == [3, 6], "a curve over validation steps"
+        assert _steps(smoke_sweep["uri"], run, "test/score") == [0], "a one-off at step 0: a bar across runs"
+        assert tags["mlflow.note.content"].startswith("capt on rte with base model"), tags["mlflow.note.content"]
         [dataset] = [d["dataset"] for d in run["inputs"]["dataset_inputs"]]
         assert dataset["name"] == "rte-generated" and len(dataset["digest"]) == 16
         assert '"sizes": {"train": ' in dataset["profile"] and '"sample_rows": [{' in dataset["profile"]

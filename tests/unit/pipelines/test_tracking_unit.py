@@ -131,7 +131,7 @@ def test_params_are_flat_strings_within_the_limit_and_metrics_numeric() -> None:
         "loss": 1.0, "flag": 1.0}
     result = {"metrics": {"test_score": 50.0, "train_loss": 0.5, "best_validation_score": 60.0}, "steps": 7,
               "stopped_early": False, "history": [{}], "wall_time_s": 2.0, "trainable_parameters": 64}
-    assert final_metrics(result) == {"test/score": 50.0, "validation/best_score": 60.0, "perf/wall_time_s": 2.0}
+    assert final_metrics(result) == {"test/score": 50.0, "perf/wall_time_s": 2.0}
     assert registered_model_name("t5-base", "rte") == "capt-t5-base-rte"
 
 
