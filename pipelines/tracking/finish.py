@@ -30,11 +30,12 @@ def dataset_entity(card: Mapping[str, Any]) -> Dataset:
     """The MLflow dataset of a result's ``dataset`` card (`pipelines.dataset_card`): schema from the sample
     rows, profile with split sizes, label counts, generated or real, and the sample rows themselves."""
     sample = pd.DataFrame(card["sample_rows"])
-    schema = mlflow.models.infer_signature(sample).inputs
+    schema = mlflow.models.infer_signature(sample).inputs if not sample.empty else None
     profile = {key: card[key] for key in ("generated", "sizes", "label_counts", "sample_rows")}
     return Dataset(name=card["name"], digest=card["digest"], source_type=_SOURCE_TYPES.get(card["source"], "local"),
                    source=json.dumps({"uri": card["origin"], "task": card["task"]}),
-                   schema=json.dumps({"mlflow_colspec": schema.to_dict()}), profile=json.dumps(profile))
+                   schema=json.dumps({"mlflow_colspec": schema.to_dict()}) if schema else None,
+                   profile=json.dumps(profile))
 
 
 def log_dataset(client: MlflowClient, run_id: str, card: Mapping[str, Any] | None) -> Dataset | None:
