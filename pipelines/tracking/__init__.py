@@ -2,10 +2,13 @@
 
 This package is the ONLY part of the project that imports mlflow; `promote`, `report` and the sweep
 go through the functions and classes re-exported here. Conventions (DESIGN.md §6): one run per trial
-named ``<task>/<model-slug>/<method>/s<seed>``, every config field as a param, tags from the caller
-(task, model, method, seed, sweep), metrics per validation, system metrics on; each CaPT trial
-registers a new version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task
-rows) tagged ``validation_status=pending``.
+named ``<task>/<model-slug>/<method>/s<seed>``; params: the resolved config fields (no empty values, paths
+as tags); tags from the caller (task, model, method, seed, sweep, source and git commit); metrics grouped
+as MLflow charts them (``train/``, ``validation/`` per validation, ``test/`` and ``perf/`` once, at step 0),
+the per-run summary as tags, system metrics on; the run's dataset as an MLflow dataset input. Each CaPT
+trial logs the model ``capsule-<model-slug>-<task>`` (linked to its metrics) and registers it as a new
+version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task rows), tagged
+``validation_status=pending`` and described with its scores and a loading snippet.
 
 Resilience: every call retries with backoff (30 s budget by default); when the server stays down the
 operation is appended to ``<state_dir>/mlflow_pending.jsonl`` and the trial goes on. The tracker
@@ -20,8 +23,11 @@ Replays are idempotent: an operation leaves the spool only once applied or dead-
 keep their original timestamps, registration first looks for the run's version.
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay
-of spooled operations), `sync` (`sync_pending` and its summary), `tracker` (`TrialTracker`), `pyfunc`
-(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
+of spooled operations), `finish` (what a finished trial logs), `run_content` (metric names, params, summary
+tags), `experiment` (the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and
+its summary), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its registration), `model_card`
+(a version's description), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync``
+command).
 The spool itself lives in `pipelines.tracking_spool`, which needs no mlflow.
 """
 
