@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mlflow.exceptions import MlflowException
+
 from pipelines.tracking.client import _client, _own_http_retries, is_transient
 from pipelines.tracking.operations import _experiment_id
 from pipelines.tracking_spool import RetryPolicy, TrackingUnavailable, call_with_retry
@@ -58,7 +60,7 @@ def describe_experiment(uri: str, name: str, description: str, tags: Mapping[str
 
     try:
         return call_with_retry(describe, is_transient, retry or RetryPolicy(budget_s=10.0), f"MLflow at {uri}")
-    except TrackingUnavailable as err:
+    except (TrackingUnavailable, MlflowException) as err:  # the trials report tracking problems themselves
         logger.warning("The experiment %s gets no description: %s", name, err)
         return None
 
