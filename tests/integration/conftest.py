@@ -7,16 +7,22 @@ simulate an outage) must start it again before it returns, in a ``finally``.
 
 Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
 (``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth; give clients
-``ray_head_token.client_env()``).
+``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
+MLflow UI tests).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -142,12 +148,6 @@ def smoke_sweep(ray_head: LocalRayHead, mlflow_server: LocalMlflowServer,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The smoke sweep run once on ``ray_head``, tracked on ``mlflow_server``: ``stdout``, ``uri``, ``url`` (the
     runs-view URL the sweep printed) and ``experiment_id`` (read from that URL)."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
     env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_head.address}
     env.pop("MLFLOW_TRACKING_URI", None)
     command = [sys.executable, "pipelines/sweep.py", *SMOKE_SWEEP_ARGS,
