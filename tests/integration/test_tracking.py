@@ -374,7 +374,8 @@ def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_mod
     client = MlflowClient(mlflow_server.uri)
     run_id = client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
     with _fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
-        info = _log_pyfunc(signature, example, {"result": str(model_code)}, model_code=model_code)
+        info = _log_pyfunc(signature, example, {"result": str(model_code)}, "capsule-tiny-t5-cb", {}, 0,
+                           model_code=model_code)
     assert not calls.exists(), f"logging ran the model: {calls.read_text().split()}"
     with _fluent_uri(mlflow_server.uri):
         local = mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model"))
