@@ -372,7 +372,8 @@ def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_mod
     monkeypatch.setenv("CAPT_TEST_MODEL_CALLS", str(calls))
     signature, example = _signature("cb", task_spec("cb").label_names)
     client = MlflowClient(mlflow_server.uri)
-    run_id = client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
+    experiment = client.get_experiment_by_name(EXPERIMENT)  # None when this test runs alone
+    run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)).info.run_id
     with _fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
         info = _log_pyfunc(signature, example, {"result": str(model_code)}, "capsule-tiny-t5-cb", {}, 0,
                            model_code=model_code)
