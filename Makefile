@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python pipelines/sweep.py --config pipelines/configs/smoke.yaml
 
-# Browse what `make demo` (or any local sweep) tracked: http://127.0.0.1:5000
+# Browse what `make demo` (or any local sweep) tracked: open the runs URL the sweep printed,
+# http://127.0.0.1:5000/#/experiments/<id>/runs?workflowType=machine_learning (the bare experiment link opens
+# MLflow's GenAI traces page instead).
 mlflow-ui: $(STAMP)
+	@echo "MLflow UI at http://127.0.0.1:5000: open the runs URL the sweep printed (.../#/experiments/<id>/runs?workflowType=machine_learning)."
 	$(BIN)/python -m mlflow server --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow/mlflow.db \
 		--serve-artifacts --artifacts-destination $(CURDIR)/outputs/mlflow/artifacts --host 127.0.0.1 --port 5000
 

@@ -10,11 +10,12 @@ answer, as in its official evaluation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from capt import tasks
 from capt.tasks.normalise import examples_from_rows
 from pipelines.evaluation import predict
-from pipelines.methods import load_artifact, sequence_overhead
+from pipelines.methods import HEAD_WEIGHTS, load_artifact, sequence_overhead
 from pipelines.models import load_model
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,29 @@ def example_rows(task: str, count: int = 2) -> list[dict[str, Any]]:
     return rows
 
 
+@contextlib.contextmanager
+def _quiet_when_head_follows(artifact_dir: Path) -> Iterator[None]:
+    """Silence transformers' load report while the base model loads, when the artifact holds the trained head.
+
+    The report calls the classifier head "newly initialized ... consider training", which is wrong here: the
+    artifact's trained head replaces it right after. Without a head file the report stays (it is then true).
+    """
+    if not (artifact_dir / HEAD_WEIGHTS).is_file():
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 class CapsulePredictor:
     """A base model with a trained artifact loaded, predicting label names for raw task rows."""
 
@@ -93,7 +117,8 @@ class CapsulePredictor:
         self.batch_size = config["train"]["eval_batch_size"]
         self.max_new_tokens = config["model"]["max_new_tokens"]
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_model(result["model"], len(self.label_names), config["model"]["dtype"])
+        with _quiet_when_head_follows(Path(artifact_dir)):
+            loaded = load_model(result["model"], len(self.label_names), config["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         self.spec = loaded.spec
         # The head reads what it was trained to read; a result.json that names another readout is refused.

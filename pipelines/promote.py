@@ -33,6 +33,7 @@ from pipelines.config import model_slug
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
+from pipelines.tracking.run_content import project_metric_name
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
             stage: str | None = None, tracking_uri: str | None = None,
             higher_is_better: bool | None = None) -> Promotion:
     """Apply the promotion policy (module docstring) to `capt-<slug(model)>-<task>`."""
+    metric = project_metric_name(metric)  # the UI's name (test/score) or the project's (test_score)
     if task not in TASK_NAMES:
         raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
     higher = metric_direction(metric, higher_is_better)

@@ -18,12 +18,14 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.ray_connect import ray_cluster  # noqa: E402
-from pipelines.sweeps.config import SweepConfig, load_sweep_config  # noqa: E402
+from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.run import promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
+LOCAL_UI = "http://127.0.0.1:5000"
+"""Where `make mlflow-ui` serves a local sweep's tracking data once the sweep's own server has stopped."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,29 +43,53 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
     # The local MLflow server boots while Ray starts; both are up before the first trial.
     with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
         uri = endpoint.ready()
-        grid = run_sweep(sweep, uri, args.resume)
+        experiment_id, run_context = _describe_tracking(sweep, args.config, uri)
+        grid = run_sweep(sweep, uri, args.resume, run_context)
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does
     print(f"\n{table}\n")
-    _print_where_to_look(sweep, uri, champions)
+    _print_where_to_look(sweep, uri, champions, experiment_id)
     return 0 if all(r["status"] == "done" for r in rows) else 1
 
 
-def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str]) -> None:
+def _ui_uri(sweep: SweepConfig, uri: str) -> str:
+    """Where a person browses this sweep's tracking data: `make mlflow-ui`'s address for a local server (it stops
+    with the sweep), else the configured server."""
+    return LOCAL_UI if not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")) else uri
+
+
+def _describe_tracking(sweep: SweepConfig, config_file: str, uri: str | None) -> tuple[str | None, dict | None]:
+    """(experiment id, run context): the experiment described in MLflow, the source tags of every run."""
+    if uri is None:
+        return None, None
+    from pipelines.tracking.experiment import describe_sweep, source_tags
+
+    shown = os.path.relpath(config_file) if Path(config_file).is_absolute() else config_file
+    experiment_id = describe_sweep(sweep, shown, len(trials(sweep)), uri)
+    return experiment_id, {"tags": {**source_tags("pipelines/sweep.py"), "config_file": shown},
+                           "ui_uri": _ui_uri(sweep, uri)}
+
+
+def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str], experiment_id: str | None) -> None:
     print(f"Trial outputs: {sweep.storage_root() / sweep.name / 'jobs'}")
     if uri is None:
         return
-    local = not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI"))
-    print(f"MLflow experiment: {sweep.experiment_name()}  ({uri})")
-    if local:
+    ui = _ui_uri(sweep, uri)
+    if ui != uri:
         db = Path(sweep.tracking.local_dir).resolve()
-        print("The sweep's local MLflow server has stopped. Start the UI on the same data (`make mlflow-ui` does this) "
-              f"and open http://127.0.0.1:5000:\n  mlflow server --backend-store-uri sqlite:///{db}/mlflow.db "
+        print("The sweep's local MLflow server has stopped. Start the UI on the same data (`make mlflow-ui` does this):"
+              f"\n  mlflow server --backend-store-uri sqlite:///{db}/mlflow.db "
               f"--serve-artifacts --artifacts-destination {db}/artifacts --host 127.0.0.1 --port 5000")
-        uri = "http://127.0.0.1:5000"
+    if experiment_id is not None:
+        from pipelines.tracking.experiment import runs_url
+
+        print(f"MLflow experiment {sweep.experiment_name()}, its runs: {runs_url(ui, experiment_id)}")
+    else:
+        print(f"MLflow experiment: {sweep.experiment_name()}  ({ui})")
+    uri = ui
     for name in champions:
         print(f"Registry: {name}@champion   (MLFLOW_TRACKING_URI={uri}; "
               f"mlflow.pyfunc.load_model('models:/{name}@champion').predict(rows))")

@@ -34,6 +34,7 @@ from pipelines.checkpoint import (
 from pipelines.cli_errors import cli_main
 from pipelines.config import JobConfig, load_job_config, model_slug
 from pipelines.config_resolve import resolve_job
+from pipelines.dataset_card import dataset_card
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result
 from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
@@ -219,7 +220,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
         "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
-        "generated_data": job.config.task.source == "generated", "processes": accelerator.num_processes,
+        "generated_data": job.config.task.source == "generated", "dataset": dataset_card(job.config.task, job.splits),
+        "processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
         "optimizer": resolved_optimizer(job), "readout": job.config.model.readout, "artifact_dir": str(job.output_dir / "artifact"),
         "config": job.config.to_dict(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 GENERATED_PREFIX = "gen:"
@@ -51,3 +52,9 @@ class Splits:
     def sizes(self) -> dict[str, int]:
         """Number of examples per split."""
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test)}
+
+    def label_counts(self) -> dict[str, dict[int, int]]:
+        """Label histogram per split (the dataset card MLflow shows with each run)."""
+        return {name: dict(sorted(Counter(e.label for e in rows).items()))
+                for name, rows in (("train", self.train), ("validation", self.validation),
+                                   ("test", self.test))}

@@ -96,6 +96,8 @@ class TrackingSection:
     """At the end, give the best version per (model, task) the alias champion."""
     local_dir: str = "outputs/mlflow"
     """Where the local server keeps its SQLite database and artifacts."""
+    system_metrics_interval_s: PositiveFloat = 10.0
+    """Seconds between system metric samples (CPU, memory, GPU) of a run; short runs want a short interval."""
 
 
 @dataclass(config=_STRICT)

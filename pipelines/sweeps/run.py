@@ -51,8 +51,10 @@ def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = 
     return _trials_at_once(sweep.resources, cluster, local)
 
 
-def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
+def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_context: dict | None = None):
     """Fit (or restore and finish) the Tune experiment of `sweep`; returns Tune's ResultGrid.
+
+    `run_context`: source tags and the UI's URI for every trial's run (`pipelines.sweeps.trial.run_trial`).
 
     Raises `ResourcesError` before the first trial when the local Ray cannot hold one, and after
     `resources.pending_timeout_s` when the trials' workers wait that long for resources.
@@ -67,7 +69,8 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool):
     if local:
         check_local_fit(sweep.resources, cluster)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri), trial_resources(sweep.resources, cluster))
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri, run_context=run_context),
+        trial_resources(sweep.resources, cluster))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)

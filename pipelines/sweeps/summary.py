@@ -60,7 +60,7 @@ def results_table(grid: Iterable, kinds: Mapping[tuple[str, str, str], str] | No
     """The plain-text table of the trials (`result_rows`) and the rows.
 
     With `select:`, each (task, model, method) shows only the trials of the value chosen on validation
-    (`pipelines.sweep_select`) and failed trials; every row is returned, marked `chosen`.
+    (`pipelines.sweeps.select`) and failed trials; every row is returned, marked `chosen`.
     """
     rows = result_rows(grid, kinds)
     width = max([6, *(len(r["select"]) for r in rows)]) if any(r["select"] for r in rows) else 0

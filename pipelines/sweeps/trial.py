@@ -23,13 +23,15 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from pipelines.config import flatten, model_slug, validate_job_config
+from pipelines.config import model_slug, validate_job_config
 from pipelines.job_outputs import claim_job_folder, config_hash
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
 
 logger = logging.getLogger(__name__)
+RUN_DESCRIPTION = "mlflow.note.content"
+"""The run tag MLflow shows as the run's description."""
 CLAIM_WAIT_S = 60.0
 """How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
 RESET_WAIT_S = "60"
@@ -37,8 +39,12 @@ RESET_WAIT_S = "60"
 shorter than a stopped trial's clean-up, e.g. marking its MLflow run failed, and then fails the next trial)."""
 
 
-def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None) -> None:
-    """Tune function trainable: run the job of the grid point in `params["point"]`, in this process or on Ray Train."""
+def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None,
+              run_context: dict[str, Any] | None = None) -> None:
+    """Tune function trainable: run the job of the grid point in `params["point"]`, in this process or on Ray Train.
+
+    `run_context`: what the driver knows for every run: ``tags`` (source and git tags) and ``ui_uri`` (the
+    server a registered version's loading snippet names)."""
     from ray import tune
 
     config = TypeAdapter(SweepConfig).validate_python(sweep)
@@ -47,7 +53,11 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     entry = next(e for e in config.methods if e.key == point["method"])
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     name = tune.get_context().get_trial_name()
-    loop_config = {"job": job, "tracking": _tracking(config, job, point, entry, searched, name, tracking_uri)}
+    tracking = _tracking(config, job, point, entry, searched, name, tracking_uri)
+    context = run_context or {}
+    tracking["tags"] = {**context.get("tags", {}), **tracking["tags"]}
+    tracking["ui_uri"] = context.get("ui_uri")
+    loop_config = {"job": job, "tracking": tracking}
     if runs_in_trial_process(config.resources):
         _run_in_trial_process(loop_config, config.resources.cpus_per_worker)
     else:
@@ -112,11 +122,14 @@ def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict
         run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
     return {
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
+        "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
         "register": config.tracking.register and registers_model(entry.name),
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
                  "data": "generated" if job["task"]["source"] == "generated" else "real",
-                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {}))},
+                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {})),
+                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, seed {point['seed']} "
+                                  f"(trial {trial} of sweep {config.name})"},
     }
 
 
@@ -163,13 +176,20 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
 def _start_tracker(tracking: dict[str, Any], config):
     if not tracking["uri"]:
         return None
+    from pipelines.config_resolve import resolve_job
+    from pipelines.models import model_shape
     from pipelines.tracking import TrialTracker
+    from pipelines.tracking.run_content import run_params
     from pipelines.tracking.spool import RetryPolicy
 
-    tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], tracking["tags"],
-                           state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]))
+    resolved = resolve_job(config)  # the values the job trains with (pipelines.train.run resolves the same way)
+    params, path_tags = run_params(resolved.to_dict(), model_shape(config.model.name).spec.classifier_head)
+    tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], {**tracking["tags"], **path_tags},
+                           state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]),
+                           system_metrics_interval_s=tracking.get("system_metrics_interval_s", 10.0),
+                           ui_uri=tracking.get("ui_uri"))
     tracker.start()
-    tracker.log_params(flatten(config.to_dict()))
+    tracker.log_params(params)
     return tracker
 
 

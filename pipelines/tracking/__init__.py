@@ -2,10 +2,13 @@
 
 This package is the ONLY part of the project that imports mlflow; `promote`, `report` and the sweep
 go through the functions and classes re-exported here. Conventions (DESIGN.md §6): one run per trial
-named ``<task>/<model-slug>/<method>/s<seed>``, every config field as a param, tags from the caller
-(task, model, method, seed, sweep), metrics per validation, system metrics on; each CaPT trial
-registers a new version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task
-rows) tagged ``validation_status=pending``.
+named ``<task>/<model-slug>/<method>/s<seed>``; params: the resolved config fields (no empty values, paths
+as tags); tags from the caller (task, model, method, seed, sweep, source and git commit); metrics grouped
+as MLflow charts them (``train/``, ``validation/`` per validation, ``test/`` and ``perf/`` once, at step 0),
+the per-run summary as tags, system metrics on; the run's dataset as an MLflow dataset input. Each CaPT
+trial logs the model ``capsule-<model-slug>-<task>`` (linked to its metrics) and registers it as a new
+version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task rows), tagged
+``validation_status=pending`` and described with its scores and a loading snippet.
 
 Resilience: every call retries with backoff (30 s budget by default); when the server stays down the
 operation is appended to ``<state_dir>/mlflow_pending.jsonl`` and the trial goes on. The tracker
@@ -20,21 +23,24 @@ Replays are idempotent: an operation leaves the spool only once applied or dead-
 keep their original timestamps, registration first looks for the run's version.
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay
-of spooled operations), `sync` (`sync_pending` and its summary), `tracker` (`TrialTracker`), `pyfunc`
-(`CapsulePyfunc` and its registration), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command),
+of spooled operations), `finish` (what a finished trial logs), `run_content` (metric names, params, summary
+tags), `experiment` (the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and
+its summary), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its registration), `model_card`
+(a version's description), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync``
+command).
 `uploader` (the background metric uploader), `spool` (the on-disk operation log; it imports no mlflow).
 """
 
 from __future__ import annotations
 
 from pipelines.tracking.cli import main
-from pipelines.tracking.client import CAPSULE_MODEL, TRIAL_KEY_TAG, TrackingError, is_transient
+from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient
 from pipelines.tracking.pyfunc import CapsulePyfunc
 from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
 from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable
 from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
 from pipelines.tracking.tracker import TrialTracker
 
-__all__ = ["CAPSULE_MODEL", "TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
+__all__ = ["TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
            "SyncSummary", "TrackingError", "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs",
            "is_transient", "main", "sync_pending"]

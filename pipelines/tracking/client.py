@@ -13,7 +13,6 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-CAPSULE_MODEL = "capsule"
 TRIAL_KEY_TAG = "capt.trial_key"
 _TRANSIENT_STATUS = (429, 500, 502, 503, 504)
 

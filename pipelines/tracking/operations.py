@@ -13,20 +13,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import RestException
 
-from pipelines.tracking.client import (
-    TRIAL_KEY_TAG,
-    TrackingError,
-    is_transient,
-    mlflow_client,
-)
-from pipelines.tracking.pyfunc import register_capsule_version
+from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient, mlflow_client
+from pipelines.tracking.finish import apply_finish
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAMS_PER_BATCH,
     PENDING_FILE,
     Spool,
     chunks,
-    final_metrics,
     read_run_record,
     write_run_record,
 )
@@ -87,29 +81,6 @@ def _apply_metrics(client: MlflowClient, run_id: str, op: dict) -> None:
         client.log_batch(run_id, metrics=metrics)
 
 
-def _apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str | None:
-    """Final metrics, result.json, the artifact directory, the registry version; then end the run."""
-    result, artifact_dir = op["result"], Path(op["artifact_dir"])
-    _apply_metrics(client, run_id, {"metrics": final_metrics(result), "timestamp": op["timestamp"],
-                                    "step": int(result.get("steps", 0))})
-    client.log_dict(run_id, result, "result.json")
-    if artifact_dir.is_dir():
-        client.log_artifacts(run_id, str(artifact_dir), "artifact")
-    else:
-        logger.warning("Artifact directory %s is missing; run %s gets no artifact", artifact_dir, run_id)
-    version = None
-    if op["register"] and artifact_dir.is_dir():
-        try:
-            version = register_capsule_version(client, uri, run_id, result, artifact_dir)
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            logger.error("Could not register the capsule of run %s: %s", run_id, exc, exc_info=exc)
-            client.set_tag(run_id, "registration_error", f"{type(exc).__name__}: {exc}"[:5000])
-    client.set_terminated(run_id, status=op["status"], end_time=op["timestamp"])
-    return version
-
-
 def _record_finished(state_dir: Path, version: str | None) -> None:
     """Mark the run record: a restarted trial must neither reopen this run nor register a second version."""
     record = read_run_record(state_dir)
@@ -133,7 +104,7 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
     if kind == "metrics":
         return _apply_metrics(client, run_id, op)
     if kind == "finish":
-        version = _apply_finish(client, uri, run_id, op)
+        version = apply_finish(client, uri, run_id, op)
         _record_finished(state_dir, version)
         return version
     if kind == "end":

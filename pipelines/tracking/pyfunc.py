@@ -24,7 +24,8 @@ from packaging.version import InvalidVersion, Version
 
 import capt
 import pipelines
-from pipelines.tracking.client import CAPSULE_MODEL, fluent_uri
+from pipelines.tracking.client import fluent_uri
+from pipelines.tracking.model_card import version_description
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -131,38 +132,62 @@ class _PyfuncWithoutServingCheck:
         mlflow.pyfunc.save_model(**kwargs)
 
 
-def log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict[str, str],
-                model_code: Path = MODEL_CODE) -> Any:
-    """Log the models-from-code pyfunc `model_code` to the active run; nothing loads the model on the way."""
+def capsule_model_name(model_slug: str, task: str) -> str:
+    """The logged model's name, as the UI lists it: ``capsule-<model-slug>-<task>``."""
+    return f"capsule-{model_slug}-{task}"
+
+
+def log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict[str, str], name: str,
+                tags: Mapping[str, str], step: int, model_code: Path = MODEL_CODE) -> Any:
+    """Log the models-from-code pyfunc `model_code` to the active run; nothing loads the model on the way.
+
+    `step`: the run's metrics at that step are linked to the logged model (MLflow 3 logged models).
+    """
     return Model.log(
-        artifact_path=None, name=CAPSULE_MODEL, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
-        flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature,
-        input_example=example, artifacts=artifacts, pip_requirements=_requirements(), code_paths=_code_paths())
+        artifact_path=None, name=name, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
+        flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature, tags=dict(tags),
+        step=step, input_example=example, artifacts=artifacts, pip_requirements=_requirements(),
+        code_paths=_code_paths())
 
 
-def register_capsule_version(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path) -> str:
-    """Log the capsule pyfunc to the run and register it (once per run) as a new version."""
+def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:
+    metrics = result.get("metrics", {})
+    return {"task": result["task"], "method": result["method"], "base_model": result["model"],
+            "model_slug": result["model_slug"], "seed": str(result.get("seed")), "validation_status": "pending",
+            "config_hash": str(result.get("config_hash")),
+            **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
+
+
+def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path,
+                     ui_uri: str) -> tuple[str, str | None]:
+    """Log the capsule pyfunc to the run and register it (once per run) as a new version with a description.
+
+    Returns (version, logged model id). `ui_uri` is the server the description's loading snippet names.
+    """
     from capt.tasks import get as task_spec
+    from pipelines.capsule_predictor import example_rows
 
     name = registered_model_name(result["model_slug"], result["task"])
     existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
     if existing:
-        return str(existing[0].version)
+        return str(existing[0].version), getattr(existing[0], "model_id", None)
     signature, example = pyfunc_signature(result["task"], task_spec(result["task"]).label_names)
-    metrics = result.get("metrics", {})
-    tags = {"task": result["task"], "method": result["method"], "base_model": result["model"],
-            "model_slug": result["model_slug"], "seed": str(result.get("seed")), "validation_status": "pending",
-            "config_hash": str(result.get("config_hash")),
-            **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
+    tags = _version_tags(result)
+    source = {k: v for k, v in client.get_run(run_id).data.tags.items() if k.startswith("mlflow.source.")}
     with tempfile.TemporaryDirectory() as tmp, fluent_uri(uri), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         result_path = Path(tmp) / "result.json"
         result_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
         with mlflow.start_run(run_id=run_id):
-            info = log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)})
+            info = log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)},
+                               capsule_model_name(result["model_slug"], result["task"]),
+                               {**source, "task": result["task"], "base_model": result["model"]},
+                               int(result.get("steps", 0)))
         version = mlflow.register_model(info.model_uri, name, tags=tags)
+    client.update_model_version(name, version.version, description=version_description(
+        name, str(version.version), result, ui_uri, example_rows(result["task"], 1)))
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):
             client.set_registered_model_tag(name, key, tags[key])
     logger.info("Registered %s version %s (run %s)", name, version.version, run_id)
-    return str(version.version)
+    return str(version.version), info.model_id

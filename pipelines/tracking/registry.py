@@ -13,6 +13,7 @@ import mlflow
 from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.tracking.client import TrackingError, mlflow_client
+from pipelines.tracking.run_content import project_metrics
 
 
 @dataclass
@@ -26,7 +27,7 @@ class VersionInfo:
     aliases: list[str]
     stage: str
     metrics: dict[str, float]
-    """The metrics of the run that produced it."""
+    """The metrics of the run that produced it, under the project's names (``test_score``; see `run_content`)."""
     created_ms: int
 
 
@@ -60,7 +61,7 @@ class Registry:
         metrics: dict[str, float] = {}
         if v.run_id:
             with contextlib.suppress(MlflowException):
-                metrics = dict(self.client.get_run(v.run_id).data.metrics)
+                metrics = project_metrics(self.client.get_run(v.run_id).data.metrics)
         return VersionInfo(v.name, int(v.version), v.run_id, dict(v.tags or {}), sorted(aliases),
                            v.current_stage or "None", metrics, int(v.creation_timestamp or 0))
 
@@ -87,7 +88,10 @@ class Registry:
 
 
 def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
-    """Every run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown."""
+    """Every run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown.
+
+    Metrics are under the project's names (``test_score``, ``best_validation_score``), as result.json has them.
+    """
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
     client = mlflow_client(uri)
     found = client.get_experiment_by_name(experiment)
@@ -98,7 +102,7 @@ def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[di
     while True:
         page = client.search_runs([found.experiment_id], max_results=1000, page_token=token)
         runs += [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
-                  "tags": dict(r.data.tags), "metrics": dict(r.data.metrics)} for r in page]
+                  "tags": dict(r.data.tags), "metrics": project_metrics(r.data.metrics)} for r in page]
         token = page.token
         if not token:
             return runs

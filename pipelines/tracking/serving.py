@@ -17,7 +17,7 @@ import mlflow
 import yaml
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.tracking.client import TrackingError, _client
+from pipelines.tracking.client import TrackingError, mlflow_client
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def alias_version(uri: str, name: str, alias: str) -> int | None:
 
     TrackingError when the model does not exist.
     """
-    client = _client(uri)
+    client = mlflow_client(uri)
     try:
         model = client.get_registered_model(name)
     except RestException as err:
@@ -52,7 +52,7 @@ def alias_version(uri: str, name: str, alias: str) -> int | None:
 
 def registered_names(uri: str, prefix: str) -> list[str]:
     """Registered model names starting with `prefix`."""
-    models = _client(uri).search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+    models = mlflow_client(uri).search_registered_models(filter_string=f"name LIKE '{prefix}%'")
     return sorted(m.name for m in models)
 
 
@@ -61,7 +61,7 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root))
     try:  # the version's own location: a models:/ URI would be resolved against the default registry
-        source = _client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
+        source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
         mlmodel = _download(uri, f"{source}/MLmodel", target)
         artifacts = _pyfunc_artifacts(mlmodel, name, version)
         if not all(isinstance(artifacts.get(key), dict) for key in ("capsule", "result")):
@@ -90,4 +90,4 @@ def _pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
 
 def version_tags(uri: str, name: str, version: int) -> dict[str, str]:
     """The tags of one version (``base_model`` says which base model its capsule was trained on)."""
-    return dict(_client(uri).get_model_version(name, str(version)).tags or {})
+    return dict(mlflow_client(uri).get_model_version(name, str(version)).tags or {})

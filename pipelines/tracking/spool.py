@@ -270,16 +270,6 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-_RESULT_SCALARS = ("steps", "epochs", "best_step", "stopped_early", "wall_time_s", "tokens_per_second",
-                   "peak_memory_mb", "trainable_parameters")
-
-
-def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics a finished trial logs: `result["metrics"]` plus throughput, memory and size figures."""
-    scalars = {key: result[key] for key in _RESULT_SCALARS if key in result}
-    return {**numeric_metrics(result.get("metrics", {})), **numeric_metrics(scalars)}
-
-
 def registered_model_name(model_slug: str, task: str) -> str:
     """The registry name of the capsules of one (base model, task): `capt-<model-slug>-<task>`."""
     return f"capt-{model_slug}-{task}"

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipelines.tracking.client import dir_lock, is_transient, now_ms, own_http_retries
 from pipelines.tracking.operations import Replayer, dead_letter
+from pipelines.tracking.run_content import mlflow_metrics
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PENDING_FILE,
@@ -39,13 +40,16 @@ class TrialTracker:
     (`BackgroundUploader`); `finish` and `fail` upload what is left first, and `finish` logs what the
     thread could not upload (also in `background_problems`). With
     ``system_metrics``, MLflow samples CPU/GPU/memory every ``system_metrics_interval_s`` while the
-    run is live (``system/...``); a run shorter than one interval has none.
+    run is live (``system/...``); what was sampled since the last upload is uploaded when the run ends,
+    so even a run shorter than one interval has its point. Metric names are the project's (``test_score``)
+    and logged under MLflow's grouped names (``test/score``, `pipelines.tracking.run_content`).
+    ``ui_uri``: the server a registered version's loading snippet names (default: `tracking_uri`).
     """
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, Any],
                  state_dir: str | os.PathLike[str], *, retry: RetryPolicy | None = None,
                  reconnect_s: float = 60.0, system_metrics: bool = True,
-                 system_metrics_interval_s: float = 10.0) -> None:
+                 system_metrics_interval_s: float = 10.0, ui_uri: str | None = None) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
@@ -55,6 +59,7 @@ class TrialTracker:
         self.reconnect_s = reconnect_s
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
+        self.ui_uri = ui_uri or tracking_uri
         self.spool = Spool(self.state_dir / PENDING_FILE)
         self.run_id: str | None = None
         self.offline = False
@@ -110,7 +115,7 @@ class TrialTracker:
         """
         if self.finished:
             return
-        self.spool.append({"op": "metrics", "metrics": numeric_metrics(metrics), "step": int(step),
+        self.spool.append({"op": "metrics", "metrics": mlflow_metrics(numeric_metrics(metrics)), "step": int(step),
                            "timestamp": now_ms(), "tracking_uri": self.tracking_uri})
         self._uploader.wake()
 
@@ -138,7 +143,8 @@ class TrialTracker:
             return self.model_version
         plain = json.loads(json.dumps(dict(result), default=str))  # what result.json holds
         self._submit({"op": "finish", "result": plain, "artifact_dir": str(Path(artifact_dir).resolve()),
-                      "register": bool(register), "status": "FINISHED", "timestamp": now_ms()}, force=True)
+                      "register": bool(register), "status": "FINISHED", "timestamp": now_ms(), "ui_uri": self.ui_uri},
+                     force=True)
         return self.model_version
 
     def fail(self) -> None:
@@ -240,4 +246,16 @@ class TrialTracker:
     def _stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.finish()
+            _publish_last_samples(self._monitor)
             self._monitor = None
+
+
+def _publish_last_samples(monitor: Any) -> None:
+    """Upload what the stopped monitor sampled since its last upload (MLflow's loop drops it when stopped)."""
+    try:
+        metrics = monitor.aggregate_metrics()
+        if metrics:
+            monitor.publish_metrics(metrics)
+            monitor.mlflow_logger.flush()
+    except Exception as exc:  # noqa: BLE001 - system metrics are a nicety: never fail the run for them
+        logger.warning("The last system metrics sample was not uploaded: %s", exc)

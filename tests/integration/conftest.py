@@ -7,16 +7,22 @@ simulate an outage) must start it again before it returns, in a ``finally``.
 
 Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
 (``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth; give clients
-``ray_head_token.client_env()``).
+``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
+MLflow UI tests).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from helpers.ray_head import LocalRayHead, ray_cluster_stragglers
@@ -130,3 +136,26 @@ def ray_head_token(_service_pool: _ServicePool) -> LocalRayHead:
     head = _ready(_service_pool, "ray_head_token")
     assert isinstance(head, LocalRayHead)
     return head
+
+
+SMOKE_SWEEP_ARGS = ["--config", "pipelines/configs/smoke.yaml", "name=it-ui", "tasks=[rte]", "job.train.max_steps=6",
+                    "job.train.eval_every_steps=3", "job.task.generated_size=32", "job.task.max_eval_examples=8",
+                    "data_source=generated", "resources.max_concurrent_trials=1"]
+"""The demo's smoke sweep (both models), cut to one task and 6 steps: two trials."""
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(ray_head: LocalRayHead, mlflow_server: LocalMlflowServer,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The smoke sweep run once on ``ray_head``, tracked on ``mlflow_server``: ``stdout``, ``uri``, ``url`` (the
+    runs-view URL the sweep printed) and ``experiment_id`` (read from that URL)."""
+    env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_head.address}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "pipelines/sweep.py", *SMOKE_SWEEP_ARGS,
+               f"storage_path={tmp_path_factory.mktemp('ui-sweep')}", f"tracking.uri={mlflow_server.uri}"]
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    found = re.search(r"its runs: (\S+/#/experiments/(\d+)/runs\S*)", done.stdout)
+    assert found, f"the sweep printed no runs URL:\n{done.stdout[-3000:]}"
+    return {"stdout": done.stdout, "uri": mlflow_server.uri, "url": found.group(1), "experiment_id": found.group(2)}

@@ -151,9 +151,9 @@ def _assert_tracked_once(server: LocalMlflowServer, outcome: dict) -> None:
     for run in runs:
         seed = int(run.data.tags["seed"])
         result = outcome[("rte", seed)]["result"]
-        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation_score")}
+        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation/score")}
         assert logged == {r["step"]: r["validation_score"] for r in result["history"]}, "no validation lost"
-        assert run.data.metrics["test_score"] == result["metrics"]["test_score"]
+        assert run.data.metrics["test/score"] == result["metrics"]["test_score"]
 
 
 def _env(ray_head) -> dict[str, str]:

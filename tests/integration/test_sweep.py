@@ -64,8 +64,8 @@ def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, m
     assert [r.info.run_name for r in runs] == ["wic/tiny-t5/capt/s0"]
     run = runs[0]
     assert run.data.params["train.max_steps"] == "6" and run.data.tags["sweep"] == "it-submit"
-    assert len(client.get_metric_history(run.info.run_id, "validation_score")) == 2
-    assert run.data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+    assert len(client.get_metric_history(run.info.run_id, "validation/score")) == 2
+    assert run.data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
     champion = client.get_model_version_by_alias("capt-tiny-t5-wic", "champion")
     assert champion.run_id == run.info.run_id
 
@@ -167,9 +167,9 @@ def test_a_reused_trial_process_trains_the_next_trial_on_its_cached_base_model(r
     for run in runs:
         result = json.loads((_job_folder(tmp_path / "it-reuse" / "jobs", f"rte-tiny-t5-capt-s{run.data.tags['seed']}")
                              / "result.json").read_text())
-        assert run.info.status == "FINISHED" and run.data.metrics["test_score"] == pytest.approx(
+        assert run.info.status == "FINISHED" and run.data.metrics["test/score"] == pytest.approx(
             result["metrics"]["test_score"])
-        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation_score")}
+        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation/score")}
         assert logged == {r["step"]: r["validation_score"] for r in result["history"]}
         assert finals[int(run.data.tags["seed"])]["validation_score"] == result["metrics"]["best_validation_score"]
 
@@ -211,7 +211,7 @@ def test_a_changed_sweep_trains_afresh_and_an_unchanged_one_trains_nothing(ray_h
     assert result["config"]["optim"]["weight_decay"] == 0.01 and result["steps"] == 6
     [new_run] = [r for run_id, r in runs().items() if run_id not in first_runs]
     assert new_run.info.status == "FINISHED" and new_run.data.tags["config_hash"] == result["config_hash"]
-    assert new_run.data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+    assert new_run.data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
     [version] = client.search_model_versions(f"run_id='{new_run.info.run_id}'")
     assert version.tags["config_hash"] == result["config_hash"]
     [old_run] = first_runs.values()
@@ -248,7 +248,7 @@ def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
         runs = client.search_runs([client.get_experiment_by_name("capt-it-outage").experiment_id])
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         result = json.loads((run_file.parent / "result.json").read_text())
-        assert runs[0].data.metrics["test_score"] == pytest.approx(result["metrics"]["test_score"])
+        assert runs[0].data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
         assert client.search_model_versions(f"run_id='{runs[0].info.run_id}'"), "the capsule was registered"
     finally:
         server.stop()

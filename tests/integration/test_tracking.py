@@ -82,9 +82,9 @@ def test_a_trial_is_one_run_with_params_history_artifacts_and_a_version(
     # no lr in the job: the resolved default is logged, never "None"
     assert {k: run_data.data.params[k] for k in ("optim.name", "optim.lr", "optim.schedule")} == {
         "optim.name": "adafactor", "optim.lr": "0.3", "optim.schedule": "linear"}
-    history = client.get_metric_history(tracked["run_id"], "validation_score")
+    history = client.get_metric_history(tracked["run_id"], "validation/score")
     assert [m.step for m in history] == [h["step"] for h in tracked["result"]["history"]] == [3, 6]
-    assert run_data.data.metrics["test_score"] == pytest.approx(tracked["result"]["metrics"]["test_score"])
+    assert run_data.data.metrics["test/score"] == pytest.approx(tracked["result"]["metrics"]["test_score"])
     assert any(key.startswith("system/") for key in run_data.data.metrics), "system metrics are on"
     files = {f.path for f in client.list_artifacts(tracked["run_id"], "artifact")}
     assert {"artifact/capsule.safetensors", "artifact/capsule.json", "artifact/method.json"} <= files
@@ -117,7 +117,7 @@ def test_a_trial_restarted_after_its_run_finished_logs_nothing_twice(
     tracker.fail()
     run_data = client.get_run(tracked["run_id"])
     assert run_data.info.status == "FINISHED" and run_data.info.end_time == ended
-    assert [m.step for m in client.get_metric_history(tracked["run_id"], "validation_score")] == [3, 6]
+    assert [m.step for m in client.get_metric_history(tracked["run_id"], "validation/score")] == [3, 6]
 
 
 def test_a_trial_restarted_mid_run_reopens_its_run_and_registers_one_version(
@@ -186,12 +186,12 @@ def test_an_outage_spools_and_sync_uploads_once(
     late_run = json.loads((tmp_path / "s2" / RUN_FILE).read_text())["run_id"]
     for run_id in (early_run, late_run):
         assert client.get_run(run_id).info.status == "FINISHED"
-        assert len(client.get_metric_history(run_id, "validation_score")) == 2
+        assert len(client.get_metric_history(run_id, "validation/score")) == 2
         assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
     assert main(["sync", "--root", str(tmp_path), "--tracking-uri", mlflow_server.uri]) == 0
     assert f"Nothing to sync under {tmp_path}" in capsys.readouterr().out
     assert sync_pending(tmp_path).synced == 0
-    assert len(client.get_metric_history(late_run, "validation_score")) == 2
+    assert len(client.get_metric_history(late_run, "validation/score")) == 2
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert (
         len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s2'")) == 1
@@ -236,8 +236,8 @@ def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operatio
     run_id = json.loads((trial / RUN_FILE).read_text())["run_id"]
     run_data = client.get_run(run_id)
     assert run_data.info.status == "FINISHED" and run_data.data.params["optim.lr"] == "0.3"
-    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [3, 6]
-    assert run_data.data.metrics["test_score"] == 55.0
+    assert [m.step for m in client.get_metric_history(run_id, "validation/score")] == [3, 6]
+    assert run_data.data.metrics["test/score"] == 55.0
     again = _sync_cli(tmp_path, mlflow_server.uri)
     assert again.returncode == 1 and "Synced 0 operation(s)" in again.stdout
     assert len(Spool(trial / FAILED_FILE).records()) == 2, "dead letters are kept until a person handles them"
@@ -320,7 +320,7 @@ def test_log_metrics_returns_while_the_server_does_not_answer_and_finish_uploads
     assert spooled == [1, 2, 3], "the points are durable before the server has them (a crash loses none)"
     tracker.finish({"metrics": {"test_score": 1.0}, "steps": 3}, tmp_path / "no-artifact", register=False)
     client = MlflowClient(mlflow_server.uri)
-    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(run_id, "validation/score")] == [1, 2, 3]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert not (tmp_path / PENDING_FILE).exists() and tracker.background_problems == []
 
@@ -340,7 +340,7 @@ def test_a_metric_refused_in_the_background_is_reported_at_finish_and_dead_lette
     [dead] = Spool(tmp_path / FAILED_FILE).records()
     assert dead["op"] == "metrics" and dead["step"] == 2 and "not a metric name!" in dead["error"]
     client = MlflowClient(mlflow_server.uri)
-    assert [m.step for m in client.get_metric_history(run_id, "validation_score")] == [1, 3]
+    assert [m.step for m in client.get_metric_history(run_id, "validation/score")] == [1, 3]
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
@@ -372,9 +372,11 @@ def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_mod
     monkeypatch.setenv("CAPT_TEST_MODEL_CALLS", str(calls))
     signature, example = pyfunc_signature("cb", task_spec("cb").label_names)
     client = MlflowClient(mlflow_server.uri)
-    run_id = client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
+    experiment = client.get_experiment_by_name(EXPERIMENT)  # None when this test runs alone
+    run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)).info.run_id
     with fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
-        info = log_pyfunc(signature, example, {"result": str(model_code)}, model_code=model_code)
+        info = log_pyfunc(signature, example, {"result": str(model_code)}, "capsule-tiny-t5-cb", {}, 0,
+                           model_code=model_code)
     assert not calls.exists(), f"logging ran the model: {calls.read_text().split()}"
     with fluent_uri(mlflow_server.uri):
         local = mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model"))

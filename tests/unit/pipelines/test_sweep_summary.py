@@ -6,9 +6,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from pipelines.sweep_config import load_sweep_config
 from ray.tune import Result
 
+from pipelines.sweeps.config import load_sweep_config
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary
 
 SMOKE = Path(__file__).resolve().parents[3] / "pipelines" / "configs" / "smoke.yaml"

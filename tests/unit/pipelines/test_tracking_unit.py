@@ -17,6 +17,7 @@ from pipelines.promote import PromotionError, choose_best, metric_direction, met
 from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
+from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAM_VALUE_LIMIT,
@@ -25,7 +26,6 @@ from pipelines.tracking.spool import (
     Spool,
     TrackingUnavailable,
     call_with_retry,
-    final_metrics,
     find_state_dirs,
     numeric_metrics,
     param_strings,
@@ -129,9 +129,28 @@ def test_params_are_flat_strings_within_the_limit_and_metrics_numeric() -> None:
     assert len(params["long"]) == PARAM_VALUE_LIMIT and params["long"].endswith("[truncated]")
     assert numeric_metrics({"step": 3, "loss": 1, "flag": True, "name": "a", "bad": math.nan}) == {
         "loss": 1.0, "flag": 1.0}
-    result = {"metrics": {"test_score": 50.0}, "steps": 7, "stopped_early": False, "history": [{}]}
-    assert final_metrics(result) == {"test_score": 50.0, "steps": 7.0, "stopped_early": 0.0}
+    result = {"metrics": {"test_score": 50.0, "train_loss": 0.5, "best_validation_score": 60.0}, "steps": 7,
+              "stopped_early": False, "history": [{}], "wall_time_s": 2.0, "trainable_parameters": 64}
+    assert final_metrics(result) == {"test/score": 50.0, "perf/wall_time_s": 2.0}
     assert registered_model_name("t5-base", "rte") == "capt-t5-base-rte"
+
+
+def test_metric_names_group_in_mlflow_and_map_back_to_the_project_names() -> None:
+    names = {"train_loss": "train/loss", "validation_score": "validation/score", "test_macro_f1": "test/macro_f1",
+             "best_validation_score": "validation/best_score", "epoch": "train/epoch",
+             "tokens_per_second": "perf/tokens_per_second", "system/cpu_utilization_percentage":
+             "system/cpu_utilization_percentage", "loss": "loss"}
+    assert {k: mlflow_metric_name(k) for k in names} == names
+    assert {v: project_metric_name(v) for v in names.values()} == {v: k for k, v in names.items()}
+
+
+def test_params_hold_resolved_values_and_paths_become_tags() -> None:
+    config = {"output_dir": "outputs/x", "task": {"name": "rte", "data_dir": None, "max_train_examples": None},
+              "optim": {"lr": 0.3, "head_lr": 0.001}, "method": {"name": "capt", "options": {}}}
+    assert run_params(config, classifier_head=False) == ({"task.name": "rte", "optim.lr": 0.3, "method.name": "capt"},
+                                        {"output_dir": "outputs/x"})
+    params, _ = run_params({**config, "task": {"name": "rte", "data_dir": "/data"}}, classifier_head=True)
+    assert params["optim.head_lr"] == 0.001 and "task.data_dir" not in params
 
 
 def test_an_unreachable_server_never_fails_the_trial_and_spools_everything(

@@ -1,0 +1,89 @@
+"""The sweep's experiment as the MLflow UI shows it: a description, tags, source tags and the runs-view URL."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+
+from pipelines.tracking.client import is_transient, mlflow_client, own_http_retries
+from pipelines.tracking.operations import _experiment_id
+from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with_retry
+
+logger = logging.getLogger(__name__)
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The tag MLflow shows as an experiment's (or run's) description."""
+RUNS_VIEW = "runs?workflowType=machine_learning"
+"""MLflow 3's training-runs view of an experiment (the plain experiment link opens the GenAI traces page)."""
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def runs_url(ui_uri: str, experiment_id: str) -> str:
+    """The URL that opens the experiment's runs table in the MLflow UI at `ui_uri`."""
+    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/{RUNS_VIEW}"
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> str | None:
+    """The checked-out commit of the project, or None outside a git checkout (e.g. a Ray job's working dir)."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def source_tags(entry_point: str) -> dict[str, str]:
+    """MLflow's source tags for runs started by `entry_point` (a path relative to the project), with the commit."""
+    tags = {"mlflow.source.name": entry_point, "mlflow.source.type": "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def describe_experiment(uri: str, name: str, description: str, tags: Mapping[str, Any],
+                        retry: RetryPolicy | None = None) -> str | None:
+    """Create `name` when missing, set its description and tags; its id, or None when the server did not answer
+    (the sweep goes on: trials spool their own operations)."""
+    own_http_retries()
+    client = mlflow_client(uri)
+
+    def describe() -> str:
+        experiment_id = _experiment_id(client, name)
+        for key, value in {**{k: str(v) for k, v in tags.items()}, DESCRIPTION_TAG: description}.items():
+            client.set_experiment_tag(experiment_id, key, value)
+        return experiment_id
+
+    try:
+        return call_with_retry(describe, is_transient, retry or RetryPolicy(budget_s=10.0), f"MLflow at {uri}")
+    except (TrackingUnavailable, MlflowException) as err:  # the trials report tracking problems themselves
+        logger.warning("The experiment %s gets no description: %s", name, err)
+        return None
+
+
+def describe_sweep(sweep: Any, config_file: str, trial_count: int, uri: str) -> str | None:
+    """Describe the experiment of `sweep` (a `SweepConfig`) at `uri`; its id (None: the server did not answer)."""
+    grid = {"tasks": sweep.tasks, "models": sweep.models, "methods": [m.key for m in sweep.methods],
+            "seeds": sweep.seeds}
+    extra = {"search": sweep.search, "select": sweep.select, "storage": f"{sweep.storage_root() / sweep.name}"}
+    description = sweep_description(sweep.name, config_file, grid, trial_count, sweep.data_source, extra)
+    tags = {"sweep": sweep.name, "config_file": config_file, "trials": trial_count, "data_source": sweep.data_source,
+            **{axis: ",".join(str(v) for v in values) for axis, values in grid.items()}}
+    return describe_experiment(uri, sweep.experiment_name(), description, tags)
+
+
+def sweep_description(name: str, config_file: str, grid: Mapping[str, list[Any]], trials: int,
+                      data_source: str, extra: Mapping[str, Any]) -> str:
+    """Markdown: what the sweep is, its config file and its grid (`grid`: axis -> values)."""
+    lines = [f"CaPT sweep **{name}**: {trials} trial(s), one MLflow run each (named task/model/method/seed).", "",
+             f"- config file: `{config_file}`", f"- data: `{data_source}`"]
+    lines += [f"- {axis}: {', '.join(str(v) for v in values)}" for axis, values in grid.items()]
+    lines += [f"- {key}: `{value}`" for key, value in extra.items() if value]
+    lines += ["", "Metrics: `train/*` and `validation/*` per validation step, `test/*` and `perf/*` once at the end; "
+              "`system/*` sampled while a run trains. Per-run summaries (steps, best step, trainable parameters, "
+              "capsule bytes) are run tags."]
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""The MLflow UI in headless Chromium, at the URL the smoke sweep printed: the runs table lists every trial by
+name, and a run page shows the capsule artifact. Screenshots are kept: under the test's tmp dir, and in
+``test-artifacts/`` of the checkout when ``CI`` is set (.ci/run installs Chromium and its driver).
+
+Driver: Selenium with the Debian ``chromium-driver``. Selenium's explicit waits (wait until a text is on the
+page) are what a single-page app needs, and it is the well-kept library for this; a hand-written DevTools
+client would have to re-implement them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+RUN_NAMES = ("rte/tiny-t5/capt/s0", "rte/minilm/capt/s0")
+WAIT_S = 30.0
+"""Longest wait for one thing to appear (the UI loads runs and artifacts asynchronously)."""
+
+
+def _executable(names: tuple[str, ...]) -> str | None:
+    return next((path for name in names if (path := shutil.which(name))), None)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium driven by Selenium; skipped, saying how to install them, when either is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="Selenium is missing: pip install -e '.[dev]'")
+    chromium, driver = _executable(CHROMIUM), _executable(("chromedriver",))
+    if chromium is None or driver is None:
+        pytest.skip(f"NO BROWSER TEST: Chromium ({chromium or 'missing'}) or chromedriver ({driver or 'missing'}) is "
+                    "not installed; `apt-get install chromium chromium-driver` (.ci/run does it when it can)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+        options.add_argument(argument)
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield session
+    finally:
+        session.quit()
+
+
+def _shots(tmp_path: Path) -> list[Path]:
+    folders = [tmp_path / "screenshots"]
+    if os.environ.get("CI"):
+        folders.append(ROOT / "test-artifacts" / "mlflow-ui")
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    return folders
+
+
+def _screenshot(browser: Any, folders: list[Path], name: str) -> None:
+    for folder in folders:
+        browser.save_screenshot(str(folder / f"{name}.png"))
+
+
+def _wait_for_text(browser: Any, text: str) -> Any:
+    """The first visible element whose own text is `text`, once the page shows it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    locator = (By.XPATH, f"//*[normalize-space(text())='{text}']")
+    return WebDriverWait(browser, WAIT_S).until(expected_conditions.element_to_be_clickable(locator))
+
+
+def test_the_printed_url_lists_every_trial_and_a_run_page_shows_the_capsule(
+        smoke_sweep: dict[str, Any], browser: Any, tmp_path: Path) -> None:
+    folders = _shots(tmp_path)
+    browser.get(smoke_sweep["url"])
+    try:
+        links = {name: _wait_for_text(browser, name) for name in RUN_NAMES}
+    finally:
+        _screenshot(browser, folders, "runs")
+    assert "/runs" in browser.current_url
+    links["rte/minilm/capt/s0"].click()
+    try:
+        _wait_for_text(browser, "Artifacts").click()
+        _wait_for_text(browser, "artifact").click()
+        _wait_for_text(browser, "capsule.safetensors")
+    finally:
+        _screenshot(browser, folders, "run-artifacts")
+    assert "/runs/" in browser.current_url and "artifacts" in browser.current_url
