@@ -73,7 +73,8 @@ class TaskSection:
 
     def data_config(self, seed: int) -> DataConfig:
         """The `capt.tasks.DataConfig` of this section, split with `seed` (no data_dir: CAPT_DATA_DIR's)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        shared = {f.name for f in dataclasses.fields(DataConfig)} - {"seed"}  # input_format is the collator's
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in shared}
         if not fields["data_dir"]:
             del fields["data_dir"]  # DataConfig's default reads the environment
         return DataConfig(**fields, seed=seed)
