@@ -14,17 +14,9 @@ from pathlib import Path
 import requests
 from mlflow.exceptions import MlflowException
 
+from pipelines.tracking import spool
 from pipelines.tracking.client import TrackingError, dir_lock, is_transient, own_http_retries
 from pipelines.tracking.operations import Replayer
-from pipelines.tracking.spool import (
-    FAILED_FILE,
-    PENDING_FILE,
-    RetryPolicy,
-    Spool,
-    TrackingUnavailable,
-    call_with_retry,
-    find_state_dirs,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -46,32 +38,21 @@ class FolderSync:
     """Why this folder's replay stopped early (None when it ran to the end)."""
 
 
+def _total(name: str, doc: str) -> property:
+    """A read-only sum of `FolderSync.<name>` over a summary's folders."""
+    return property(lambda summary: sum(getattr(f, name) for f in summary.folders), doc=doc)
+
+
 @dataclass
 class SyncSummary:
     """Per-folder results of `sync_pending`, with totals."""
 
     root: Path
     folders: list[FolderSync] = field(default_factory=list)
-
-    @property
-    def synced(self) -> int:
-        """Operations applied by this sync, all folders together."""
-        return sum(f.synced for f in self.folders)
-
-    @property
-    def dead_lettered(self) -> int:
-        """Operations and lines this sync dead-lettered, all folders together."""
-        return sum(f.dead_lettered for f in self.folders)
-
-    @property
-    def pending(self) -> int:
-        """Lines still pending, all folders together."""
-        return sum(f.pending for f in self.folders)
-
-    @property
-    def dead_letters(self) -> int:
-        """Entries in dead-letter files, all folders together."""
-        return sum(f.dead_letters for f in self.folders)
+    synced = _total("synced", "Operations applied by this sync, all folders together.")
+    dead_lettered = _total("dead_lettered", "Operations and lines this sync dead-lettered, all folders together.")
+    pending = _total("pending", "Lines still pending, all folders together.")
+    dead_letters = _total("dead_letters", "Entries in dead-letter files, all folders together.")
 
     @property
     def complete(self) -> bool:
@@ -80,7 +61,7 @@ class SyncSummary:
 
 
 def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
-                 retry: RetryPolicy | None = None) -> SyncSummary:
+                 retry: spool.RetryPolicy | None = None) -> SyncSummary:
     """Replay the spools of `root` (a trial's state dir, or any folder above several).
 
     Every folder is tried; a server that did not answer within the retry budget is not asked again for
@@ -91,19 +72,19 @@ def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
     if not root.is_dir():
         raise TrackingError(f"--root {str(root)!r} is not a directory{'' if root.exists() else ' (it does not exist)'}. "
                             "Give the output folder of a job or a sweep (or any folder above them): the "
-                            f"folders holding {PENDING_FILE} under it are synced.")
+                            f"folders holding {spool.PENDING_FILE} under it are synced.")
     own_http_retries()
     summary, unreachable = SyncSummary(root), {}
-    for state_dir in find_state_dirs(root, (PENDING_FILE, FAILED_FILE)):
-        summary.folders.append(_sync_folder(state_dir, tracking_uri, retry or RetryPolicy(), unreachable))
+    for state_dir in spool.find_state_dirs(root, (spool.PENDING_FILE, spool.FAILED_FILE)):
+        summary.folders.append(_sync_folder(state_dir, tracking_uri, retry or spool.RetryPolicy(), unreachable))
     return summary
 
 
-def _sync_folder(state_dir: Path, tracking_uri: str | None, retry: RetryPolicy,
+def _sync_folder(state_dir: Path, tracking_uri: str | None, retry: spool.RetryPolicy,
                  unreachable: dict[str, str]) -> FolderSync:
     """Replay one folder's spool (unless its server already failed to answer) and count what is left."""
     folder, replayer = FolderSync(state_dir), Replayer(state_dir, tracking_uri)
-    pending = Spool(state_dir / PENDING_FILE)
+    pending = spool.Spool(state_dir / spool.PENDING_FILE)
     with dir_lock(state_dir):
         ops = pending.read()
         uri = (tracking_uri or ops[0].get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")) if ops else None
@@ -111,14 +92,14 @@ def _sync_folder(state_dir: Path, tracking_uri: str | None, retry: RetryPolicy,
             folder.error = unreachable[uri]
         elif pending.path.exists():
             try:
-                call_with_retry(replayer.replay, is_transient, retry, f"MLflow at {uri}")
-            except TrackingUnavailable as err:
+                spool.call_with_retry(replayer.replay, is_transient, retry, f"MLflow at {uri}")
+            except spool.TrackingUnavailable as err:
                 unreachable[uri or ""] = folder.error = str(err)
             except (TrackingError, MlflowException, requests.RequestException, OSError, RuntimeError) as err:
                 folder.error = f"{type(err).__name__}: {err}"
                 logger.debug("Sync of %s stopped", state_dir, exc_info=err)
         folder.synced, folder.dead_lettered = replayer.synced, replayer.dead_lettered
-        folder.pending, folder.dead_letters = len(pending), len(Spool(state_dir / FAILED_FILE))
+        folder.pending, folder.dead_letters = len(pending), len(spool.Spool(state_dir / spool.FAILED_FILE))
     logger.info("%s: %d synced, %d dead-lettered, %d pending", state_dir, folder.synced, folder.dead_lettered,
                 folder.pending)
     return folder
