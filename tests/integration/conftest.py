@@ -40,6 +40,9 @@ def _new_mlflow_server() -> LocalMlflowServer:
 
 FACTORIES: dict[str, Callable[[], Service]] = {
     "mlflow_server": _new_mlflow_server,
+    # The smoke sweep registers and promotes capt-<model>-<task> champions: a store of its own keeps them out of the
+    # registry names other tests create and count versions of.
+    "smoke_mlflow_server": _new_mlflow_server,
     "ray_head": lambda: LocalRayHead(num_cpus=2),
     "ray_head_token": lambda: LocalRayHead(num_cpus=1, auth_mode="token"),
 }
@@ -145,10 +148,12 @@ SMOKE_SWEEP_ARGS = ["--config", "pipelines/configs/smoke.yaml", "name=it-ui", "t
 
 
 @pytest.fixture(scope="session")
-def smoke_sweep(ray_head: LocalRayHead, mlflow_server: LocalMlflowServer,
+def smoke_sweep(ray_head: LocalRayHead, _service_pool: _ServicePool,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The smoke sweep run once on ``ray_head``, tracked on ``mlflow_server``: ``stdout``, ``uri``, ``url`` (the
-    runs-view URL the sweep printed) and ``experiment_id`` (read from that URL)."""
+    """The smoke sweep run once on ``ray_head``, tracked on an MLflow server of its own: ``stdout``, ``uri``, ``url``
+    (the runs-view URL the sweep printed) and ``experiment_id`` (read from that URL)."""
+    mlflow_server = _ready(_service_pool, "smoke_mlflow_server")
+    assert isinstance(mlflow_server, LocalMlflowServer)
     env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_head.address}
     env.pop("MLFLOW_TRACKING_URI", None)
     command = [sys.executable, "pipelines/sweep.py", *SMOKE_SWEEP_ARGS,
