@@ -13,22 +13,19 @@ methods is a property or method of `MethodModel`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
-from capt.baselines.full import FullFinetuneModel
-from capt.baselines.lora import LoraModel
-from capt.baselines.prefix import PTuningV2Model
-from capt.baselines.prompt import PromptTuningModel
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
-from capt.inject import CapsuleModel
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @runtime_checkable
@@ -76,8 +73,15 @@ class Method:
 
     config_class: type
     """The method's config class (a frozen dataclass with `from_dict` / `to_dict`)."""
-    model_class: type
-    """The class implementing `MethodModel`; `model_class.apply(model, config)` adapts a base model."""
+    model_path: str
+    """Where the class implementing `MethodModel` lives, as ``module:Class``. Imported on first use, so that
+    reading the registry (names, configs: what config validation needs) loads no torch or transformers."""
+
+    @property
+    def model_class(self) -> type:
+        """The class implementing `MethodModel`; `model_class.apply(model, config)` adapts a base model."""
+        module, _, name = self.model_path.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     def build_config(self, options: Mapping[str, Any]) -> Any:
         """The typed config from plain options (raises naming every bad option)."""
@@ -85,11 +89,11 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "capt": Method(CapsuleConfig, CapsuleModel),
-    "prompt_tuning": Method(PromptTuningConfig, PromptTuningModel),
-    "ptuning_v2": Method(PTuningV2Config, PTuningV2Model),
-    "lora": Method(LoraConfig, LoraModel),
-    "full_finetune": Method(FullFinetuneConfig, FullFinetuneModel),
+    "capt": Method(CapsuleConfig, "capt.inject:CapsuleModel"),
+    "prompt_tuning": Method(PromptTuningConfig, "capt.baselines.prompt:PromptTuningModel"),
+    "ptuning_v2": Method(PTuningV2Config, "capt.baselines.prefix:PTuningV2Model"),
+    "lora": Method(LoraConfig, "capt.baselines.lora:LoraModel"),
+    "full_finetune": Method(FullFinetuneConfig, "capt.baselines.full:FullFinetuneModel"),
 }
 """Method name -> (config class, model class)."""
 

@@ -16,11 +16,9 @@ prompt tuning's instance token uses it (else it falls back to labels == -100, th
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from capt.baselines.adapted import AdaptedModel
 from capt.baselines.config import (
     BaselineConfig,
     FullFinetuneConfig,
@@ -28,9 +26,17 @@ from capt.baselines.config import (
     PromptTuningConfig,
     PTuningV2Config,
 )
-from capt.baselines.info import detect_family, model_info, supported_types
-from capt.baselines.io import load_adapter
 from capt.errors import AdapterError, UnknownConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from capt.baselines.adapted import AdaptedModel
+
+_LAZY = {"AdaptedModel": "capt.baselines.adapted", "detect_family": "capt.baselines.info",
+         "model_info": "capt.baselines.info", "supported_types": "capt.baselines.info",
+         "load_adapter": "capt.baselines.io"}
+"""Torch-backed names, imported on first use: the configs (all that config validation needs) stay light."""
 
 
 def apply(model: nn.Module, config: BaselineConfig) -> AdaptedModel:
@@ -44,15 +50,19 @@ def apply(model: nn.Module, config: BaselineConfig) -> AdaptedModel:
 
 
 def _baseline_configs() -> dict[str, type[BaselineConfig]]:
+    from capt.baselines.adapted import AdaptedModel
     from capt.methods import METHODS
 
     return {name: m.config_class for name, m in METHODS.items() if issubclass(m.model_class, AdaptedModel)}
 
 
 def __getattr__(name: str) -> Any:
-    """``METHODS``: baseline method name -> config class, read off the one registry (``capt.methods``)."""
+    """``METHODS`` (baseline method name -> config class, read off the one registry, ``capt.methods``) and the
+    torch-backed names of `_LAZY`."""
     if name == "METHODS":
         return _baseline_configs()
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'capt.baselines' has no attribute {name!r}")
 
 
