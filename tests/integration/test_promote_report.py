@@ -11,16 +11,15 @@ import mlflow
 import pandas as pd
 import pytest
 from helpers.jobs import tiny_job
+from helpers.registry import track as track_job
 from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
 from pipelines import promote, report
 from pipelines.capsule_predictor import CapsulePredictor
-from pipelines.config import flatten
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.run import promote_champions
-from pipelines.tracking import TrialTracker
 from pipelines.train import run
 
 pytestmark = pytest.mark.integration
@@ -47,17 +46,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, in
 
 
 def track(uri: str, result: dict[str, Any], experiment: str = EXPERIMENT) -> str:
-    """Log a finished job as the sweep's rank-0 worker does (idempotent: same state dir, same run)."""
-    key = f"{result['task']}/{result['model_slug']}/{result['method']}/s{result['seed']}"
-    tags = {"task": result["task"], "model": result["model_slug"], "method": result["method"],
-            "seed": result["seed"], "sweep": "test"}
-    tracker = TrialTracker(uri, experiment, key, tags, Path(result["artifact_dir"]).parent, system_metrics=False)
-    tracker.start()
-    tracker.log_params(flatten(result["config"]))
-    for record in result["history"]:
-        tracker.log_metrics(record, step=record["step"])
-    tracker.finish(result, result["artifact_dir"], register=result["method"] == "capt")
-    return tracker.run_id
+    """Log a finished job as the sweep's rank-0 worker does (`helpers.registry.track`), in this file's experiment."""
+    return track_job(uri, result, experiment)
 
 
 def _aliases(client: MlflowClient) -> dict[str, str]:
