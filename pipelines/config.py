@@ -218,7 +218,9 @@ def validate_job_config(raw: dict[str, Any]) -> JobConfig:
         config = TypeAdapter(JobConfig).validate_python(raw)
     except ValidationError as err:
         problems += _pydantic_problems(err)
-    problems += _cross_field_problems(raw)
+    from pipelines.job_checks import cross_field_problems
+
+    problems += cross_field_problems(raw)
     if not problems:
         try:
             config = resolve_job(config)
@@ -250,56 +252,6 @@ def _section_keys(path: tuple) -> list[str]:
         if section is None or not dataclasses.is_dataclass(section):
             return []
     return [f.name for f in dataclasses.fields(section)]
-
-
-def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
-    """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
-    from pipelines.job_checks import model_fit_problems
-    from pipelines.methods import method_option_problems
-    from pipelines.models import model_name_problems
-
-    method, model, task = (section(raw, k) for k in ("method", "model", "task"))
-    problems: list[str] = []
-    name, options = method.get("name", "capt"), method.get("options", {})
-    options_ok = name in METHOD_NAMES and isinstance(options, dict)
-    if options_ok:
-        problems += method_option_problems(name, options)
-    if isinstance(model.get("name", "tiny-t5"), str):
-        name_problems = model_name_problems(model.get("name", "tiny-t5"))
-        problems += name_problems or model_fit_problems(raw, options_ok and not problems)
-        if not name_problems:
-            problems += _readout_problems(raw) + _input_format_problems(raw)
-    if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
-        problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
-                        "or use task.source=generated (or hub)")
-    return problems
-
-
-def _input_format_problems(raw: dict[str, Any]) -> list[str]:
-    from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
-    from pipelines.models import model_shape
-
-    task = section(raw, "task")
-    input_format, name = task.get("input_format", "capt"), section(raw, "model").get("name", "tiny-t5")
-    if input_format not in INPUT_FORMATS or not isinstance(task.get("name", "rte"), str):
-        return []  # the schema reports it
-    try:
-        family = model_shape(name).family
-    except ValueError:
-        return []
-    return [f"task.{problem} (model.name={name!r})"
-            for problem in input_format_problems(input_format, family, task.get("name", "rte"))]
-
-
-def _readout_problems(raw: dict[str, Any]) -> list[str]:
-    from pipelines.models import model_shape
-    from pipelines.readout import readout_problems
-
-    try:
-        spec = model_shape(section(raw, "model").get("name", "tiny-t5")).spec
-    except ValueError:
-        return []  # model_fit_problems reported it
-    return readout_problems(raw, spec)
 
 
 def section(raw: dict[str, Any], key: str) -> dict[str, Any]:

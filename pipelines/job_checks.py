@@ -1,12 +1,14 @@
-"""Pre-flight checks of a job against its base model's config (read without loading weights): capsule layers
-the model lacks, sequences longer than its positions, methods that do not support it."""
+"""Pre-flight checks of a job across its keys and against its base model's config (read without loading weights):
+method options, capsule layers the model lacks, sequences longer than its positions, methods, readouts and input
+formats the model does not support."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from capt.methods import get_method
-from pipelines.config import section
+from pipelines.config import METHOD_NAMES, section
 from pipelines.methods import sequence_overhead
 from pipelines.models import ModelShape, model_shape
 
@@ -62,3 +64,50 @@ def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) ->
             problems.append(f"model.max_length={max_length}: method {method.get('name', 'capt')!r} adds {overhead} "
                             f"positions to every input, leaving none for the text; allowed: more than {overhead}")
     return problems
+
+
+def cross_field_problems(raw: dict[str, Any]) -> list[str]:
+    """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
+    from pipelines.methods import method_option_problems
+    from pipelines.models import model_name_problems
+
+    method, model, task = (section(raw, k) for k in ("method", "model", "task"))
+    problems: list[str] = []
+    name, options = method.get("name", "capt"), method.get("options", {})
+    options_ok = name in METHOD_NAMES and isinstance(options, dict)
+    if options_ok:
+        problems += method_option_problems(name, options)
+    if isinstance(model.get("name", "tiny-t5"), str):
+        name_problems = model_name_problems(model.get("name", "tiny-t5"))
+        problems += name_problems or model_fit_problems(raw, options_ok and not problems)
+        if not name_problems:
+            problems += _readout_problems(raw) + _input_format_problems(raw)
+    if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
+        problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
+                        "or use task.source=generated (or hub)")
+    return problems
+
+
+def _input_format_problems(raw: dict[str, Any]) -> list[str]:
+    from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
+
+    task = section(raw, "task")
+    input_format, name = task.get("input_format", "capt"), section(raw, "model").get("name", "tiny-t5")
+    if input_format not in INPUT_FORMATS or not isinstance(task.get("name", "rte"), str):
+        return []  # the schema reports it
+    try:
+        family = model_shape(name).family
+    except ValueError:
+        return []
+    return [f"task.{problem} (model.name={name!r})"
+            for problem in input_format_problems(input_format, family, task.get("name", "rte"))]
+
+
+def _readout_problems(raw: dict[str, Any]) -> list[str]:
+    from pipelines.readout import readout_problems
+
+    try:
+        spec = model_shape(section(raw, "model").get("name", "tiny-t5")).spec
+    except ValueError:
+        return []  # model_fit_problems reported it
+    return readout_problems(raw, spec)
