@@ -112,6 +112,11 @@ class CapsuleModel(nn.Module):
 
         return load_capsule(base_model, directory, strict)
 
+    @property
+    def added_positions(self) -> int:
+        """The capsule slots this model inserts into every input."""
+        return self.num_slots
+
     @classmethod
     def sequence_overhead(cls, config: CapsuleConfig) -> int:
         """The capsule slots: `config.num_slots` positions in every input."""

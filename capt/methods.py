@@ -58,6 +58,10 @@ class MethodModel(Protocol):
     def sequence_overhead(cls, config: Any) -> int:
         """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
 
+    @property
+    def added_positions(self) -> int:
+        """`sequence_overhead` of this model's own config: the positions it inserts into every input."""
+
     @classmethod
     def unsupported_reason(cls, model_type: str) -> str | None:
         """Why the method cannot run on a model of `config.model_type` `model_type`; None when it can."""

@@ -15,8 +15,8 @@ from torch import nn
 
 from capt.arch import ArchSpec, head_parameters, spec_for
 from capt.arch.readout import READOUTS, ReadoutError, install_readout
+from capt.methods import MethodModel
 from pipelines.config import JobConfig, section
-from pipelines.methods import sequence_overhead
 
 LM_HEAD = "lm_head"
 """The readout of T5 and decoder-only models: the label word from the language-model head."""
@@ -76,15 +76,11 @@ def artifact_readout(info: dict[str, Any], model: nn.Module) -> str:
     return info.get("readout") or ("pooler" if head_parameters(model) else LM_HEAD)
 
 
-def adapted_span(adapted: nn.Module, model: nn.Module) -> tuple[int, int]:
+def adapted_span(adapted: MethodModel, model: nn.Module) -> tuple[int, int]:
     """[start, stop) of the positions the method of `adapted` inserts into the input of the encoder `model`
     (capsule slots, soft-prompt tokens; empty for methods that insert none)."""
-    if hasattr(adapted, "capsules"):  # capt.CapsuleModel
-        method, options = "capt", adapted.capsules[0].config.to_dict()
-    else:
-        method, options = adapted.adapter_config.method, adapted.adapter_config.to_dict()
     start = spec_for(model).slot_offset
-    return start, start + sequence_overhead(method, options)
+    return start, start + adapted.added_positions
 
 
 def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> None:

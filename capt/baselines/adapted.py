@@ -94,6 +94,11 @@ class AdaptedModel(nn.Module):
         return self.adapter_config.method
 
     @property
+    def added_positions(self) -> int:
+        """The positions this model inserts into every input (`sequence_overhead` of its config)."""
+        return self.sequence_overhead(self.adapter_config)
+
+    @property
     def family(self) -> str:
         """``"t5"``, ``"decoder"`` or ``"encoder"``."""
         return self.info.family
