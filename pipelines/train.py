@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
-from capt.tasks.levels import reference_levels
 from pipelines.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -37,10 +36,10 @@ from pipelines.config_resolve import resolve_job
 from pipelines.dataset_card import dataset_card
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.job_outputs import claim_job_folder, config_hash, finished_result
-from pipelines.job_setup import Job, build_job, num_labels, warmup_steps
+from pipelines.job_result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
+from pipelines.job_setup import Job, build_job, num_labels
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache
-from pipelines.optim_defaults import model_family, optim_default
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -216,10 +215,10 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "task": job.config.task.name, "model": job.config.model.name, "model_slug": model_slug(job.config.model.name),
         "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
         "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-                    **{f"test_{k}": v for k, v in test.items()}, **_reference_scores(job, loop)},
+                    **{f"test_{k}": v for k, v in test.items()}, **reference_scores(job, loop)},
         "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
-        "peak_memory_mb": _peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
+        "peak_memory_mb": peak_memory_mb(accelerator.device), "trainable_parameters": sum(p.numel() for p in best.values()),
         "generated_data": job.config.task.source == "generated", "dataset": dataset_card(job.config.task, job.splits),
         "processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
@@ -233,43 +232,6 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result
-
-
-def _reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
-    """What the test score is measured against: the majority class, chance and (if scored) the untrained model."""
-    scores = {f"test_{k}": v for k, v in reference_levels(job.splits.train, job.splits.test).items()}
-    if loop.untrained_score is not None:
-        scores["test_untrained_score"] = loop.untrained_score
-    return scores
-
-
-def resolved_optimizer(job: Job) -> dict[str, Any]:
-    """The optimiser and schedule the job trained with, and the table default of its method and family."""
-    optim, method = job.config.optim, job.config.method.name
-    default = optim_default(method, model_family(job.config.model.name))
-    return {"name": optim.name, "lr": optim.lr, "head_lr": optim.head_lr, "weight_decay": optim.weight_decay,
-            "schedule": optim.schedule, "warmup_steps": warmup_steps(job.config, job.total_steps),
-            "total_steps": job.total_steps,
-            "default": {"name": default.optimizer, "lr": default.lr, "source": default.source}}
-
-
-def ranks_in_sync(job: Job) -> bool:
-    """Whether every process holds the same trainable weights (DDP kept the replicas identical)."""
-    accelerator = job.accelerator
-    if accelerator.num_processes == 1:
-        return True
-    params = [p.detach().double() for p in job.trainable]
-    checksum = torch.stack([sum(p.sum() for p in params), sum(p.abs().sum() for p in params)])  # (2,)
-    gathered = accelerator.gather(checksum.to(accelerator.device).unsqueeze(0))  # (processes, 2)
-    return bool((gathered == gathered[0]).all())
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,51 @@
+"""What a finished job's result.json says beside its scores: the optimiser it ran with and its table default,
+the reference levels its test score is measured against, whether DDP kept the ranks equal, peak memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from capt.tasks.levels import reference_levels
+from pipelines.checkpoint import LoopState
+from pipelines.job_setup import Job, warmup_steps
+from pipelines.optim_defaults import model_family, optim_default
+
+
+def reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
+    """What the test score is measured against: the majority class, chance and (if scored) the untrained model."""
+    scores = {f"test_{k}": v for k, v in reference_levels(job.splits.train, job.splits.test).items()}
+    if loop.untrained_score is not None:
+        scores["test_untrained_score"] = loop.untrained_score
+    return scores
+
+
+def resolved_optimizer(job: Job) -> dict[str, Any]:
+    """The optimiser and schedule the job trained with, and the table default of its method and family."""
+    optim, method = job.config.optim, job.config.method.name
+    default = optim_default(method, model_family(job.config.model.name))
+    return {"name": optim.name, "lr": optim.lr, "head_lr": optim.head_lr, "weight_decay": optim.weight_decay,
+            "schedule": optim.schedule, "warmup_steps": warmup_steps(job.config, job.total_steps),
+            "total_steps": job.total_steps,
+            "default": {"name": default.optimizer, "lr": default.lr, "source": default.source}}
+
+
+def ranks_in_sync(job: Job) -> bool:
+    """Whether every process holds the same trainable weights (DDP kept the replicas identical)."""
+    accelerator = job.accelerator
+    if accelerator.num_processes == 1:
+        return True
+    params = [p.detach().double() for p in job.trainable]
+    checksum = torch.stack([sum(p.sum() for p in params), sum(p.abs().sum() for p in params)])  # (2,)
+    gathered = accelerator.gather(checksum.to(accelerator.device).unsqueeze(0))  # (processes, 2)
+    return bool((gathered == gathered[0]).all())
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """The process's peak memory: CUDA's allocator on a GPU, the resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
