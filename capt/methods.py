@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
+from capt.baselines.ept.config import EPTConfig
+from capt.baselines.smop.config import SMoPConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
 
@@ -98,6 +100,8 @@ METHODS: dict[str, Method] = {
     "ptuning_v2": Method(PTuningV2Config, "capt.baselines.prefix:PTuningV2Model"),
     "lora": Method(LoraConfig, "capt.baselines.lora:LoraModel"),
     "full_finetune": Method(FullFinetuneConfig, "capt.baselines.full:FullFinetuneModel"),
+    "smop": Method(SMoPConfig, "capt.baselines.smop.model:SMoPModel"),
+    "ept": Method(EPTConfig, "capt.baselines.ept.model:EPTModel"),
 }
 """Method name -> (config class, model class)."""
 

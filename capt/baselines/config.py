@@ -146,6 +146,10 @@ class FullFinetuneConfig(BaselineConfig):
     method: ClassVar[str] = "full_finetune"
 
 
+from capt.baselines.ept.config import EPTConfig  # noqa: E402 (it subclasses PromptTuningConfig, defined above)
+from capt.baselines.smop.config import SMoPConfig  # noqa: E402 (it subclasses PromptTuningConfig, defined above)
+
 CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
+    SMoPConfig, EPTConfig,
 )

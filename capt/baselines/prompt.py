@@ -66,9 +66,21 @@ class PromptTuningModel(AdaptedModel):
         """The soft prompt, (num_tokens, d)."""
         return {"prompt": self.prompt}
 
+    def current_prompt(self) -> torch.Tensor:
+        """The (num_tokens, d) soft prompt; methods that reparameterise the prompt override this."""
+        return self.prompt
+
+    def row_prompts(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
+        """(B, num_tokens, d): each row's soft prompt; one for all rows unless a method picks it per input."""
+        return self.current_prompt().to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
+
+    def offset_input_embeds(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
+        """The input token embeddings the model reads (unchanged unless a method updates them)."""
+        return embeds
+
     def _virtual_tokens(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
         """(B, V, d) virtual-token embeddings for a batch of input embeddings."""
-        prompt = self.prompt.to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
+        prompt = self.row_prompts(embeds, instance_mask)
         if not self.adapter_config.instance_token:
             return prompt
         return torch.cat([masked_mean(embeds, instance_mask).to(embeds.dtype).unsqueeze(1), prompt], dim=1)
@@ -94,7 +106,9 @@ class PromptTuningModel(AdaptedModel):
         batch, length = embeds.shape[:2]
         if attention_mask is None:
             attention_mask = torch.ones(batch, length, dtype=torch.long, device=embeds.device)
-        virtual = self._virtual_tokens(embeds, self._instance_mask(attention_mask, labels, prompt_mask))
+        instance_mask = self._instance_mask(attention_mask, labels, prompt_mask)
+        embeds = self.offset_input_embeds(embeds, instance_mask)
+        virtual = self._virtual_tokens(embeds, instance_mask)
         ones = attention_mask.new_ones(batch, self.num_virtual)
         return self._insert(embeds, virtual), self._insert(attention_mask, ones)
 

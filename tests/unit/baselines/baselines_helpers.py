@@ -13,6 +13,8 @@ from capt.baselines import (
     PromptTuningConfig,
     PTuningV2Config,
 )
+from capt.baselines.ept.config import EPTConfig
+from capt.baselines.smop.config import SMoPConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -41,6 +43,11 @@ def small_config(method: str, **overrides: Any) -> Any:
         return PTuningV2Config(**{"num_tokens": 3, **overrides})
     if method == "lora":
         return LoraConfig(**{"r": 2, **overrides})
+    if method == "smop":
+        return SMoPConfig(**{"num_tokens": 3, "num_prompts": 3, "init_std": 0.5, **overrides})
+    if method == "ept":
+        return EPTConfig(**{"num_tokens": 3, "rank": 2, "max_positions": 8, "num_spaces": 2, "space_rank": 2,
+                            "init_std": 0.5, **overrides})
     return FullFinetuneConfig(**overrides)
 
 

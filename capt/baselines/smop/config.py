@@ -1,0 +1,30 @@
+"""SMoP's typed config (no torch import: config validation stays light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
+from capt.errors import Problems
+
+
+@dataclass(frozen=True)
+class SMoPConfig(PromptTuningConfig):
+    """SMoP: ``num_prompts`` soft prompts of ``num_tokens`` vectors; a linear router picks one per input."""
+
+    method: ClassVar[str] = "smop"
+
+    num_tokens: int = 5
+    """Length of each soft prompt (the positions every input gains)."""
+    num_prompts: int = 4
+    """Number of soft prompts the router chooses from."""
+    router_noise: float = 1.0
+    """Scale of the router perturbation in training: logits + router_noise * N(0, 1) * logits (0: none)."""
+
+    def _validate(self, check: Problems) -> None:
+        super()._validate(check)
+        check.require(_is_int(self.num_prompts) and self.num_prompts >= 1, "num_prompts", self.num_prompts,
+                      "integer >= 1")
+        check.require(_is_real(self.router_noise) and self.router_noise >= 0, "router_noise", self.router_noise,
+                      "finite number >= 0 (0: no perturbation)")

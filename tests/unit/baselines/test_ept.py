@@ -1,0 +1,103 @@
+"""EPT: a short prompt fused with a low-rank input-embedding update and reweighted over gated subspaces."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from capt.baselines import apply
+from capt.baselines.ept.config import EPTConfig
+
+from . import prompt_method_checks as checks
+from .baselines_helpers import build, fixed_ids, random_batch, small_config
+
+CONFIG = small_config("ept")
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+@pytest.mark.slow
+def test_trains_only_its_parameters(kind: str) -> None:
+    checks.trains_only_its_parameters(kind, CONFIG, lr=0.05)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_parameter_count_matches_the_formula(kind: str) -> None:
+    adapted = apply(build(kind), CONFIG)
+    d, c = adapted.info.hidden_size, CONFIG
+    expected = (c.num_tokens * d + c.max_positions * c.rank + c.rank * d
+                + c.num_spaces * 2 * d * c.space_rank + c.num_spaces * d)
+    assert adapted.num_trainable_parameters() == expected == 96 + 16 + 64 + 256 + 64
+    assert adapted.added_positions == c.num_tokens
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_round_trip_is_exact(kind: str, tmp_path: Path) -> None:
+    checks.round_trip_is_exact(kind, CONFIG, tmp_path)
+
+
+def test_wrong_base_and_corrupt_file_are_refused(tmp_path: Path) -> None:
+    checks.wrong_base_and_corrupt_file_are_refused(CONFIG, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama"])
+def test_cached_generate_equals_uncached_greedy(kind: str) -> None:
+    checks.cached_generate_equals_uncached_greedy(kind, CONFIG)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_detach_restores_the_base(kind: str) -> None:
+    checks.detach_restores_the_base(kind, CONFIG)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_starts_as_prompt_tuning_with_its_short_prompt(kind: str) -> None:
+    ept = apply(build(kind), CONFIG)
+    plain = apply(build(kind), small_config("prompt_tuning", num_tokens=CONFIG.num_tokens))
+    with torch.no_grad():
+        plain.prompt.copy_(ept.prompt)
+        batch = random_batch(kind)
+        torch.testing.assert_close(ept(**batch).logits, plain(**batch).logits, rtol=0, atol=0)
+
+
+def test_reconstructed_prompt_follows_fusion_then_gated_projection() -> None:
+    adapted = apply(build("t5"), CONFIG)
+    checks.perturb(adapted)
+    with torch.no_grad():
+        update = adapted.embed_a @ adapted.embed_b
+        short = adapted.prompt
+        fused = short + torch.softmax(short @ update.t() / math.sqrt(short.shape[1]), dim=-1) @ update
+        gates = torch.softmax(adapted.gate @ fused.mean(dim=0), dim=-1)
+        expected = fused + sum(gates[i] * fused @ adapted.space_down[i] @ adapted.space_up[i]
+                               for i in range(CONFIG.num_spaces))
+        torch.testing.assert_close(adapted.current_prompt(), expected)
+        assert not torch.allclose(expected, short, atol=1e-3)
+
+
+def test_low_rank_update_touches_prompt_tokens_below_max_positions_only() -> None:
+    adapted = apply(build("llama"), CONFIG)
+    checks.perturb(adapted)
+    ids = fixed_ids(batch=2, length=12)
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    labels[:, :5] = -100  # positions 0-4 are the prompt, 5-11 the answer
+    with torch.no_grad():
+        embeds, _ = adapted.extend_inputs(ids, mask, labels=labels)
+        plain = adapted.embed(ids)
+        update = adapted.embed_a @ adapted.embed_b
+    real = embeds[:, CONFIG.num_tokens:]
+    torch.testing.assert_close(real[:, :5], plain[:, :5] + update[:5])
+    torch.testing.assert_close(real[:, 5:], plain[:, 5:], rtol=0, atol=0)
+    with torch.no_grad():  # without labels every token is prompt; positions from max_positions on are not updated
+        embeds, _ = adapted.extend_inputs(ids, mask)
+    real = embeds[:, CONFIG.num_tokens:]
+    torch.testing.assert_close(real[:, :8], plain[:, :8] + update)
+    torch.testing.assert_close(real[:, 8:], plain[:, 8:], rtol=0, atol=0)
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match=r"rank.*integer >= 1") as error:
+        EPTConfig(rank=0, num_spaces=-1)
+    assert "num_spaces" in str(error.value)

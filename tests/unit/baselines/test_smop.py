@@ -1,0 +1,113 @@
+"""SMoP: k short prompts, a linear router picking one per input row (top-1, scaled by its probability)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from capt.baselines import apply
+from capt.baselines.smop.config import SMoPConfig
+from capt.capsule import masked_mean
+
+from . import prompt_method_checks as checks
+from .baselines_helpers import build, fixed_ids, small_config
+
+CONFIG = small_config("smop")
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+@pytest.mark.slow
+def test_trains_only_its_parameters(kind: str) -> None:
+    checks.trains_only_its_parameters(kind, CONFIG, lr=0.1)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_parameter_count_is_prompts_plus_router(kind: str) -> None:
+    adapted = apply(build(kind), CONFIG)
+    d, k, n = adapted.info.hidden_size, CONFIG.num_prompts, CONFIG.num_tokens
+    assert adapted.num_trainable_parameters() == k * n * d + k * d == 3 * 3 * 32 + 3 * 32
+    assert adapted.added_positions == n
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_round_trip_is_exact(kind: str, tmp_path: Path) -> None:
+    checks.round_trip_is_exact(kind, CONFIG, tmp_path)
+
+
+def test_wrong_base_and_corrupt_file_are_refused(tmp_path: Path) -> None:
+    checks.wrong_base_and_corrupt_file_are_refused(CONFIG, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama"])
+@pytest.mark.parametrize("instance_token", [False, True])
+def test_cached_generate_equals_uncached_greedy(kind: str, instance_token: bool) -> None:
+    checks.cached_generate_equals_uncached_greedy(kind, small_config("smop", instance_token=instance_token))
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
+def test_detach_restores_the_base(kind: str) -> None:
+    checks.detach_restores_the_base(kind, CONFIG)
+
+
+def _routed_apart(kind: str):
+    """An SMoP model whose router sends the rows of `fixed_ids(6)` to at least two different prompts."""
+    adapted = apply(build(kind), CONFIG)
+    adapted.eval()
+    ids = fixed_ids(batch=6, length=5)
+    pooled = masked_mean(adapted.embed(ids), torch.ones_like(ids))
+    with torch.no_grad():
+        adapted.router.copy_(pooled[:3] * 20)  # prompt j's logit is large for inputs like row j
+    return adapted, ids
+
+
+def test_each_row_gets_its_top_prompt_scaled_by_its_probability() -> None:
+    adapted, ids = _routed_apart("t5")
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        probs = adapted.routing_probabilities(adapted.embed(ids), mask)
+        embeds, _ = adapted.extend_inputs(ids, mask)
+    weight, index = probs.max(dim=-1)
+    assert len(set(index.tolist())) >= 2, "the constructed router must route rows apart"
+    expected = adapted.prompt[index] * weight[:, None, None]
+    torch.testing.assert_close(embeds[:, : CONFIG.num_tokens], expected)
+    torch.testing.assert_close(embeds[:, CONFIG.num_tokens:], adapted.embed(ids))
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama"])
+def test_a_row_is_routed_the_same_alone_or_in_a_batch(kind: str) -> None:
+    adapted, ids = _routed_apart(kind)
+    extra = {"decoder_input_ids": ids[:, :2]} if kind == "t5" else {}
+    with torch.no_grad():
+        together = adapted(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits
+        for row in range(ids.shape[0]):
+            one = {key: value[row : row + 1] for key, value in extra.items()}
+            alone = adapted(input_ids=ids[row : row + 1], attention_mask=torch.ones_like(ids[row : row + 1]), **one)
+            torch.testing.assert_close(alone.logits, together[row : row + 1], rtol=1e-5, atol=1e-5)
+
+
+def test_router_is_perturbed_in_training_only() -> None:
+    ids = fixed_ids(batch=4, length=5)
+    mask = torch.ones_like(ids)
+
+    def probabilities(adapted, train: bool) -> torch.Tensor:
+        adapted.train(train)
+        with torch.no_grad():
+            return adapted.routing_probabilities(adapted.embed(ids), mask)
+
+    adapted = apply(build("llama"), CONFIG)
+    torch.manual_seed(0)
+    assert torch.equal(probabilities(adapted, False), probabilities(adapted, False))
+    assert not torch.equal(probabilities(adapted, True), probabilities(adapted, True))
+    still = apply(build("llama"), small_config("smop", router_noise=0.0))
+    assert torch.equal(probabilities(still, True), probabilities(still, False))
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match=r"num_prompts.*integer >= 1"):
+        SMoPConfig(num_prompts=0)
+    with pytest.raises(ValueError, match=r"router_noise.*finite number >= 0"):
+        SMoPConfig(router_noise=-1.0)
+    with pytest.raises(ValueError, match="experts"):
+        SMoPConfig.from_dict({"experts": 4})
