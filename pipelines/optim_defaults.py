@@ -40,6 +40,10 @@ _PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper pre
             "CaPT paper's optimiser for prompt methods (Adafactor)")
 _LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
 _LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_SMOP_T5 = ("SMoP (Choi et al. 2023; its code's README command for T5-base SuperGLUE): Adafactor at lr 0.5, "
+            "weight decay 1e-5, batch 32, 50 epochs, 6 % linear warm-up")
+_EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; prompt tuning's T5 value (Lester et "
+           "al. 2021), one lr for the prompt and the low-rank matrices (DePT gives the latter a smaller second lr)")
 
 OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
@@ -62,6 +66,12 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                "selects it (the BERT paper's top value, as for encoders)"),
     ("full_finetune", "encoder"): OptimDefault("adamw", 5e-5, "BERT (Devlin et al. 2019) fine-tunes with Adam at "
                                                "lr in {5e-5, 3e-5, 2e-5}"),
+    ("smop", "t5"): OptimDefault("adafactor", 0.5, _SMOP_T5),
+    ("smop", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("smop", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("ept", "t5"): OptimDefault("adafactor", 0.3, _EPT_T5),
+    ("ept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("ept", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
 }
 
 

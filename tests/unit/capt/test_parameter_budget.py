@@ -41,3 +41,22 @@ def test_low_rank_project_fusion_budget_on_t5_base(rank):
     trainable = sum(p.numel() for p in capsule_model.trainable_parameters())
     assert trainable == layers * hidden + layers * 2 * rank * hidden
     assert trainable == {4: 12 * 768 + 73_728, 64: 12 * 768 + 1_179_648}[rank]
+
+
+def _baseline_count_on_t5_base(method: str) -> int:
+    from capt.methods import METHODS, apply_method
+
+    model, _, _ = _meta_model("t5-base")
+    return sum(p.numel() for p in apply_method(model, METHODS[method].build_config({})).trainable_parameters())
+
+
+def test_smop_budget_on_t5_base():
+    # SMoP (Choi et al. 2023), its default 4 prompts x 5 tokens: 4*5*768 prompt + 4*768 router. The paper states no
+    # count we could read; it is about a quarter of 100-token prompt tuning's 76,800.
+    assert _baseline_count_on_t5_base("smop") == 4 * 5 * 768 + 4 * 768 == 18_432
+
+
+def test_ept_budget_on_t5_base():
+    # EPT (Lan et al. 2025) at this module's defaults (l=60, r=30, s=256, 4 subspaces of rank 4): the paper's own
+    # count could not be read here. 60*768 + 256*30 + 30*768 (DePT's 76,800) + 4*2*768*4 + 4*768.
+    assert _baseline_count_on_t5_base("ept") == 76_800 + 4 * 2 * 768 * 4 + 4 * 768 == 104_448

@@ -18,6 +18,8 @@ from pipelines.train import run
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}
 LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
+OPTIONS |= {"smop": {"num_tokens": 4, "num_prompts": 2},
+            "ept": {"num_tokens": 4, "rank": 4, "max_positions": 96, "num_spaces": 2, "space_rank": 2}}
 
 
 @pytest.mark.parametrize("model", MODELS)
