@@ -6,7 +6,8 @@ read here, so the equations below are this module's reading of that text):
 - Prompt decomposition: the soft prompt becomes a shorter prompt P_s (l × d) plus two low-rank matrices
   A (s × r), B (r × d) whose product updates the frozen input token embeddings (DePT's decomposition).
 - Prompt fusion: the low-rank matrices and the short prompt are "additional knowledge sources" that enrich the
-  short prompt's semantics, through attention.
+  short prompt's semantics; the module captures the knowledge difference between the low-rank matrices and the
+  short prompt, through attention.
 - Multi-space projection: the prompt is projected into several subspaces whose combination weights a gating
   network learns; the reconstructed prompt replaces the original one at the input.
 
