@@ -42,8 +42,9 @@ _LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
 _LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
 _ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
 _ADAPTER_OTHER = _ADAPTER + "; not tuned for this family (placeholder until the learning benchmark selects it)"
-_DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), soft-prompt lr in "
-            "{3e-1, 4e-1}; the low-rank matrices train at method.options.embedding_lr (searched in {5e-4, 5e-3, 3e-1})")
+_DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), batch 32, soft-prompt lr "
+            "searched in {3e-1, 4e-1, 5e-1}; the low-rank matrices train at method.options.embedding_lr (searched in "
+            "{1e-4, 5e-4, 1e-3, 5e-3})")
 
 OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
