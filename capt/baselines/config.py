@@ -146,6 +146,12 @@ class FullFinetuneConfig(BaselineConfig):
     method: ClassVar[str] = "full_finetune"
 
 
+# The per-method config modules import this one's base classes, so they are imported after them.
+from capt.baselines.adapter.config import AdapterConfig  # noqa: E402
+from capt.baselines.dept.config import DeptConfig  # noqa: E402
+
 CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
+    AdapterConfig,
+    DeptConfig,
 )

@@ -13,6 +13,8 @@ from capt.baselines import (
     PromptTuningConfig,
     PTuningV2Config,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -41,6 +43,10 @@ def small_config(method: str, **overrides: Any) -> Any:
         return PTuningV2Config(**{"num_tokens": 3, **overrides})
     if method == "lora":
         return LoraConfig(**{"r": 2, **overrides})
+    if method == "adapter":
+        return AdapterConfig(**{"bottleneck": 4, **overrides})
+    if method == "dept":
+        return DeptConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "init_std": 0.5, **overrides})
     return FullFinetuneConfig(**overrides)
 
 

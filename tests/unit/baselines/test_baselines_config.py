@@ -15,13 +15,17 @@ from capt.baselines import (
     apply,
     detect_family,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
 
 from .baselines_helpers import build
 
 
 def test_methods_map_names_to_config_classes() -> None:
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
-                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig} == METHODS
+                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
+                       "adapter": AdapterConfig,
+                       "dept": DeptConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name
         assert cls.from_dict(cls().to_dict()) == cls()

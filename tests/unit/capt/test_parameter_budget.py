@@ -41,3 +41,29 @@ def test_low_rank_project_fusion_budget_on_t5_base(rank):
     trainable = sum(p.numel() for p in capsule_model.trainable_parameters())
     assert trainable == layers * hidden + layers * 2 * rank * hidden
     assert trainable == {4: 12 * 768 + 73_728, 64: 12 * 768 + 1_179_648}[rank]
+
+
+def test_adapter_budget_on_t5_base_matches_the_t5_papers_adapter_row():
+    """The T5-Base comparison tables (Mahabadi et al. 2021, Compacter; Asai et al. 2022, ATTEMPT; DePT's Table 1,
+    which quotes them) report Adapter at 1.9M parameters: m = 24 (d/32) after self-attention and feed-forward in
+    all 24 blocks plus the 62 layer norms give 1,855,104, 0.832 % of T5-Base."""
+    from capt.baselines.adapter.config import AdapterConfig
+    from capt.methods import apply_method
+
+    model, _, hidden = _meta_model("t5-base")
+    adapted = apply_method(model, AdapterConfig())
+    trainable = sum(p.numel() for p in adapted.trainable_parameters())
+    assert trainable == 48 * (2 * hidden * 24 + 24 + hidden) + 62 * hidden == 1_855_104
+    assert round(100 * trainable / PUBLIC_TOTALS["t5-base"], 3) == 0.832
+
+
+def test_dept_budget_on_t5_base_equals_100_token_prompt_tuning():
+    """Shi & Lipani 2024 (DePT, Section 4 / Table 1) keep prompt tuning's 100-token budget on T5-Base, 76,800
+    parameters (0.076M): m = 60, r = 30 at s = 256."""
+    from capt.baselines.dept.config import DeptConfig
+    from capt.methods import apply_method
+
+    model, _, hidden = _meta_model("t5-base")
+    adapted = apply_method(model, DeptConfig())
+    trainable = sum(p.numel() for p in adapted.trainable_parameters())
+    assert trainable == 60 * hidden + 30 * (256 + hidden) == 100 * hidden == 76_800
