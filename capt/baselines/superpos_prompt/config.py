@@ -26,7 +26,7 @@ class SuperPosPromptConfig(BaselineConfig):
     sample_seed: int = 0
     """Seed of the draw of the m token ids (the ids are also stored in the artifact)."""
     base_dropout: bool = False
-    """Keep the frozen base model's dropout during training; false sets it to 0 (the paper's advice)."""
+    """Keep the frozen base model's dropout during training; false keeps the base in eval mode (the paper's advice)."""
 
     def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,

@@ -15,9 +15,10 @@ Trainable parameters: n m + m d (n m with ``train_embeddings: false``).
 
 Sizes the paper reports for T5-Base: prompt length 10, m = 128 sampled embeddings (its ablation over m
 plateaus at 128). The paper also finds that training converges faster and better with the frozen network's
-dropout off; ``base_dropout: false`` (the default) sets every ``nn.Dropout`` of the base model to p = 0 while
-the method is attached (attention dropout included, which the BERT and T5 modules read from their Dropout
-modules) and restores the rates on ``detach``.
+dropout off; ``base_dropout: false`` (the default) keeps the frozen base model in eval mode while the wrapper
+trains (``train()`` switches only the method's own modules), which removes every dropout of the base, including
+the attention dropout that T5 and Llama apply functionally from their configs. The base model's own
+gradient checkpointing, which Hugging Face models run only in training mode, is off with it.
 
 Choices where the paper is silent or we read it so: one set of m sampled embeddings shared by all prompt tokens
 (each token has its own weights); W is initialised N(0, 1/m), so that a prompt token starts with about the
@@ -55,10 +56,6 @@ class SuperPosPromptModel(PromptTuningModel):
     """Prompt tuning with P = W E over m sampled vocabulary embeddings E."""
 
     adapter_config: SuperPosPromptConfig
-
-    def __init__(self, base: nn.Module, config: SuperPosPromptConfig) -> None:
-        super().__init__(base, config)
-        self._dropout_rates = [] if config.base_dropout else _switch_off_dropout(base)
 
     def _build_prompt(self, config: SuperPosPromptConfig) -> None:
         weight = self.embed.weight
@@ -103,14 +100,9 @@ class SuperPosPromptModel(PromptTuningModel):
         super().load_adapter_state_dict(state)
         self.token_ids.copy_(ids.to(self.token_ids.device))
 
-    def _release(self) -> None:
-        for module, rate in self._dropout_rates:
-            module.p = rate
-
-
-def _switch_off_dropout(base: nn.Module) -> list[tuple[nn.Dropout, float]]:
-    """Set every dropout of ``base`` to p = 0; the (module, former rate) pairs, to restore on detach."""
-    rates = [(module, module.p) for module in base.modules() if isinstance(module, nn.Dropout)]
-    for module, _ in rates:
-        module.p = 0.0
-    return rates
+    def train(self, mode: bool = True) -> SuperPosPromptModel:
+        """Set training mode; without ``base_dropout`` the frozen base model stays in eval mode (no dropout)."""
+        super().train(mode)
+        if not self.adapter_config.base_dropout:
+            self.base.eval()
+        return self
