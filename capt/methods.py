@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from capt.baselines.adapter.config import AdapterConfig
 from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
 from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
 
@@ -106,6 +109,9 @@ METHODS: dict[str, Method] = {
     "full_finetune": Method(FullFinetuneConfig, "capt.baselines.full:FullFinetuneModel"),
     "adapter": Method(AdapterConfig, "capt.baselines.adapter.model:AdapterModel"),
     "dept": Method(DeptConfig, "capt.baselines.dept.model:DeptModel"),
+    "residual_prompt": Method(ResidualPromptConfig, "capt.baselines.residual_prompt.model:ResidualPromptModel"),
+    "superpos_prompt": Method(SuperPosPromptConfig, "capt.baselines.superpos_prompt.model:SuperPosPromptModel"),
+    "vfpt": Method(VfptConfig, "capt.baselines.vfpt.model:VfptModel"),
 }
 """Method name -> (config class, model class)."""
 

@@ -124,6 +124,10 @@ class AdaptedModel(nn.Module):
         """Number of scalars in ``trainable_parameters()``."""
         return sum(p.numel() for p in self.trainable_parameters())
 
+    def artifact_config(self) -> BaselineConfig:
+        """The config an artifact of this model records: its own, unless training-only parts are dropped on save."""
+        return self.adapter_config
+
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """Detached, contiguous CPU copies of the adapter tensors, keyed as in ``adapter_parameters``."""
         return {k: p.detach().to("cpu").contiguous().clone() for k, p in self.adapter_parameters().items()}

@@ -15,6 +15,9 @@ from capt.baselines import (
 )
 from capt.baselines.adapter.config import AdapterConfig
 from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -47,6 +50,12 @@ def small_config(method: str, **overrides: Any) -> Any:
         return AdapterConfig(**{"bottleneck": 4, **overrides})
     if method == "dept":
         return DeptConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "init_std": 0.5, **overrides})
+    if method == "residual_prompt":
+        return ResidualPromptConfig(**{"num_tokens": 4, "bottleneck": 8, "init": "normal", "init_std": 0.5, **overrides})
+    if method == "superpos_prompt":
+        return SuperPosPromptConfig(**{"num_tokens": 4, "num_sampled": 16, **overrides})
+    if method == "vfpt":
+        return VfptConfig(**{"num_tokens": 4, "init_std": 0.5, **overrides})
     return FullFinetuneConfig(**overrides)
 
 

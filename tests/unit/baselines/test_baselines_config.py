@@ -17,6 +17,9 @@ from capt.baselines import (
 )
 from capt.baselines.adapter.config import AdapterConfig
 from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 
 from .baselines_helpers import build
 
@@ -25,7 +28,10 @@ def test_methods_map_names_to_config_classes() -> None:
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
                        "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
                        "adapter": AdapterConfig,
-                       "dept": DeptConfig} == METHODS
+                       "dept": DeptConfig,
+                       "residual_prompt": ResidualPromptConfig,
+                       "superpos_prompt": SuperPosPromptConfig,
+                       "vfpt": VfptConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name
         assert cls.from_dict(cls().to_dict()) == cls()

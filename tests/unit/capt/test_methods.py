@@ -23,6 +23,9 @@ SMALL_OPTIONS = {
     "full_finetune": {},
     "adapter": {"bottleneck": 2},
     "dept": {"num_tokens": 2, "rank": 2, "max_length": 16},
+    "residual_prompt": {"num_tokens": 2, "bottleneck": 4},
+    "superpos_prompt": {"num_tokens": 2, "num_sampled": 8, "instance_token": True},
+    "vfpt": {"num_tokens": 3},
 }
 
 
@@ -61,7 +64,8 @@ def test_sequence_overhead_is_the_positions_each_method_adds():
                  for name, options in SMALL_OPTIONS.items()}
     assert overheads == {"capt": 1, "prompt_tuning": 4, "ptuning_v2": 0, "lora": 0, "full_finetune": 0,
                          "adapter": 0,
-                         "dept": 2}
+                         "dept": 2,
+                         "residual_prompt": 2, "superpos_prompt": 3, "vfpt": 3}
     prepend = METHODS["capt"].build_config({"fusion": "prepend", "length": 2})
     assert METHODS["capt"].model_class.sequence_overhead(prepend) == 3
 

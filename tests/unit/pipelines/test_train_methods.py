@@ -21,6 +21,9 @@ LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
 OPTIONS["adapter"] = {"bottleneck": 8}
 LEARNING_RATES["adapter"] = 1e-2
 OPTIONS["dept"] = {"num_tokens": 4, "rank": 4, "max_length": 96}
+OPTIONS["residual_prompt"] = {"num_tokens": 4, "bottleneck": 16}
+OPTIONS["superpos_prompt"] = {"num_tokens": 4, "num_sampled": 32}
+OPTIONS["vfpt"] = {"num_tokens": 4}
 
 
 @pytest.mark.parametrize("model", MODELS)
