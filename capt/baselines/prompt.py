@@ -44,7 +44,7 @@ class PromptTuningModel(AdaptedModel):
         super().__init__(base, config)
         self.freeze_base()
         self.embed = base.get_input_embeddings()
-        self.prompt = nn.Parameter(self._initial_prompt(config))
+        self._build_prompt(config)
         self.num_virtual = self.sequence_overhead(config)
         self.insert_at = self.spec.slot_offset  # BERT: after [CLS], so the pooler still reads [CLS]
         logger.info("prompt tuning on %s: %d virtual tokens (instance token: %s)",
@@ -54,6 +54,14 @@ class PromptTuningModel(AdaptedModel):
     def sequence_overhead(cls, config: PromptTuningConfig) -> int:
         """The virtual tokens: the soft prompt plus the optional instance token."""
         return config.num_tokens + int(config.instance_token)
+
+    def _build_prompt(self, config: PromptTuningConfig) -> None:
+        """Create the parameters that produce the soft prompt (here the prompt itself; subclasses reparameterise)."""
+        self.prompt = nn.Parameter(self._initial_prompt(config))
+
+    def current_prompt(self) -> torch.Tensor:
+        """The (num_tokens, d) soft prompt the virtual tokens carry (subclasses compute it from their parameters)."""
+        return self.prompt
 
     def _initial_prompt(self, config: PromptTuningConfig) -> torch.Tensor:
         weight = self.embed.weight
@@ -66,17 +74,10 @@ class PromptTuningModel(AdaptedModel):
         """The soft prompt, (num_tokens, d)."""
         return {"prompt": self.prompt}
 
-    def current_prompt(self) -> torch.Tensor:
-        """The (num_tokens, d) soft prompt; methods that reparameterise the prompt override this."""
-        return self.prompt
-
     def row_prompts(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
-        """(B, num_tokens, d): each row's soft prompt; one for all rows unless a method picks it per input."""
+        """(B, num_tokens, d): each row's soft prompt; `current_prompt` for every row unless a method picks one
+        per input (SMoP) from the row's input embeddings and the mask the instance token averages over."""
         return self.current_prompt().to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
-
-    def offset_input_embeds(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
-        """The input token embeddings the model reads (unchanged unless a method updates them)."""
-        return embeds
 
     def _virtual_tokens(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
         """(B, V, d) virtual-token embeddings for a batch of input embeddings."""
@@ -106,9 +107,7 @@ class PromptTuningModel(AdaptedModel):
         batch, length = embeds.shape[:2]
         if attention_mask is None:
             attention_mask = torch.ones(batch, length, dtype=torch.long, device=embeds.device)
-        instance_mask = self._instance_mask(attention_mask, labels, prompt_mask)
-        embeds = self.offset_input_embeds(embeds, instance_mask)
-        virtual = self._virtual_tokens(embeds, instance_mask)
+        virtual = self._virtual_tokens(embeds, self._instance_mask(attention_mask, labels, prompt_mask))
         ones = attention_mask.new_ones(batch, self.num_virtual)
         return self._insert(embeds, virtual), self._insert(attention_mask, ones)
 

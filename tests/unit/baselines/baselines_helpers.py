@@ -13,8 +13,13 @@ from capt.baselines import (
     PromptTuningConfig,
     PTuningV2Config,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
 from capt.baselines.ept.config import EPTConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
 from capt.baselines.smop.config import SMoPConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -43,10 +48,20 @@ def small_config(method: str, **overrides: Any) -> Any:
         return PTuningV2Config(**{"num_tokens": 3, **overrides})
     if method == "lora":
         return LoraConfig(**{"r": 2, **overrides})
+    if method == "adapter":
+        return AdapterConfig(**{"bottleneck": 4, **overrides})
+    if method == "dept":
+        return DeptConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "init_std": 0.5, **overrides})
+    if method == "residual_prompt":
+        return ResidualPromptConfig(**{"num_tokens": 4, "bottleneck": 8, "init": "normal", "init_std": 0.5, **overrides})
+    if method == "superpos_prompt":
+        return SuperPosPromptConfig(**{"num_tokens": 4, "num_sampled": 16, **overrides})
+    if method == "vfpt":
+        return VfptConfig(**{"num_tokens": 4, "init_std": 0.5, **overrides})
     if method == "smop":
         return SMoPConfig(**{"num_tokens": 3, "num_prompts": 3, "init_std": 0.5, **overrides})
     if method == "ept":
-        return EPTConfig(**{"num_tokens": 3, "rank": 2, "max_positions": 8, "num_spaces": 2, "space_rank": 2,
+        return EPTConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "num_spaces": 2, "space_rank": 2,
                             "init_std": 0.5, **overrides})
     return FullFinetuneConfig(**overrides)
 

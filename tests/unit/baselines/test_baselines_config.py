@@ -15,16 +15,26 @@ from capt.baselines import (
     apply,
     detect_family,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
 from capt.baselines.ept.config import EPTConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
 from capt.baselines.smop.config import SMoPConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 
 from .baselines_helpers import build
 
 
 def test_methods_map_names_to_config_classes() -> None:
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
-                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig}.items() <= METHODS.items()
-    assert {"smop": SMoPConfig, "ept": EPTConfig}.items() <= METHODS.items()
+                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
+                       "adapter": AdapterConfig,
+                       "dept": DeptConfig,
+                       "residual_prompt": ResidualPromptConfig,
+                       "superpos_prompt": SuperPosPromptConfig,
+                       "vfpt": VfptConfig,
+                       "smop": SMoPConfig, "ept": EPTConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name
         assert cls.from_dict(cls().to_dict()) == cls()

@@ -12,7 +12,7 @@ from capt.baselines import apply
 from capt.baselines.ept.config import EPTConfig
 
 from . import prompt_method_checks as checks
-from .baselines_helpers import build, fixed_ids, random_batch, small_config
+from .baselines_helpers import build, random_batch, small_config
 
 CONFIG = small_config("ept")
 
@@ -27,9 +27,9 @@ def test_trains_only_its_parameters(kind: str) -> None:
 def test_parameter_count_matches_the_formula(kind: str) -> None:
     adapted = apply(build(kind), CONFIG)
     d, c = adapted.info.hidden_size, CONFIG
-    expected = (c.num_tokens * d + c.max_positions * c.rank + c.rank * d
+    expected = (c.num_tokens * d + c.max_length * c.rank + c.rank * d
                 + c.num_spaces * 2 * d * c.space_rank + c.num_spaces * d)
-    assert adapted.num_trainable_parameters() == expected == 96 + 16 + 64 + 256 + 64
+    assert adapted.num_trainable_parameters() == expected == 96 + 32 + 64 + 256 + 64
     assert adapted.added_positions == c.num_tokens
 
 
@@ -66,7 +66,7 @@ def test_reconstructed_prompt_follows_fusion_then_gated_projection() -> None:
     adapted = apply(build("t5"), CONFIG)
     checks.perturb(adapted)
     with torch.no_grad():
-        update = adapted.embed_a @ adapted.embed_b
+        update = adapted.embedding_a @ adapted.embedding_b * CONFIG.alpha / math.sqrt(CONFIG.rank)
         short = adapted.prompt
         fused = short + torch.softmax(short @ update.t() / math.sqrt(short.shape[1]), dim=-1) @ update
         gates = torch.softmax(adapted.gate @ fused.mean(dim=0), dim=-1)
@@ -76,25 +76,13 @@ def test_reconstructed_prompt_follows_fusion_then_gated_projection() -> None:
         assert not torch.allclose(expected, short, atol=1e-3)
 
 
-def test_low_rank_update_touches_prompt_tokens_below_max_positions_only() -> None:
-    adapted = apply(build("llama"), CONFIG)
-    checks.perturb(adapted)
-    ids = fixed_ids(batch=2, length=12)
-    mask = torch.ones_like(ids)
-    labels = ids.clone()
-    labels[:, :5] = -100  # positions 0-4 are the prompt, 5-11 the answer
-    with torch.no_grad():
-        embeds, _ = adapted.extend_inputs(ids, mask, labels=labels)
-        plain = adapted.embed(ids)
-        update = adapted.embed_a @ adapted.embed_b
-    real = embeds[:, CONFIG.num_tokens:]
-    torch.testing.assert_close(real[:, :5], plain[:, :5] + update[:5])
-    torch.testing.assert_close(real[:, 5:], plain[:, 5:], rtol=0, atol=0)
-    with torch.no_grad():  # without labels every token is prompt; positions from max_positions on are not updated
-        embeds, _ = adapted.extend_inputs(ids, mask)
-    real = embeds[:, CONFIG.num_tokens:]
-    torch.testing.assert_close(real[:, :8], plain[:, :8] + update)
-    torch.testing.assert_close(real[:, 8:], plain[:, 8:], rtol=0, atol=0)
+def test_low_rank_matrices_train_at_the_embedding_lr_and_the_rest_at_the_jobs() -> None:
+    adapted = apply(build("t5"), small_config("ept", embedding_lr=1e-3))
+    (own, own_lr), (low_rank, low_rank_lr) = adapted.parameter_groups()
+    assert own_lr is None and low_rank_lr == 1e-3
+    assert [id(p) for p in low_rank] == [id(adapted.embedding_a), id(adapted.embedding_b)]
+    assert {id(p) for p in own + low_rank} == {id(p) for p in adapted.trainable_parameters()}
+    assert len(own) + len(low_rank) == len(list(adapted.trainable_parameters()))
 
 
 def test_bad_options_are_named() -> None:
