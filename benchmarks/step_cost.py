@@ -38,6 +38,9 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "full_finetune": ("full_finetune", {}),
     "adapter-24": ("adapter", {"bottleneck": 24}),
     "dept-60-r30": ("dept", {"num_tokens": 60, "rank": 30, "max_length": 256}),
+    "residual_prompt-10": ("residual_prompt", {"num_tokens": 10}),
+    "superpos_prompt-10": ("superpos_prompt", {"num_tokens": 10, "num_sampled": 128}),
+    "vfpt-100": ("vfpt", {"num_tokens": 100, "fourier_fraction": 0.5}),
 }
 """Row label -> (pipeline method name, method options)."""
 NOTES = [
