@@ -55,8 +55,8 @@ _VFPT_T5 = ("not tuned: VFPT (Zeng et al. 2024) has no text-model runs; the prom
             "2021: Adafactor at lr 0.3)")
 _SMOP_T5 = ("SMoP (Choi et al. 2023; its code's README command for T5-base SuperGLUE): Adafactor at lr 0.5, "
             "weight decay 1e-5, batch 32, 50 epochs, 6 % linear warm-up")
-_EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; prompt tuning's T5 value (Lester et "
-           "al. 2021), one lr for the prompt and the low-rank matrices (DePT gives the latter a smaller second lr)")
+_EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; DePT's T5-Base values, whose "
+           "decomposition EPT builds on: " + _DEPT_T5)
 
 OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
@@ -97,9 +97,9 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("smop", "t5"): OptimDefault("adafactor", 0.5, _SMOP_T5),
     ("smop", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
     ("smop", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
-    ("ept", "t5"): OptimDefault("adafactor", 0.3, _EPT_T5),
-    ("ept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
-    ("ept", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("ept", "t5"): OptimDefault("adamw", 0.3, _EPT_T5),
+    ("ept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for DePT"),
+    ("ept", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for DePT"),
 }
 
 

@@ -12,6 +12,7 @@ from capt.baselines.smop.config import SMoPConfig
 from capt.capsule import masked_mean
 
 from . import prompt_method_checks as checks
+from . import soft_prompt_checks as shared
 from .baselines_helpers import build, fixed_ids, small_config
 
 CONFIG = small_config("smop")
@@ -33,22 +34,23 @@ def test_parameter_count_is_prompts_plus_router(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
 def test_round_trip_is_exact(kind: str, tmp_path: Path) -> None:
-    checks.round_trip_is_exact(kind, CONFIG, tmp_path)
+    saved, loaded = shared.round_trip(kind, CONFIG, tmp_path / "artifact")
+    assert loaded.adapter_config == saved.adapter_config and not loaded.training  # routes without perturbation
 
 
 def test_wrong_base_and_corrupt_file_are_refused(tmp_path: Path) -> None:
-    checks.wrong_base_and_corrupt_file_are_refused(CONFIG, tmp_path)
+    shared.refuses_wrong_base_and_corrupt_files(CONFIG, tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["t5", "llama"])
 @pytest.mark.parametrize("instance_token", [False, True])
 def test_cached_generate_equals_uncached_greedy(kind: str, instance_token: bool) -> None:
-    checks.cached_generate_equals_uncached_greedy(kind, small_config("smop", instance_token=instance_token))
+    checks.cached_generate_equals_greedy_over_the_prompt(kind, small_config("smop", instance_token=instance_token))
 
 
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
 def test_detach_restores_the_base(kind: str) -> None:
-    checks.detach_restores_the_base(kind, CONFIG)
+    shared.detach_restores_base(kind, CONFIG)
 
 
 def _routed_apart(kind: str):
