@@ -41,6 +41,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "residual_prompt-10": ("residual_prompt", {"num_tokens": 10}),
     "superpos_prompt-10": ("superpos_prompt", {"num_tokens": 10, "num_sampled": 128}),
     "vfpt-100": ("vfpt", {"num_tokens": 100, "fourier_fraction": 0.5}),
+    "smop-4x5": ("smop", {"num_tokens": 5, "num_prompts": 4}),
+    "ept-60-r30": ("ept", {"num_tokens": 60, "rank": 30, "max_length": 256}),
 }
 """Row label -> (pipeline method name, method options)."""
 NOTES = [
