@@ -146,6 +146,9 @@ class FullFinetuneConfig(BaselineConfig):
     method: ClassVar[str] = "full_finetune"
 
 
+from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402 (needs BaselineConfig above; no torch)
+
 CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
+    XPromptConfig,
 )
