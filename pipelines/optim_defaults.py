@@ -40,6 +40,8 @@ _PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper pre
             "CaPT paper's optimiser for prompt methods (Adafactor)")
 _LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
 _LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_XPROMPT_T5 = ("XPrompt (Ma et al. 2022) trains its prompt as prompt tuning does (Lester et al. 2021: Adafactor, "
+               "lr 0.3) in every stage")
 
 OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
@@ -62,6 +64,9 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                "selects it (the BERT paper's top value, as for encoders)"),
     ("full_finetune", "encoder"): OptimDefault("adamw", 5e-5, "BERT (Devlin et al. 2019) fine-tunes with Adam at "
                                                "lr in {5e-5, 3e-5, 2e-5}"),
+    ("xprompt", "t5"): OptimDefault("adafactor", 0.3, _XPROMPT_T5),
+    ("xprompt", "decoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
+    ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
 }
 
 

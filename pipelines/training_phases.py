@@ -51,7 +51,7 @@ def begin_phase_if_due(job, loop: LoopState, best: dict, batch_loss: BatchLoss) 
     best.clear()
     best.update(trainable_state(model))
     logger.info("%s: phase %d of %d begins after step %d (optimiser state cleared)", job.config.method.name,
-                index, len(boundaries) + 1, loop.step)
+                index + 1, len(boundaries) + 1, loop.step)
 
 
 def _training_losses(job, model, batch_loss: BatchLoss) -> Iterator[torch.Tensor]:
