@@ -13,6 +13,7 @@ from capt.baselines import (
     PromptTuningConfig,
     PTuningV2Config,
 )
+from capt.baselines.xprompt.config import XPromptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -41,6 +42,9 @@ def small_config(method: str, **overrides: Any) -> Any:
         return PTuningV2Config(**{"num_tokens": 3, **overrides})
     if method == "lora":
         return LoraConfig(**{"r": 2, **overrides})
+    if method == "xprompt":
+        return XPromptConfig(**{"num_tokens": 4, "pieces": 4, "init_std": 0.5, "token_prune_fraction": 0.5,
+                                "piece_prune_fraction": 0.25, "score_batches": 2, **overrides})
     return FullFinetuneConfig(**overrides)
 
 

@@ -41,3 +41,14 @@ def test_low_rank_project_fusion_budget_on_t5_base(rank):
     trainable = sum(p.numel() for p in capsule_model.trainable_parameters())
     assert trainable == layers * hidden + layers * 2 * rank * hidden
     assert trainable == {4: 12 * 768 + 73_728, 64: 12 * 768 + 1_179_648}[rank]
+
+
+def test_xprompt_budget_on_t5_base():
+    from capt.baselines.xprompt.config import XPromptConfig
+    from capt.methods import apply_method
+
+    model, _, hidden = _meta_model("t5-base")
+    adapted = apply_method(model, XPromptConfig())
+    # XPrompt reports no T5-Base count (its tables use T5-Large/XL/XXL and give the pruned prompt per task). Trained:
+    # the 100 x 768 prompt; its masks (100 + 100 x 16) are set by pruning, not trained.
+    assert sum(p.numel() for p in adapted.trainable_parameters()) == 100 * hidden == 76_800

@@ -18,6 +18,7 @@ from pipelines.train import run
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}
 LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
+OPTIONS["xprompt"] = {"num_tokens": 4, "pieces": 4, "token_prune_fraction": 0.5, "piece_prune_fraction": 0.25}
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -45,4 +46,4 @@ def test_method_trains_and_its_artifact_reloads(tmp_path, model, method):
 
 
 def _slots(method: str) -> int:
-    return {"capt": 1, "prompt_tuning": 4}.get(method, 0)
+    return {"capt": 1, "prompt_tuning": 4, "xprompt": 4}.get(method, 0)
