@@ -20,8 +20,11 @@ from .baselines_helpers import build
 
 
 def test_methods_map_names_to_config_classes() -> None:
+    from capt.baselines.xprompt.config import XPromptConfig
+
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
-                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig} == METHODS
+                       "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
+                       "xprompt": XPromptConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name
         assert cls.from_dict(cls().to_dict()) == cls()

@@ -21,6 +21,7 @@ SMALL_OPTIONS = {
     "ptuning_v2": {"num_tokens": 2},
     "lora": {"r": 2},
     "full_finetune": {},
+    "xprompt": {"num_tokens": 4, "pieces": 4},
 }
 
 
@@ -57,7 +58,8 @@ def test_each_method_saves_loads_and_detaches_through_the_protocol(name, kind, t
 def test_sequence_overhead_is_the_positions_each_method_adds():
     overheads = {name: METHODS[name].model_class.sequence_overhead(METHODS[name].build_config(options))
                  for name, options in SMALL_OPTIONS.items()}
-    assert overheads == {"capt": 1, "prompt_tuning": 4, "ptuning_v2": 0, "lora": 0, "full_finetune": 0}
+    assert overheads == {"capt": 1, "prompt_tuning": 4, "ptuning_v2": 0, "lora": 0, "full_finetune": 0,
+                         "xprompt": 4}
     prepend = METHODS["capt"].build_config({"fusion": "prepend", "length": 2})
     assert METHODS["capt"].model_class.sequence_overhead(prepend) == 3
 
