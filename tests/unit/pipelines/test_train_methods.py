@@ -18,7 +18,8 @@ from pipelines.train import run
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}
 LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
-OPTIONS["xprompt"] = {"num_tokens": 4, "pieces": 4, "token_prune_fraction": 0.5, "piece_prune_fraction": 0.25}
+OPTIONS["xprompt"] = {"num_tokens": 4, "pieces": 4, "token_prune_fraction": 0.25, "piece_prune_fraction": 0.25,
+                      "pruning_at": 0.3}
 
 
 @pytest.mark.parametrize("model", MODELS)
