@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +97,22 @@ def test_xprompt_checkpoint_without_its_masks_is_refused(tmp_path):
     (tmp_path / "job" / "checkpoints" / "latest" / PHASE_FILE.format(index=0)).unlink()
     with pytest.raises(DamagedCheckpointError, match="pruning masks"):
         run(_job(tmp_path / "job", resume=True))
+
+
+@pytest.mark.slow
+def test_two_processes_prune_alike(tmp_path):
+    root = Path(__file__).resolve().parents[3]
+    job = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=32", "task.max_eval_examples=8",
+           "train.batch_size=8", "train.eval_batch_size=8", "train.max_steps=6", "train.eval_every_steps=3",
+           "train.eval_mode=rank", "model.max_length=96", "method.name=xprompt",
+           *(f"method.options.{key}={value}" for key, value in OPTIONS.items())]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(root / "tests" / "helpers" / "ddp_job.py"), str(tmp_path), *job]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads((tmp_path / "result.json").read_text())["ranks_in_sync"] is True
+    rank0, rank1 = (load_file(str(tmp_path / f"rank{rank}.safetensors")) for rank in (0, 1))
+    for name in ("prompt", "token_mask", "piece_mask"):
+        assert torch.equal(rank0[name], rank1[name]), f"{name} differs between the ranks"
+    assert rank0["token_mask"].sum() == TOKENS // 2
