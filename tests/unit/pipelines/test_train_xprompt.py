@@ -116,3 +116,13 @@ def test_two_processes_prune_alike(tmp_path):
     for name in ("prompt", "token_mask", "piece_mask"):
         assert torch.equal(rank0[name], rank1[name]), f"{name} differs between the ranks"
     assert rank0["token_mask"].sum() == TOKENS // 2
+
+
+@pytest.mark.slow
+def test_early_stopping_waits_for_the_final_phase(tmp_path):
+    result = run(_job(tmp_path / "job", eval_every_steps=1, patience=1))
+    scores = [r["validation_score"] for r in result["history"] if r["step"] < BOUNDARY]
+    stalled = any(score <= max(scores[:index]) for index, score in enumerate(scores) if index)
+    assert stalled, f"validation never stalled before pruning (a one-phase job would have stopped): {scores}"
+    assert result["stopped_early"] and BOUNDARY < result["steps"] < 30
+    assert result["best_step"] >= BOUNDARY
