@@ -104,8 +104,15 @@ def trial_results(sweep) -> list[dict[str, Any]]:
                      "test_score": result["metrics"].get("test_score"),
                      "best_validation_score": result["metrics"].get("best_validation_score"),
                      "steps": result["steps"], "trainable": result["trainable_parameters"],
+                     "lr": (result.get("optimizer") or {}).get("lr"), "head_lr": (result.get("optimizer") or {}).get("head_lr"),
+                     "train_loss_curve": _loss_curve(result["history"]),
                      "fit_s": result["wall_time_s"]})
     return rows
+
+
+def _loss_curve(history: list[dict[str, Any]]) -> str:
+    """Mean training loss of each evaluation window, e.g. "1.08 > 0.95 > 0.91" (shows whether it flattened)."""
+    return " > ".join(f"{record['train_loss']:.3f}" for record in history if record.get("train_loss") is not None)
 
 
 def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Path, out: Path) -> str:
@@ -193,7 +200,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     body = text.split("\n", 1)[1]  # without the report's own title
     result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
     result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "test_score", "best_validation_score",
-                                               "steps", "trainable", "fit_s"], rows))
+                                               "steps", "trainable", "lr", "head_lr",
+                                               "train_loss_curve", "fit_s"], rows))
     result.plots.append("learning/report.png")
     result.notes += notes + [
         f"Route: {config['route']}; config {config['config']}; overrides {config['overrides'] or 'none'}.",

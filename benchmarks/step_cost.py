@@ -36,6 +36,11 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "ptuning_v2-100": ("ptuning_v2", {"num_tokens": 100}),
     "lora-r8": ("lora", {"r": 8, "alpha": 16}),
     "full_finetune": ("full_finetune", {}),
+    "adapter-24": ("adapter", {"bottleneck": 24}),
+    "dept-60-r30": ("dept", {"num_tokens": 60, "rank": 30, "max_length": 256}),
+    "residual_prompt-10": ("residual_prompt", {"num_tokens": 10}),
+    "superpos_prompt-10": ("superpos_prompt", {"num_tokens": 10, "num_sampled": 128}),
+    "vfpt-100": ("vfpt", {"num_tokens": 100, "fourier_fraction": 0.5}),
 }
 """Row label -> (pipeline method name, method options)."""
 NOTES = [
@@ -110,13 +115,16 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
     return step
 
 
-def make_optimizer(method: str, family: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The pipeline's default optimizer and learning rate for `method` on a model of `family`."""
+def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.optim.Optimizer:
+    """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
+    own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
     from pipelines.job_setup import new_optimizer
+    from pipelines.methods import parameter_groups
     from pipelines.optim_defaults import optim_default
 
     default = optim_default(method, family)
-    return new_optimizer(default.optimizer, params, default.lr)
+    groups = parameter_groups(adapted, adapted.base_model, default.lr, default.lr, 0.0)
+    return new_optimizer(default.optimizer, groups, default.lr)
 
 
 class MethodRunner:
@@ -128,7 +136,7 @@ class MethodRunner:
 
         self.model = adapt(models.shared_copy(base), method, options)
         self.params = list(self.model.trainable_parameters())
-        self.optimizer = make_optimizer(method, models.family(base.config), self.params)
+        self.optimizer = make_optimizer(method, models.family(base.config), self.model)
         self.batch = batch
 
     def step(self) -> None:
@@ -143,15 +151,12 @@ class MethodRunner:
                    for t in state.values() if isinstance(t, torch.Tensor))
 
 
-def model_tokens(label: str, seq: int) -> str:
+def model_tokens(label: str, runner: MethodRunner | None, seq: int) -> str:
     """The sequence the frozen stack sees for a method (virtual tokens or prefix keys included)."""
-    if label in (FLOOR, "capt"):
-        return f"n+1 = {seq + 1}"
-    if label.startswith("prompt_tuning"):
-        return f"n+{label.split('-')[1]} = {seq + int(label.split('-')[1])}"
+    added = 1 if runner is None else runner.model.added_positions  # the floor carries the capsule's one slot
     if label.startswith("ptuning_v2"):
         return f"n = {seq} (+{label.split('-')[1]} prefix keys/layer)"
-    return f"n = {seq}"
+    return f"n+{added} = {seq + added}" if added else f"n = {seq}"
 
 
 def profile_all(steps: dict[str, Callable[[], None]], passes: int) -> dict[str, StepProfile]:
@@ -193,7 +198,7 @@ def _row(label: str, runner: MethodRunner | None, times: list[float], ratios: li
          seq: int) -> dict[str, Any]:
     """One table row of a method (the floor has no runner)."""
     return {"method": label, "trainable": sum(p.numel() for p in runner.params) if runner else 0,
-            "model_tokens": model_tokens(label, seq), "median_step_s": median(times),
+            "model_tokens": model_tokens(label, runner, seq), "median_step_s": median(times),
             "ratio_to_floor": median(ratios), "ratio_range": spread(ratios), "peak_step_mb": peak / 2**20,
             "persistent_mb": runner.persistent_bytes() / 2**20 if runner else 0.0}
 

@@ -94,6 +94,10 @@ class CapsuleModel(SinglePhase, nn.Module):
         """The capsule parameters, and nothing of the base model."""
         return (p for p in self.capsules.parameters() if p.requires_grad)
 
+    def parameter_groups(self) -> list[tuple[list[nn.Parameter], float | None]]:
+        """One group of every capsule parameter, at the job's learning rate (None)."""
+        return [(list(self.trainable_parameters()), None)]
+
     @classmethod
     def apply(cls, model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleModel:
         """`attach(model, config)`: the registry's way to adapt a base model."""

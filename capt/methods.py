@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from capt.baselines.adapter.config import AdapterConfig
 from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
+from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 from capt.baselines.xprompt.config import XPromptConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
@@ -45,6 +50,10 @@ class MethodModel(Protocol):
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters the method trains (none of the frozen base model's)."""
+
+    def parameter_groups(self) -> list[tuple[list[nn.Parameter], float | None]]:
+        """`trainable_parameters` split into optimiser groups, each with its own learning rate or None for the
+        job's `optim.lr` (one group for most methods; DePT trains its low-rank matrices at a second rate)."""
 
     def save(self, directory: str | os.PathLike, task: str | None = None,
              metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
@@ -115,6 +124,11 @@ METHODS: dict[str, Method] = {
     "ptuning_v2": Method(PTuningV2Config, "capt.baselines.prefix:PTuningV2Model"),
     "lora": Method(LoraConfig, "capt.baselines.lora:LoraModel"),
     "full_finetune": Method(FullFinetuneConfig, "capt.baselines.full:FullFinetuneModel"),
+    "adapter": Method(AdapterConfig, "capt.baselines.adapter.model:AdapterModel"),
+    "dept": Method(DeptConfig, "capt.baselines.dept.model:DeptModel"),
+    "residual_prompt": Method(ResidualPromptConfig, "capt.baselines.residual_prompt.model:ResidualPromptModel"),
+    "superpos_prompt": Method(SuperPosPromptConfig, "capt.baselines.superpos_prompt.model:SuperPosPromptModel"),
+    "vfpt": Method(VfptConfig, "capt.baselines.vfpt.model:VfptModel"),
     "xprompt": Method(XPromptConfig, "capt.baselines.xprompt.model:XPromptModel"),
 }
 """Method name -> (config class, model class)."""

@@ -27,8 +27,17 @@ def resolved_optimizer(job: Job) -> dict[str, Any]:
     default = optim_default(method, model_family(job.config.model.name))
     return {"name": optim.name, "lr": optim.lr, "head_lr": optim.head_lr, "weight_decay": optim.weight_decay,
             "schedule": optim.schedule, "warmup_steps": warmup_steps(job.config, job.total_steps),
-            "total_steps": job.total_steps,
+            "total_steps": job.total_steps, "groups": optimizer_groups(job.optimizer),
             "default": {"name": default.optimizer, "lr": default.lr, "source": default.source}}
+
+
+def optimizer_groups(optimizer: Any) -> list[dict[str, float]]:
+    """Each optimiser group's learning rate before any schedule (`initial_lr`) and its number of parameters
+    (the method's groups, then a classifier head's); empty for a training-free job."""
+    if optimizer is None:
+        return []
+    return [{"lr": group.get("initial_lr", group["lr"]), "parameters": sum(p.numel() for p in group["params"])}
+            for group in optimizer.param_groups]
 
 
 def ranks_in_sync(job: Job) -> bool:

@@ -46,11 +46,13 @@ def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> MethodModel
 
 def parameter_groups(adapted: nn.Module, model: nn.Module, lr: float, head_lr: float,
                      weight_decay: float) -> list[dict[str, Any]]:
-    """Optimiser groups: the method's parameters at `lr`, a classifier head (if any) at `head_lr`."""
+    """Optimiser groups: the method's groups (`MethodModel.parameter_groups`: each at its own lr, or at `lr`
+    when it names none), and a classifier head (if any) at `head_lr`."""
     head = head_parameters(model)
     head_ids = {id(p) for p in head}
-    method_params = [p for p in adapted.trainable_parameters() if id(p) not in head_ids]
-    groups = [{"params": method_params, "lr": lr, "weight_decay": weight_decay}]
+    groups = [{"params": [p for p in params if id(p) not in head_ids],
+               "lr": lr if group_lr is None else group_lr, "weight_decay": weight_decay}
+              for params, group_lr in adapted.parameter_groups()]
     if head:
         groups.append({"params": head, "lr": head_lr, "weight_decay": weight_decay})
     return [g for g in groups if g["params"]]

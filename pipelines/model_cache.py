@@ -9,6 +9,7 @@ plus the module tree, names, shapes and dtypes). Otherwise the entry is dropped 
 What may be cached and why:
 - capt, prompt_tuning, ptuning_v2, lora freeze the base model and attach to it (hooks, an attention route,
   PEFT layers injected into it); each wrapper's `detach()` removes all of it, which the check confirms.
+- adapter trains the base model's layer norms beside its adapters; its `detach()` writes their loaded values back.
 - full_finetune trains the base weights themselves: it bypasses the cache (a fresh load, never stored).
 - Encoder classifiers (BERT family) have a task head inside the base model that every method trains. The entry
   keeps the head as loaded (the seeded initialisation a fresh load gives for this `num_labels`) and copies it back

@@ -40,6 +40,19 @@ _PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper pre
             "CaPT paper's optimiser for prompt methods (Adafactor)")
 _LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
 _LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
+_ADAPTER_OTHER = _ADAPTER + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), batch 32, soft-prompt lr "
+            "searched in {3e-1, 4e-1, 5e-1}; the low-rank matrices train at method.options.embedding_lr (searched in "
+            "{1e-4, 5e-4, 1e-3, 5e-3})")
+_RESPROMPT_T5 = ("Residual Prompt Tuning (Razdaibiedina et al. 2023), the authors' code: AdamW at lr 0.3 (weight "
+                 "decay 1e-5) for the prompt and the MLP on T5")
+_REPARAM_OTHER = ("not tuned: placeholder until the learning benchmark selects it; the prompt-tuning value of this "
+                  "family (a reparameterised prompt is still one input-level prompt)")
+_SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives no lr we could confirm; the "
+                "prompt-tuning T5 value (Lester et al. 2021: Adafactor at lr 0.3)")
+_VFPT_T5 = ("not tuned: VFPT (Zeng et al. 2024) has no text-model runs; the prompt-tuning T5 value (Lester et al. "
+            "2021: Adafactor at lr 0.3)")
 _XPROMPT_T5 = ("XPrompt (Ma et al. 2022) trains its prompt as prompt tuning does (Lester et al. 2021: Adafactor, "
                "lr 0.3) in every stage")
 
@@ -64,6 +77,21 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                "selects it (the BERT paper's top value, as for encoders)"),
     ("full_finetune", "encoder"): OptimDefault("adamw", 5e-5, "BERT (Devlin et al. 2019) fine-tunes with Adam at "
                                                "lr in {5e-5, 3e-5, 2e-5}"),
+    ("adapter", "t5"): OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
+    ("adapter", "decoder"): OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
+    ("adapter", "encoder"): OptimDefault("adamw", 3e-4, _ADAPTER),
+    ("dept", "t5"): OptimDefault("adamw", 0.3, _DEPT_T5),
+    ("dept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for prompt tuning"),
+    ("dept", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for prompt tuning"),
+    ("residual_prompt", "t5"): OptimDefault("adamw", 0.3, _RESPROMPT_T5),
+    ("residual_prompt", "decoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("residual_prompt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("superpos_prompt", "t5"): OptimDefault("adafactor", 0.3, _SUPERPOS_T5),
+    ("superpos_prompt", "decoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("superpos_prompt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("vfpt", "t5"): OptimDefault("adafactor", 0.3, _VFPT_T5),
+    ("vfpt", "decoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("vfpt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
     ("xprompt", "t5"): OptimDefault("adafactor", 0.3, _XPROMPT_T5),
     ("xprompt", "decoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
     ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),

@@ -57,8 +57,10 @@ SELECTION_NOTE = (f"Selection on the validation split: each run's checkpoint and
                   f"best mean `{SELECTION_METRIC}` over seeds (shown in brackets); test scores are those of the chosen "
                   "value only.")
 _KEYS = ("model", "task", "method", "seed")
-METHOD_ORDER = ("full_finetune", "prompt_tuning", "ptuning_v2", "lora", "capt")
-"""Row order of the paper's tables: baselines first, CaPT last; other methods (ablations) follow, sorted."""
+METHOD_ORDER = ("full_finetune", "adapter", "lora", "prompt_tuning", "ptuning_v2", "xprompt", "residual_prompt",
+                "smop", "superpos_prompt", "vfpt", "dept", "ept", "capt")
+"""Row order of the CaPT paper's main table: full fine-tuning, the twelve baselines, CaPT last; other rows (labelled
+ablations) follow, sorted."""
 
 
 class ReportError(CaptError, RuntimeError):

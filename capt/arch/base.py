@@ -72,6 +72,10 @@ class ArchSpec:
     position_limit_key: str | None = "max_position_embeddings"
     """Config field holding the longest sequence the model has positions for; None: no hard limit (T5's
     relative position buckets)."""
+    adapter_sites: Callable[[nn.Module], dict[str, list[nn.Module]]] | None = None
+    """Per sub-layer kind ("attention", "cross_attention", "feed_forward"), the output projections of that
+    sub-layer in every stack (encoder and decoder alike): bottleneck adapters (Houlsby et al. 2019) transform
+    their outputs, before the residual add. None: the family has no adapter placement."""
 
     def hidden_size(self, model: nn.Module) -> int:
         """Width d of the hidden states (T5 maps `hidden_size` to `d_model`)."""
@@ -130,3 +134,10 @@ def _strip(tensor: torch.Tensor, axis: str, start: int, stop: int) -> torch.Tens
     if axis == CROSS_ATTENTION:
         return _drop(tensor, 3, start, stop)
     return tensor
+
+
+def normalisation_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Every layer-norm module of `model` by its path: `nn.LayerNorm` and the families' own classes (T5LayerNorm,
+    LlamaRMSNorm, ...), recognised by their class name so a new family needs no entry."""
+    return {name: module for name, module in model.named_modules()
+            if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))}

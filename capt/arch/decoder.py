@@ -19,6 +19,13 @@ def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
     return {"decoder": sites}
 
 
+def _adapter_sites(model: nn.Module) -> dict[str, list[nn.Module]]:
+    """Every layer's attention output projection `o_proj` and feed-forward down projection `down_proj`."""
+    layers = _decoder_layers(model)
+    return {"attention": [layer.self_attn.o_proj for layer in layers],
+            "feed_forward": [layer.mlp.down_proj for layer in layers]}
+
+
 SPEC = ArchSpec(
     family="decoder",
     model_types=frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2"}),
@@ -31,4 +38,5 @@ SPEC = ArchSpec(
     generation_echoes_prompt=True,
     pad_with_eos=True,
     auto_model_class="AutoModelForCausalLM",
+    adapter_sites=_adapter_sites,
 )

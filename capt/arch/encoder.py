@@ -18,6 +18,14 @@ def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
     return {"encoder": sites}
 
 
+def _adapter_sites(model: nn.Module) -> dict[str, list[nn.Module]]:
+    """Every layer's `attention.output.dense` and `output.dense`: the projections before dropout, the residual
+    add and LayerNorm (Houlsby et al.'s placement in BERT)."""
+    layers = _encoder_layers(model)
+    return {"attention": [layer.attention.output.dense for layer in layers],
+            "feed_forward": [layer.output.dense for layer in layers]}
+
+
 SPEC = ArchSpec(
     family="encoder",
     model_types=frozenset({"bert", "roberta"}),
@@ -33,4 +41,5 @@ SPEC = ArchSpec(
     slot_offset=1,
     classifier_head=True,
     auto_model_class="AutoModelForSequenceClassification",
+    adapter_sites=_adapter_sites,
 )

@@ -21,6 +21,20 @@ def _self_attention_sites(model: nn.Module) -> dict[str, list[AttentionSite]]:
     return stacks
 
 
+def _adapter_sites(model: nn.Module) -> dict[str, list[nn.Module]]:
+    """Encoder and decoder blocks: self-attention `o` (layer[0]), cross-attention `o` (decoder layer[1]) and the
+    feed-forward `wo` (the last layer; T5 v1.1 / mT5's gated feed-forward names it `wo` too)."""
+    sites: dict[str, list[nn.Module]] = {"attention": [], "cross_attention": [], "feed_forward": []}
+    for name in ("encoder", "decoder"):
+        stack = getattr(model, name, None)
+        for block in stack.block if stack is not None else ():
+            sites["attention"].append(block.layer[0].SelfAttention.o)
+            if block.is_decoder:
+                sites["cross_attention"].append(block.layer[1].EncDecAttention.o)
+            sites["feed_forward"].append(block.layer[-1].DenseReluDense.wo)
+    return sites
+
+
 SPEC = ArchSpec(
     family="t5",
     model_types=frozenset({"t5", "mt5", "umt5"}),
@@ -41,4 +55,5 @@ SPEC = ArchSpec(
     encoder_decoder=True,
     auto_model_class="AutoModelForSeq2SeqLM",
     capsule_stack_name="encoder layers",
+    adapter_sites=_adapter_sites,
 )

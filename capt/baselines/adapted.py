@@ -117,9 +117,17 @@ class AdaptedModel(SinglePhase, nn.Module):
         """The method's trainable parameters (full fine-tuning: all base parameters)."""
         yield from self.adapter_parameters().values()
 
+    def parameter_groups(self) -> list[tuple[list[nn.Parameter], float | None]]:
+        """One group, at the job's learning rate (None): methods with a second learning rate override this."""
+        return [(list(self.trainable_parameters()), None)]
+
     def num_trainable_parameters(self) -> int:
         """Number of scalars in ``trainable_parameters()``."""
         return sum(p.numel() for p in self.trainable_parameters())
+
+    def artifact_config(self) -> BaselineConfig:
+        """The config an artifact of this model records: its own, unless training-only parts are dropped on save."""
+        return self.adapter_config
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """Detached, contiguous CPU copies of the adapter tensors, keyed as in ``adapter_parameters``."""

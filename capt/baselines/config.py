@@ -146,9 +146,18 @@ class FullFinetuneConfig(BaselineConfig):
     method: ClassVar[str] = "full_finetune"
 
 
-from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402 (needs BaselineConfig above; no torch)
+# The per-method config modules import this one's base classes, so they are imported after them.
+from capt.baselines.adapter.config import AdapterConfig  # noqa: E402
+from capt.baselines.dept.config import DeptConfig  # noqa: E402
+from capt.baselines.residual_prompt.config import ResidualPromptConfig  # noqa: E402
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig  # noqa: E402
+from capt.baselines.vfpt.config import VfptConfig  # noqa: E402
+from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402
 
 CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
+    AdapterConfig,
+    DeptConfig,
+    ResidualPromptConfig, SuperPosPromptConfig, VfptConfig,
     XPromptConfig,
 )

@@ -61,7 +61,7 @@ def _metadata(model: AdaptedModel, state: dict[str, Any]) -> dict[str, Any]:
     info = model.info
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "method": model.method,
-        "config": model.adapter_config.to_dict(), "model_type": info.model_type, "family": info.family,
+        "config": model.artifact_config().to_dict(), "model_type": info.model_type, "family": info.family,
         "num_layers": info.num_layers, "hidden_size": info.hidden_size,
         "tensors": {name: list(t.shape) for name, t in state.items()},
     }

@@ -44,7 +44,7 @@ class PromptTuningModel(AdaptedModel):
         super().__init__(base, config)
         self.freeze_base()
         self.embed = base.get_input_embeddings()
-        self.prompt = nn.Parameter(self._initial_prompt(config))
+        self._build_prompt(config)
         self.num_virtual = self.sequence_overhead(config)
         self.insert_at = self.spec.slot_offset  # BERT: after [CLS], so the pooler still reads [CLS]
         logger.info("prompt tuning on %s: %d virtual tokens (instance token: %s)",
@@ -54,6 +54,14 @@ class PromptTuningModel(AdaptedModel):
     def sequence_overhead(cls, config: PromptTuningConfig) -> int:
         """The virtual tokens: the soft prompt plus the optional instance token."""
         return config.num_tokens + int(config.instance_token)
+
+    def _build_prompt(self, config: PromptTuningConfig) -> None:
+        """Create the parameters that produce the soft prompt (here the prompt itself; subclasses reparameterise)."""
+        self.prompt = nn.Parameter(self._initial_prompt(config))
+
+    def current_prompt(self) -> torch.Tensor:
+        """The (num_tokens, d) soft prompt the virtual tokens carry (subclasses compute it from their parameters)."""
+        return self.prompt
 
     def _initial_prompt(self, config: PromptTuningConfig) -> torch.Tensor:
         weight = self.embed.weight
@@ -68,7 +76,7 @@ class PromptTuningModel(AdaptedModel):
 
     def _virtual_tokens(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
         """(B, V, d) virtual-token embeddings for a batch of input embeddings."""
-        prompt = self.prompt.to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
+        prompt = self.current_prompt().to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
         if not self.adapter_config.instance_token:
             return prompt
         return torch.cat([masked_mean(embeds, instance_mask).to(embeds.dtype).unsqueeze(1), prompt], dim=1)

@@ -76,14 +76,11 @@ class XPromptModel(PromptTuningModel):
         """The soft prompt only (the masks are set by pruning, never by the optimiser)."""
         yield self.prompt
 
-    def masked_prompt(self) -> torch.Tensor:
+    def current_prompt(self) -> torch.Tensor:
         """P_hat = P (.) gamma (.) zeta: the prompt as the model sees it."""
         width = self.prompt.shape[1] // self.piece_mask.shape[1]
         pieces = self.piece_mask.repeat_interleave(width, dim=1)
         return self.prompt * self.token_mask.unsqueeze(1) * pieces
-
-    def _virtual_tokens(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
-        return self.masked_prompt().to(embeds.dtype).unsqueeze(0).expand(embeds.shape[0], -1, -1)
 
     @property
     def surviving_tokens(self) -> int:

@@ -13,6 +13,11 @@ from capt.baselines import (
     PromptTuningConfig,
     PTuningV2Config,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 from capt.baselines.xprompt.config import XPromptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
@@ -42,6 +47,16 @@ def small_config(method: str, **overrides: Any) -> Any:
         return PTuningV2Config(**{"num_tokens": 3, **overrides})
     if method == "lora":
         return LoraConfig(**{"r": 2, **overrides})
+    if method == "adapter":
+        return AdapterConfig(**{"bottleneck": 4, **overrides})
+    if method == "dept":
+        return DeptConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "init_std": 0.5, **overrides})
+    if method == "residual_prompt":
+        return ResidualPromptConfig(**{"num_tokens": 4, "bottleneck": 8, "init": "normal", "init_std": 0.5, **overrides})
+    if method == "superpos_prompt":
+        return SuperPosPromptConfig(**{"num_tokens": 4, "num_sampled": 16, **overrides})
+    if method == "vfpt":
+        return VfptConfig(**{"num_tokens": 4, "init_std": 0.5, **overrides})
     if method == "xprompt":
         return XPromptConfig(**{"num_tokens": 4, "pieces": 4, "init_std": 0.5, "token_prune_fraction": 0.5,
                                 "piece_prune_fraction": 0.25, "score_batches": 2, **overrides})

@@ -15,6 +15,11 @@ from capt.baselines import (
     apply,
     detect_family,
 )
+from capt.baselines.adapter.config import AdapterConfig
+from capt.baselines.dept.config import DeptConfig
+from capt.baselines.residual_prompt.config import ResidualPromptConfig
+from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
+from capt.baselines.vfpt.config import VfptConfig
 
 from .baselines_helpers import build
 
@@ -24,6 +29,11 @@ def test_methods_map_names_to_config_classes() -> None:
 
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
                        "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
+                       "adapter": AdapterConfig,
+                       "dept": DeptConfig,
+                       "residual_prompt": ResidualPromptConfig,
+                       "superpos_prompt": SuperPosPromptConfig,
+                       "vfpt": VfptConfig,
                        "xprompt": XPromptConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name

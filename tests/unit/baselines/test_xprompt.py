@@ -48,7 +48,7 @@ def test_trains_only_its_prompt_and_the_loss_falls_under_the_masks(kind: str) ->
     assert adapted(**batch).loss.item() < first
     for name, param in adapted.named_parameters():
         assert param is adapted.prompt or param.grad is None, f"{name} received a gradient"
-    pruned = adapted.masked_prompt() == 0
+    pruned = adapted.current_prompt() == 0
     assert torch.all(adapted.prompt.grad[pruned] == 0) and adapted.prompt.grad[~pruned].abs().sum() > 0
 
 
@@ -59,7 +59,7 @@ def test_pruning_removes_the_configured_fractions(kind: str) -> None:
     assert adapted.surviving_pieces == round(0.75 * (TOKENS // 2) * PIECES)
     assert adapted.surviving_parameters == adapted.surviving_pieces * WIDTH // PIECES
     dropped = adapted.token_mask == 0
-    assert torch.all(adapted.masked_prompt()[dropped] == 0) and torch.all(adapted.prompt[dropped] != 0)
+    assert torch.all(adapted.current_prompt()[dropped] == 0) and torch.all(adapted.prompt[dropped] != 0)
 
 
 def _finite_difference_scores(adapted, batch, epsilon: float = 1e-2) -> torch.Tensor:

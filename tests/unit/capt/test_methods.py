@@ -21,6 +21,11 @@ SMALL_OPTIONS = {
     "ptuning_v2": {"num_tokens": 2},
     "lora": {"r": 2},
     "full_finetune": {},
+    "adapter": {"bottleneck": 2},
+    "dept": {"num_tokens": 2, "rank": 2, "max_length": 16},
+    "residual_prompt": {"num_tokens": 2, "bottleneck": 4},
+    "superpos_prompt": {"num_tokens": 2, "num_sampled": 8, "instance_token": True},
+    "vfpt": {"num_tokens": 3},
     "xprompt": {"num_tokens": 4, "pieces": 4},
 }
 
@@ -59,6 +64,9 @@ def test_sequence_overhead_is_the_positions_each_method_adds():
     overheads = {name: METHODS[name].model_class.sequence_overhead(METHODS[name].build_config(options))
                  for name, options in SMALL_OPTIONS.items()}
     assert overheads == {"capt": 1, "prompt_tuning": 4, "ptuning_v2": 0, "lora": 0, "full_finetune": 0,
+                         "adapter": 0,
+                         "dept": 2,
+                         "residual_prompt": 2, "superpos_prompt": 3, "vfpt": 3,
                          "xprompt": 4}
     prepend = METHODS["capt"].build_config({"fusion": "prepend", "length": 2})
     assert METHODS["capt"].model_class.sequence_overhead(prepend) == 3

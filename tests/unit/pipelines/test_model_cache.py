@@ -14,6 +14,7 @@ from pipelines.train import run
 
 CASES = [("tiny-t5", "capt", {}), ("tiny-llama", "lora", {"r": 4}), ("tiny-llama", "ptuning_v2", {"num_tokens": 4}),
          ("tiny-bert", "prompt_tuning", {"num_tokens": 4})]
+CASES.append(("tiny-t5", "adapter", {"bottleneck": 4}))  # trains the base's layer norms; detach writes them back
 
 
 def _job(path, model: str, method: str, options: dict, seed: int):

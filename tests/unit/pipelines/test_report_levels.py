@@ -48,3 +48,15 @@ def test_levels_are_test_split_scores_so_other_metrics_get_no_reference_rows(tmp
     text, _, _ = write_report(real, "capt-real", tmp_path, metric="best_validation_score")
     assert "majority class" not in text and "(untrained)" not in text and "(generated)" not in text
     assert text.startswith("# capt-real: best_validation_score\n")
+
+
+def test_every_registered_method_is_a_row_in_the_paper_order(tmp_path: Path) -> None:
+    from pipelines.config import METHOD_NAMES
+    from pipelines.report import METHOD_ORDER
+
+    assert sorted(METHOD_ORDER) == sorted(METHOD_NAMES), "every registered method has its place in the table"
+    runs = [_run("cb", method, 0, 50.0 + i) for i, method in enumerate(reversed(METHOD_NAMES))]
+    text, _, _ = write_report(runs, "all-methods", tmp_path)
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")][1:]
+    methods = [row for row in rows if row in METHOD_NAMES]
+    assert methods == list(METHOD_ORDER)

@@ -11,13 +11,19 @@ from capt import tasks
 from pipelines.config import METHOD_NAMES
 from pipelines.evaluation import predict
 from pipelines.job_setup import load_data
-from pipelines.methods import load_artifact
+from pipelines.methods import load_artifact, sequence_overhead
 from pipelines.models import load_model
 from pipelines.train import run
 
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}
 LEARNING_RATES = {"full_finetune": 1e-3, "lora": 1e-2}
+OPTIONS["adapter"] = {"bottleneck": 8}
+LEARNING_RATES["adapter"] = 1e-2
+OPTIONS["dept"] = {"num_tokens": 4, "rank": 4, "max_length": 96}
+OPTIONS["residual_prompt"] = {"num_tokens": 4, "bottleneck": 16}
+OPTIONS["superpos_prompt"] = {"num_tokens": 4, "num_sampled": 32}
+OPTIONS["vfpt"] = {"num_tokens": 4}
 OPTIONS["xprompt"] = {"num_tokens": 4, "pieces": 4, "token_prune_fraction": 0.25, "piece_prune_fraction": 0.25,
                       "pruning_at": 0.3}
 
@@ -39,12 +45,8 @@ def test_method_trains_and_its_artifact_reloads(tmp_path, model, method):
     loaded = load_model(model, tasks.get("rte").num_labels)
     reloaded = load_artifact(loaded.model, artifact)
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=96,
-                              capsule_slots=_slots(method))
+                              capsule_slots=sequence_overhead(method, OPTIONS.get(method, {})))
     test = load_data(config).test
     predictions = predict(reloaded, test, collator, loaded.spec, "rank", 8, 10, loaded.tokenizer, "cpu")
     metrics = tasks.compute_metrics("rte", predictions, [e.label for e in test])
     assert metrics["score"] == pytest.approx(result["metrics"]["test_score"])
-
-
-def _slots(method: str) -> int:
-    return {"capt": 1, "prompt_tuning": 4, "xprompt": 4}.get(method, 0)

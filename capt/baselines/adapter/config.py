@@ -1,0 +1,45 @@
+"""`AdapterConfig`: the options of bottleneck adapters (no torch import: config validation stays light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from capt.baselines.config import BaselineConfig, _is_int, _is_real
+from capt.errors import Problems
+
+ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
+"""Non-linearities the bottleneck may use."""
+SUBLAYERS = ("attention", "cross_attention", "feed_forward")
+"""Sub-layers an adapter may follow (cross_attention: T5's decoder only)."""
+
+
+@dataclass(frozen=True)
+class AdapterConfig(BaselineConfig):
+    """Houlsby bottleneck adapters h + W_up f(W_down h) after the chosen sub-layers of every layer."""
+
+    method: ClassVar[str] = "adapter"
+
+    bottleneck: int = 24
+    """Width m of the bottleneck (24 = d/32 on T5-Base, the size behind the 1.9M adapter rows of T5 papers)."""
+    activation: str = "relu"
+    """Non-linearity f between the down and up projections (relu, gelu, tanh or silu)."""
+    sublayers: list[str] = field(default_factory=lambda: ["attention", "feed_forward"])
+    """Sub-layers followed by an adapter: attention (self-attention), cross_attention (T5 decoder), feed_forward."""
+    train_layer_norms: bool = True
+    """Train every layer norm of the base model as well (Houlsby et al. do); detach() restores their values."""
+    init_std: float = 0.01
+    """Standard deviation of the down projection's normal initialisation (the up projection starts at zero)."""
+
+    def _validate(self, check: Problems) -> None:
+        check.require(_is_int(self.bottleneck) and self.bottleneck >= 1, "bottleneck", self.bottleneck,
+                      "integer >= 1")
+        check.require(self.activation in ACTIVATIONS, "activation", self.activation, f"one of {list(ACTIVATIONS)}")
+        chosen = self.sublayers
+        ok = (isinstance(chosen, list | tuple) and len(chosen) > 0
+              and all(isinstance(s, str) and s in SUBLAYERS for s in chosen) and len(set(chosen)) == len(chosen))
+        check.require(ok, "sublayers", chosen, f"a non-empty list without repeats of {list(SUBLAYERS)}")
+        check.require(isinstance(self.train_layer_norms, bool), "train_layer_norms", self.train_layer_norms,
+                      "true or false")
+        check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
+                      "finite number > 0")

@@ -1,0 +1,32 @@
+"""`ResidualPromptConfig`: the options of Residual Prompt Tuning (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capt.baselines.config import PromptTuningConfig, _is_int
+from capt.errors import Problems
+
+
+@dataclass(frozen=True)
+class ResidualPromptConfig(PromptTuningConfig):
+    """Residual Prompt Tuning: prompt P reparameterised as LayerNorm(W_up ReLU(W_down P)) + P during training."""
+
+    method: ClassVar[str] = "residual_prompt"
+
+    num_tokens: int = 10
+    """Number of soft-prompt vectors (the paper's main setting is 10; it also reports 100)."""
+    init: str = "vocab"
+    """Initialisation of P: "vocab" (copies of randomly drawn token embeddings, as the paper's code) or "normal"."""
+    bottleneck: int = 400
+    """Width of the MLP's bottleneck (down-projection d -> bottleneck, up-projection bottleneck -> d)."""
+    merged: bool = False
+    """True when the MLP is already folded into the prompt (P' stored, no MLP): what a saved artifact records."""
+
+    def _validate(self, check: Problems) -> None:
+        super()._validate(check)
+        check.require(_is_int(self.bottleneck) and self.bottleneck >= 1, "bottleneck", self.bottleneck,
+                      "integer >= 1")
+        check.require(isinstance(self.merged, bool), "merged", self.merged,
+                      "true or false (true: a trained artifact whose MLP is folded into the prompt)")

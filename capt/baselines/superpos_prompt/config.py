@@ -1,0 +1,42 @@
+"""`SuperPosPromptConfig`: the options of SuperPos-Prompt (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capt.baselines.config import BaselineConfig, _is_int
+from capt.errors import Problems
+
+
+@dataclass(frozen=True)
+class SuperPosPromptConfig(BaselineConfig):
+    """SuperPos-Prompt: prompt token i = sum_j w_ij e_j over `num_sampled` sampled vocabulary embeddings e_j."""
+
+    method: ClassVar[str] = "superpos_prompt"
+
+    num_tokens: int = 10
+    """Number of soft-prompt vectors (the paper uses 10)."""
+    instance_token: bool = False
+    """Add one training-free token whose embedding is the masked mean of the input token embeddings."""
+    num_sampled: int = 128
+    """m: vocabulary embeddings sampled (without replacement) and superposed into every prompt token."""
+    train_embeddings: bool = True
+    """Train the copies of the sampled embeddings too (the paper does); false keeps them at the vocabulary's values."""
+    sample_seed: int = 0
+    """Seed of the draw of the m token ids (the ids are also stored in the artifact)."""
+    base_dropout: bool = False
+    """Keep the frozen base model's dropout during training; false keeps the base in eval mode (the paper's advice)."""
+
+    def _validate(self, check: Problems) -> None:
+        check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
+                      "integer >= 1")
+        check.require(isinstance(self.instance_token, bool), "instance_token", self.instance_token,
+                      "true or false")
+        check.require(_is_int(self.num_sampled) and self.num_sampled >= 1, "num_sampled", self.num_sampled,
+                      "integer >= 1 (at most the vocabulary size)")
+        check.require(isinstance(self.train_embeddings, bool), "train_embeddings", self.train_embeddings,
+                      "true or false")
+        check.require(_is_int(self.sample_seed) and self.sample_seed >= 0, "sample_seed", self.sample_seed,
+                      "integer >= 0")
+        check.require(isinstance(self.base_dropout, bool), "base_dropout", self.base_dropout, "true or false")

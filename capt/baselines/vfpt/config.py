@@ -1,0 +1,30 @@
+"""`VfptConfig`: the options of Visual Fourier Prompt Tuning on text models (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capt.baselines.config import PromptTuningConfig, _is_real
+from capt.errors import Problems
+
+FFT_NORMS = ("backward", "ortho")
+"""`torch.fft` normalisations allowed: "backward" (unscaled forward transform, the paper's) or "ortho" (unitary)."""
+
+
+@dataclass(frozen=True)
+class VfptConfig(PromptTuningConfig):
+    """VFPT: round(fourier_fraction x num_tokens) prompt tokens pass through Re(FFT_seq(FFT_hidden(.)))."""
+
+    method: ClassVar[str] = "vfpt"
+
+    fourier_fraction: float = 0.5
+    """Share of the prompt tokens that are Fourier-transformed (the paper's "Fourier percentage"), in [0, 1]."""
+    fft_norm: str = "backward"
+    """Normalisation of both FFTs: "backward" (unscaled, as the paper's code) or "ortho" (keeps the tokens' scale)."""
+
+    def _validate(self, check: Problems) -> None:
+        super()._validate(check)
+        check.require(_is_real(self.fourier_fraction) and 0.0 <= self.fourier_fraction <= 1.0, "fourier_fraction",
+                      self.fourier_fraction, "number in [0, 1]")
+        check.require(self.fft_norm in FFT_NORMS, "fft_norm", self.fft_norm, f"one of {list(FFT_NORMS)}")
