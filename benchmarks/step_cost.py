@@ -41,6 +41,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "residual_prompt-10": ("residual_prompt", {"num_tokens": 10}),
     "superpos_prompt-10": ("superpos_prompt", {"num_tokens": 10, "num_sampled": 128}),
     "vfpt-100": ("vfpt", {"num_tokens": 100, "fourier_fraction": 0.5}),
+    "xprompt-100": ("xprompt", {"num_tokens": 100}),
 }
 """Row label -> (pipeline method name, method options)."""
 NOTES = [
