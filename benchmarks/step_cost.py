@@ -43,6 +43,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "vfpt-100": ("vfpt", {"num_tokens": 100, "fourier_fraction": 0.5}),
     "smop-4x5": ("smop", {"num_tokens": 5, "num_prompts": 4}),
     "ept-60-r30": ("ept", {"num_tokens": 60, "rank": 30, "max_length": 256}),
+    "xprompt-100": ("xprompt", {"num_tokens": 100}),
 }
 """Row label -> (pipeline method name, method options)."""
 NOTES = [

@@ -22,6 +22,7 @@ from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supp
 from capt.capsule import Capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleConfigError, CaptError
+from capt.phases import SinglePhase
 from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
 
 _ATTACHED = "_capt_capsule_model_attached"
@@ -41,7 +42,7 @@ class _Pass:
     """(B,) capsule index per row, or None when every row uses capsule 0."""
 
 
-class CapsuleModel(nn.Module):
+class CapsuleModel(SinglePhase, nn.Module):
     """A frozen base model with one or more capsules; `forward`/`generate` mirror the base model's.
 
     It implements `capt.methods.MethodModel` as the method "capt".

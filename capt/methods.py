@@ -28,11 +28,14 @@ from capt.baselines.residual_prompt.config import ResidualPromptConfig
 from capt.baselines.smop.config import SMoPConfig
 from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
 from capt.baselines.vfpt.config import VfptConfig
+from capt.baselines.xprompt.config import XPromptConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
+
+    from capt.phases import BatchLosses
 
 
 @runtime_checkable
@@ -81,6 +84,20 @@ class MethodModel(Protocol):
     def missing_layers(cls, config: Any, num_layers: int) -> list[int]:
         """Layer indices `config` names that a stack of `num_layers` layers lacks (empty when none)."""
 
+    def training_phases(self, total_steps: int) -> list[int]:
+        """Optimiser steps after which a new training phase begins (increasing, within 1..total_steps-1); empty
+        for a method trained in one phase (`capt.phases.SinglePhase`)."""
+
+    def begin_phase(self, index: int, batch_losses: BatchLosses) -> None:
+        """Start training phase `index` (1, 2, ...), e.g. prune and rewind, estimating what it needs from
+        `batch_losses()` (training losses with their graphs, the same batches on every rank)."""
+
+    def phase_state(self) -> dict[str, Tensor]:
+        """Non-trainable tensors the phases have set (masks, rewind points), so a checkpoint can carry them."""
+
+    def load_phase_state(self, state: dict[str, Tensor]) -> None:
+        """Restore `phase_state()` from a checkpoint."""
+
 
 @dataclass(frozen=True)
 class Method:
@@ -116,6 +133,7 @@ METHODS: dict[str, Method] = {
     "vfpt": Method(VfptConfig, "capt.baselines.vfpt.model:VfptModel"),
     "smop": Method(SMoPConfig, "capt.baselines.smop.model:SMoPModel"),
     "ept": Method(EPTConfig, "capt.baselines.ept.model:EPTModel"),
+    "xprompt": Method(XPromptConfig, "capt.baselines.xprompt.model:XPromptModel"),
 }
 """Method name -> (config class, model class)."""
 

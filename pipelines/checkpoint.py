@@ -23,6 +23,7 @@ from capt.errors import CaptError
 TRAINABLE_FILE = "trainable_{index}.safetensors"
 LOOP_FILE = "loop_state.json"
 BEST_FILE = "best_trainable.safetensors"
+PHASE_FILE = "phase_state_{index}.safetensors"
 
 
 class DamagedCheckpointError(CaptError, RuntimeError):
@@ -92,16 +93,36 @@ def install_hooks(accelerator) -> None:
         if accelerator.is_main_process:  # the ranks hold the same weights; one writer per file
             for index, model in enumerate(models):
                 save_file(trainable_state(accelerator.unwrap_model(model)), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
+                _save_phase_state(accelerator.unwrap_model(model), Path(output_dir) / PHASE_FILE.format(index=index))
         weights.clear()  # Accelerate then skips writing the full model weights
 
     def load_hook(models: list, input_dir: str) -> None:
         for index, model in enumerate(models):
             state = load_file(str(Path(input_dir) / TRAINABLE_FILE.format(index=index)))
             restore_trainable(accelerator.unwrap_model(model), state)
+            _load_phase_state(accelerator.unwrap_model(model), Path(input_dir) / PHASE_FILE.format(index=index))
         models.clear()  # Accelerate then skips loading full model weights
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
+
+
+def _save_phase_state(model: nn.Module, path: Path) -> None:
+    """Write what a multi-phase method's phases have set (`capt.phases`); nothing for a one-phase method."""
+    state = model.phase_state() if hasattr(model, "phase_state") else {}
+    if state:
+        save_file(state, str(path))
+
+
+def _load_phase_state(model: nn.Module, path: Path) -> None:
+    """Restore the phase state `_save_phase_state` wrote; a multi-phase method's missing file is a damaged checkpoint."""
+    if not hasattr(model, "phase_state") or not model.phase_state():
+        return
+    if not path.is_file():
+        raise DamagedCheckpointError(
+            f"Cannot resume from {path.parent}: {path.name} is missing, so the method's training phase state (e.g. "
+            f"XPrompt's pruning masks) is lost. {_restart_hint(path.parent)}")
+    model.load_phase_state(load_file(str(path)))
 
 
 def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[str, torch.Tensor] | None) -> None:

@@ -57,6 +57,8 @@ _SMOP_T5 = ("SMoP (Choi et al. 2023; its code's README command for T5-base Super
             "weight decay 1e-5, batch 32, 50 epochs, 6 % linear warm-up")
 _EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; DePT's T5-Base values, whose "
            "decomposition EPT builds on: " + _DEPT_T5)
+_XPROMPT_T5 = ("XPrompt (Ma et al. 2022) trains its prompt as prompt tuning does (Lester et al. 2021: Adafactor, "
+               "lr 0.3) in every stage")
 
 OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("capt", "t5"): OptimDefault("adafactor", 0.3, _PROMPT_T5),
@@ -100,6 +102,9 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("ept", "t5"): OptimDefault("adamw", 0.3, _EPT_T5),
     ("ept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for DePT"),
     ("ept", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for DePT"),
+    ("xprompt", "t5"): OptimDefault("adafactor", 0.3, _XPROMPT_T5),
+    ("xprompt", "decoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
+    ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
 }
 
 

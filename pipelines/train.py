@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from pipelines.job_result import peak_memory_mb, ranks_in_sync, reference_scores
 from pipelines.job_setup import Job, build_job, num_labels
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.model_cache import BaseModelCache
+from pipelines.training_phases import begin_phase_if_due, in_final_phase
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -127,6 +129,7 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, repor
             if not job.accelerator.sync_gradients:
                 continue
             progress.update(1)
+            begin_phase_if_due(job, loop, best, partial(_batch_loss, job))
             if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(job, loop, best, report):
                 return True
             if cfg.checkpoint_every_steps and loop.step % cfg.checkpoint_every_steps == 0:
@@ -145,8 +148,7 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, repor
 def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
     accelerator = job.accelerator
     with accelerator.accumulate(job.model):
-        outputs = job.model(**model_inputs(batch), **_label_kwargs(job, batch))
-        loss = _loss(job, outputs, batch)
+        loss = _batch_loss(job, job.model, batch)
         if not torch.isfinite(loss.detach()).all():
             raise TrainingDivergedError(
                 f"The training loss became {loss.item()} at step {loop.step} (epoch {loop.epoch}); the last good "
@@ -162,6 +164,10 @@ def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
     meter.tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
     if accelerator.sync_gradients:
         loop.step += 1
+
+
+def _batch_loss(job: Job, model, batch: dict) -> torch.Tensor:
+    return _loss(job, model(**model_inputs(batch), **_label_kwargs(job, batch)), batch)
 
 
 def _label_kwargs(job: Job, batch: dict) -> dict:
@@ -195,7 +201,7 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
         report(dict(record))
     job.model.train()
     patience = job.config.train.patience
-    return patience is not None and loop.bad_evals >= patience
+    return patience is not None and loop.bad_evals >= patience and in_final_phase(job, loop.step)
 
 
 def _evaluate(job: Job, examples) -> dict[str, float]:

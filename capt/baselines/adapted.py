@@ -15,13 +15,14 @@ from capt.arch import REGISTRY, spec_for_model_type
 from capt.baselines.config import BaselineConfig
 from capt.baselines.info import ModelInfo, baseline_spec, model_info
 from capt.errors import AdapterError, DetachedError, MethodError, UnsupportedCallError
+from capt.phases import SinglePhase
 
 logger = logging.getLogger(__name__)
 
 _MARKER = "_capt_baseline_attached"
 
 
-class AdaptedModel(nn.Module):
+class AdaptedModel(SinglePhase, nn.Module):
     """A base model plus one baseline method.
 
     ``forward(**kwargs)`` takes the base model's arguments and returns the base model's output type;

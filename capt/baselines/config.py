@@ -154,6 +154,7 @@ from capt.baselines.residual_prompt.config import ResidualPromptConfig  # noqa: 
 from capt.baselines.smop.config import SMoPConfig  # noqa: E402
 from capt.baselines.superpos_prompt.config import SuperPosPromptConfig  # noqa: E402
 from capt.baselines.vfpt.config import VfptConfig  # noqa: E402
+from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402
 
 CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
@@ -161,4 +162,5 @@ CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
     DeptConfig,
     ResidualPromptConfig, SuperPosPromptConfig, VfptConfig,
     SMoPConfig, EPTConfig,
+    XPromptConfig,
 )

@@ -42,7 +42,8 @@ def main() -> None:
         _delay_checkpoints_of_rank(int(os.environ[LATE_RANK]), seconds=2.0)
     job = build_job(load_job_config(None, [f"output_dir={output_dir}", *overrides]))
     fit(job)
-    weights = trainable_state(job.accelerator.unwrap_model(job.model))
+    model = job.accelerator.unwrap_model(job.model)
+    weights = {**trainable_state(model), **model.phase_state()}  # phase state: e.g. XPrompt's masks, per rank
     save_file(weights, str(output_dir / f"rank{job.accelerator.process_index}.safetensors"))
 
 

@@ -20,6 +20,7 @@ from capt.baselines.residual_prompt.config import ResidualPromptConfig
 from capt.baselines.smop.config import SMoPConfig
 from capt.baselines.superpos_prompt.config import SuperPosPromptConfig
 from capt.baselines.vfpt.config import VfptConfig
+from capt.baselines.xprompt.config import XPromptConfig
 
 KINDS = ("t5", "llama", "qwen2", "bert")
 INIT = 0.15
@@ -63,6 +64,9 @@ def small_config(method: str, **overrides: Any) -> Any:
     if method == "ept":
         return EPTConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "num_spaces": 2, "space_rank": 2,
                             "init_std": 0.5, **overrides})
+    if method == "xprompt":
+        return XPromptConfig(**{"num_tokens": 4, "pieces": 4, "init_std": 0.5, "token_prune_fraction": 0.5,
+                                "piece_prune_fraction": 0.25, "score_batches": 2, **overrides})
     return FullFinetuneConfig(**overrides)
 
 

@@ -27,6 +27,8 @@ from .baselines_helpers import build
 
 
 def test_methods_map_names_to_config_classes() -> None:
+    from capt.baselines.xprompt.config import XPromptConfig
+
     assert {"prompt_tuning": PromptTuningConfig, "ptuning_v2": PTuningV2Config,
                        "lora": LoraConfig, "full_finetune": FullFinetuneConfig,
                        "adapter": AdapterConfig,
@@ -34,7 +36,8 @@ def test_methods_map_names_to_config_classes() -> None:
                        "residual_prompt": ResidualPromptConfig,
                        "superpos_prompt": SuperPosPromptConfig,
                        "vfpt": VfptConfig,
-                       "smop": SMoPConfig, "ept": EPTConfig} == METHODS
+                       "smop": SMoPConfig, "ept": EPTConfig,
+                       "xprompt": XPromptConfig} == METHODS
     for name, cls in METHODS.items():
         assert cls.method == name
         assert cls.from_dict(cls().to_dict()) == cls()

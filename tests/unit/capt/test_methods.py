@@ -28,6 +28,7 @@ SMALL_OPTIONS = {
     "vfpt": {"num_tokens": 3},
     "smop": {"num_tokens": 2, "num_prompts": 3},
     "ept": {"num_tokens": 2, "rank": 2, "max_length": 16, "num_spaces": 2, "space_rank": 2},
+    "xprompt": {"num_tokens": 4, "pieces": 4},
 }
 
 
@@ -68,7 +69,8 @@ def test_sequence_overhead_is_the_positions_each_method_adds():
                          "adapter": 0,
                          "dept": 2,
                          "residual_prompt": 2, "superpos_prompt": 3, "vfpt": 3,
-                         "smop": 2, "ept": 2}
+                         "smop": 2, "ept": 2,
+                         "xprompt": 4}
     prepend = METHODS["capt"].build_config({"fusion": "prepend", "length": 2})
     assert METHODS["capt"].model_class.sequence_overhead(prepend) == 3
 

@@ -26,6 +26,8 @@ OPTIONS["superpos_prompt"] = {"num_tokens": 4, "num_sampled": 32}
 OPTIONS["vfpt"] = {"num_tokens": 4}
 OPTIONS["smop"] = {"num_tokens": 4, "num_prompts": 2}
 OPTIONS["ept"] = {"num_tokens": 4, "rank": 4, "max_length": 96, "num_spaces": 2, "space_rank": 2}
+OPTIONS["xprompt"] = {"num_tokens": 4, "pieces": 4, "token_prune_fraction": 0.25, "piece_prune_fraction": 0.25,
+                      "pruning_at": 0.3}
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -1,0 +1,50 @@
+"""`XPromptConfig`: the options of XPrompt (imports no torch, so config validation stays light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capt.baselines.config import BaselineConfig, _is_int, _is_real
+from capt.errors import Problems
+
+
+@dataclass(frozen=True)
+class XPromptConfig(BaselineConfig):
+    """XPrompt: a soft prompt trained, pruned by token and then by piece, rewound and trained again."""
+
+    method: ClassVar[str] = "xprompt"
+    instance_token: ClassVar[bool] = False
+    """XPrompt adds no instance token (the prompt-tuning model it extends reads this)."""
+
+    num_tokens: int = 100
+    """Number of soft-prompt vectors before pruning (each of width d)."""
+    init: str = "normal"
+    """Initialisation: "normal" (N(0, init_std)) or "vocab" (copies of randomly drawn token embeddings)."""
+    init_std: float = 0.02
+    """Standard deviation of the "normal" initialisation."""
+    pieces: int = 16
+    """Pieces each prompt vector is split into for piece-level pruning (must divide the model width d)."""
+    token_prune_fraction: float = 0.2
+    """Fraction of the prompt tokens removed by token-level pruning (the lowest importance scores)."""
+    piece_prune_fraction: float = 0.2
+    """Fraction of the surviving tokens' pieces removed by piece-level pruning (the lowest importance scores)."""
+    pruning_at: float = 0.5
+    """When prompt tuning ends and the pruned prompt's re-training begins, as a fraction of the job's optimiser steps."""
+    score_batches: int = 8
+    """Training batches whose loss gradients estimate the importance scores (token and piece level)."""
+
+    def _validate(self, check: Problems) -> None:
+        check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
+                      "integer >= 1")
+        check.require(self.init in ("normal", "vocab"), "init", self.init, "'normal' or 'vocab'")
+        check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std, "finite number > 0")
+        check.require(_is_int(self.pieces) and self.pieces >= 1, "pieces", self.pieces,
+                      "integer >= 1 that divides the model width")
+        for name in ("token_prune_fraction", "piece_prune_fraction"):
+            value = getattr(self, name)
+            check.require(_is_real(value) and 0.0 <= value < 1.0, name, value, "number in [0, 1) (0: prune nothing)")
+        check.require(_is_real(self.pruning_at) and 0.0 < self.pruning_at < 1.0, "pruning_at", self.pruning_at,
+                      "number in (0, 1)")
+        check.require(_is_int(self.score_batches) and self.score_batches >= 1, "score_batches", self.score_batches,
+                      "integer >= 1")
