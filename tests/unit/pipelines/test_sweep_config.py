@@ -36,11 +36,19 @@ def test_every_shipped_sweep_parses_and_names_its_command(path):
 
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
 @pytest.mark.slow
-def test_paper_grids_are_seven_tasks_five_methods_three_seeds(name):
+def test_paper_grids_are_seven_tasks_every_method_three_seeds(name):
+    from pipelines.config import METHOD_NAMES
+
     sweep = load_sweep_config(CONFIGS / "paper" / f"{name}.yaml")
     points = trials(sweep)
-    assert len(points) == 7 * 5 * 3
-    assert {p.method for p in points} == {"capt", "prompt_tuning", "ptuning_v2", "lora", "full_finetune"}
+    assert len(points) == 7 * len(METHOD_NAMES) * 3
+    assert {p.method for p in points} == set(METHOD_NAMES), "CaPT and all twelve baselines of the paper's table"
+    first = {p.method: p.job for p in points}
+    assert first["dept"]["method"]["options"] == {"num_tokens": 60, "rank": 30, "max_length": 256,
+                                                  "embedding_lr": 0.0005}
+    assert (first["smop"]["optim"]["name"], first["smop"]["optim"]["lr"]) == ("adafactor", 0.5)
+    assert first["adapter"]["method"]["options"] == {"bottleneck": 24}
+    assert (first["residual_prompt"]["optim"]["name"], first["residual_prompt"]["optim"]["lr"]) == ("adamw", 0.3)
     boolq = next(p for p in points if p.task == "boolq")
     assert boolq.job["task"]["source"] == "hub", "BoolQ's train split comes from the hub"
     lora = next(p for p in points if p.method == "lora")
@@ -58,6 +66,10 @@ def test_ablations_cover_every_row_of_the_table():
     assert any(o.get("instance_mean") is False for o in options.values())
     assert any(o.get("length", 1) > 1 for o in options.values())
     assert any(o.get("instance_token") for o in options.values())
+    assert any(o.get("instance_tokens") for o in options.values()), "P-Tuning v2 + training-free instance token"
+    from pipelines.config import METHOD_NAMES
+
+    assert {p.job["method"]["name"] for p in points} == set(METHOD_NAMES), "CaPT beside all twelve baselines"
     assert {p.model for p in points if p.method.startswith("capt-length")} == {"meta-llama/Llama-3.2-1B"}
 
 
