@@ -1,4 +1,6 @@
-"""Baselines of the CaPT paper behind one interface: prompt tuning, P-Tuning v2, LoRA, full fine-tuning.
+"""Baselines of the CaPT paper behind one interface: prompt tuning, P-Tuning v2, LoRA, full fine-tuning, and (one
+folder each, PEFT-style: ``<method>/config.py`` + ``<method>/model.py``) Adapter, DePT, EPT, ResPrompt, SMoP,
+SuperPos-Prompt, VFPT and XPrompt.
 
     from capt.baselines import METHODS, apply, load_adapter
     adapted = apply(model, METHODS["ptuning_v2"](num_tokens=20))

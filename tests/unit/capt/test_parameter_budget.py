@@ -112,6 +112,8 @@ def test_ept_budget_on_t5_base():
     # EPT (Lan et al. 2025) at its defaults (DePT's l=60, r=30, s=256, plus 4 subspaces of rank 4): the paper's own
     # count could not be read here. 60*768 + 256*30 + 30*768 (DePT's 76,800) + 4*2*768*4 + 4*768.
     assert _method_budget("t5-base", "ept", {}) == 76_800 + 4 * 2 * 768 * 4 + 4 * 768 == 104_448
+
+
 def test_xprompt_budget_on_t5_base():
     from capt.baselines.xprompt.config import XPromptConfig
     from capt.methods import apply_method
