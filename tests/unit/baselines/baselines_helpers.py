@@ -123,3 +123,16 @@ def greedy_without_cache(adapted: Any, kind: str, ids: torch.Tensor, steps: int,
             logits = adapted(input_ids=seq, attention_mask=mask, use_cache=False, **kwargs).logits
             seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         return seq
+
+
+def perturb(adapted: Any, scale: float = 0.1) -> None:
+    """Move every trainable tensor (zero-initialised ones included) away from its initial value."""
+    with torch.no_grad():
+        for param in adapted.trainable_parameters():
+            param.add_(torch.randn_like(param) * scale)
+
+
+def logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's logits on `batch`, without a graph."""
+    with torch.no_grad():
+        return model(**batch).logits

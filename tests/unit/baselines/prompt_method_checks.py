@@ -10,8 +10,7 @@ import torch
 
 from capt.baselines import apply
 
-from .baselines_helpers import build, fixed_ids, greedy_without_cache, random_batch
-from .soft_prompt_checks import perturb
+from .baselines_helpers import build, fixed_ids, greedy_without_cache, perturb, random_batch
 
 
 def trains_only_its_parameters(kind: str, config: Any, lr: float, steps: int = 30) -> None:

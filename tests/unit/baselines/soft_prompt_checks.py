@@ -13,7 +13,7 @@ import torch
 from capt.baselines import AdapterError, apply, load_adapter
 from capt.baselines.io import META_NAME, WEIGHTS_NAME
 
-from .baselines_helpers import build, fixed_ids, greedy_without_cache, random_batch
+from .baselines_helpers import build, fixed_ids, greedy_without_cache, perturb, random_batch
 
 TRAIN_STEPS = 8
 
@@ -38,13 +38,6 @@ def trains_only_its_parameters(kind: str, config: Any, expected_count: int, lr: 
         optimizer.step()
         optimizer.zero_grad()
     assert adapted(**batch).loss.item() < first.item() - 0.05
-
-
-def perturb(adapted: Any) -> None:
-    """Move every trainable tensor away from its initial value."""
-    with torch.no_grad():
-        for param in adapted.trainable_parameters():
-            param.add_(torch.randn_like(param) * 0.1)
 
 
 def round_trip(kind: str, config: Any, directory: Path) -> tuple[Any, Any]:

@@ -12,21 +12,19 @@ from capt.baselines import AdapterError, apply, load_adapter
 from capt.baselines.adapter.config import AdapterConfig
 from capt.errors import ConfigError, MethodError
 
-from .baselines_helpers import build, fixed_ids, greedy_without_cache, random_batch, small_config
+from .baselines_helpers import (
+    build,
+    fixed_ids,
+    greedy_without_cache,
+    logits,
+    perturb,
+    random_batch,
+    small_config,
+)
 
 FAMILIES = ("t5", "llama", "bert")
 
 
-def _perturb(adapted) -> None:
-    """Move every trained tensor (the zero-initialised up projections included) away from its initial value."""
-    with torch.no_grad():
-        for param in adapted.trainable_parameters():
-            param.add_(torch.randn_like(param) * 0.3)
-
-
-def _logits(model, batch):
-    with torch.no_grad():
-        return model(**batch).logits
 
 
 def _expected_count(model: torch.nn.Module, config: AdapterConfig) -> int:
@@ -43,9 +41,9 @@ def _expected_count(model: torch.nn.Module, config: AdapterConfig) -> int:
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_training_starts_exactly_at_the_base_model(kind: str) -> None:
     model, batch = build(kind), random_batch(kind)
-    before = _logits(model, batch)
+    before = logits(model, batch)
     adapted = apply(model, small_config("adapter", sublayers=["attention", "feed_forward"]))
-    torch.testing.assert_close(_logits(adapted, batch), before, rtol=0, atol=0)
+    torch.testing.assert_close(logits(adapted, batch), before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("train_layer_norms", [True, False])
@@ -85,17 +83,17 @@ def test_cross_attention_adapters_are_t5_decoder_only() -> None:
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_round_trip_gives_identical_outputs_and_detach_restores_the_base(kind: str, tmp_path: Path) -> None:
     model, batch = build(kind), random_batch(kind)
-    before = _logits(model, batch)
+    before = logits(model, batch)
     adapted = apply(model, small_config("adapter"))
-    _perturb(adapted)
-    expected = _logits(adapted, batch)
+    perturb(adapted, 0.3)
+    expected = logits(adapted, batch)
     assert not torch.equal(expected, before)
     adapted.save_adapter(tmp_path / "artifact")
     loaded = load_adapter(build(kind), tmp_path / "artifact")
-    torch.testing.assert_close(_logits(loaded, batch), expected, rtol=0, atol=0)
+    torch.testing.assert_close(logits(loaded, batch), expected, rtol=0, atol=0)
     base = adapted.detach()
     assert all(not m._forward_hooks for m in base.modules())
-    torch.testing.assert_close(_logits(base, batch), before, rtol=0, atol=0)
+    torch.testing.assert_close(logits(base, batch), before, rtol=0, atol=0)
 
 
 def test_artifact_of_another_base_model_is_refused(tmp_path: Path) -> None:
@@ -118,7 +116,7 @@ def test_corrupt_weights_are_refused(tmp_path: Path) -> None:
     ("llama", ["attention", "feed_forward"])])
 def test_cached_generate_equals_uncached_greedy(kind: str, sublayers: list[str]) -> None:
     adapted = apply(build(kind), small_config("adapter", sublayers=sublayers))
-    _perturb(adapted)
+    perturb(adapted, 0.3)
     ids = fixed_ids(batch=3, length=5)
     generated = adapted.generate(ids, torch.ones_like(ids), max_new_tokens=6, do_sample=False, use_cache=True)
     assert torch.equal(generated, greedy_without_cache(adapted, kind, ids, 6))

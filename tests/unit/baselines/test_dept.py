@@ -13,21 +13,19 @@ from capt.baselines.dept.config import DeptConfig
 from capt.baselines.prompt import PromptTuningModel
 from capt.errors import ConfigError
 
-from .baselines_helpers import build, fixed_ids, greedy_without_cache, random_batch, small_config
+from .baselines_helpers import (
+    build,
+    fixed_ids,
+    greedy_without_cache,
+    logits,
+    perturb,
+    random_batch,
+    small_config,
+)
 
 FAMILIES = ("t5", "llama", "bert")
 
 
-def _perturb(adapted) -> None:
-    """Move every tensor (B, which starts at zero, included) away from its initial value."""
-    with torch.no_grad():
-        for param in adapted.trainable_parameters():
-            param.add_(torch.randn_like(param) * 0.3)
-
-
-def _logits(model, batch):
-    with torch.no_grad():
-        return model(**batch).logits
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
@@ -67,17 +65,17 @@ def test_training_starts_at_prompt_tuning(kind: str) -> None:
     """B starts at zero: DePT's first forward is prompt tuning's with the same prompt."""
     batch = random_batch(kind)
     dept = apply(build(kind), small_config("dept"))
-    expected = _logits(dept, batch)
+    expected = logits(dept, batch)
     prompt_tuning = apply(build(kind), small_config("prompt_tuning", num_tokens=3))
     with torch.no_grad():
         prompt_tuning.prompt.copy_(dept.prompt)
-    torch.testing.assert_close(_logits(prompt_tuning, batch), expected, rtol=0, atol=0)
+    torch.testing.assert_close(logits(prompt_tuning, batch), expected, rtol=0, atol=0)
     assert isinstance(dept, PromptTuningModel)
 
 
 def test_offsets_stop_at_max_length() -> None:
     adapted = apply(build("llama"), small_config("dept", max_length=4))
-    _perturb(adapted)
+    perturb(adapted, 0.3)
     with torch.no_grad():
         offsets = adapted.offsets(2, 5)
     assert offsets.shape == (5, 32)
@@ -87,17 +85,17 @@ def test_offsets_stop_at_max_length() -> None:
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_round_trip_gives_identical_outputs_and_detach_restores_the_base(kind: str, tmp_path: Path) -> None:
     model, batch = build(kind), random_batch(kind)
-    before = _logits(model, batch)
+    before = logits(model, batch)
     adapted = apply(model, small_config("dept"))
-    _perturb(adapted)
-    expected = _logits(adapted, batch)
+    perturb(adapted, 0.3)
+    expected = logits(adapted, batch)
     adapted.save_adapter(tmp_path / "artifact")
     loaded = load_adapter(build(kind), tmp_path / "artifact")
     assert loaded.adapter_config == adapted.adapter_config
-    torch.testing.assert_close(_logits(loaded, batch), expected, rtol=0, atol=0)
+    torch.testing.assert_close(logits(loaded, batch), expected, rtol=0, atol=0)
     base = adapted.detach()
     assert all(not m._forward_hooks for m in base.modules())
-    torch.testing.assert_close(_logits(base, batch), before, rtol=0, atol=0)
+    torch.testing.assert_close(logits(base, batch), before, rtol=0, atol=0)
 
 
 def test_artifact_of_another_base_model_or_corrupt_is_refused(tmp_path: Path) -> None:
@@ -114,7 +112,7 @@ def test_artifact_of_another_base_model_or_corrupt_is_refused(tmp_path: Path) ->
 def test_cached_generate_equals_uncached_greedy(kind: str, max_length: int) -> None:
     """Generated tokens get their positions' offsets (up to max_length 16; past it from the third one with 7)."""
     adapted = apply(build(kind), small_config("dept", max_length=max_length))
-    _perturb(adapted)
+    perturb(adapted, 0.3)
     ids = fixed_ids(batch=3, length=5)
     generated = adapted.generate(ids, torch.ones_like(ids), max_new_tokens=6, do_sample=False, use_cache=True)
     assert torch.equal(generated, greedy_without_cache(adapted, kind, ids, 6))
