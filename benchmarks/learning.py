@@ -102,6 +102,7 @@ def trial_results(sweep) -> list[dict[str, Any]]:
         result = json.loads(path.read_text())
         rows.append({"task": trial.task, "model": trial.model, "method": trial.method, "seed": trial.seed,
                      "test_score": result["metrics"].get("test_score"),
+                     "test_accuracy": result["metrics"].get("test_accuracy"),
                      "best_validation_score": result["metrics"].get("best_validation_score"),
                      "steps": result["steps"], "trainable": result["trainable_parameters"],
                      "lr": (result.get("optimizer") or {}).get("lr"), "head_lr": (result.get("optimizer") or {}).get("head_lr"),
@@ -199,7 +200,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
             rows = trial_results(load_sweep_config(REPO / config["config"], overrides))
     body = text.split("\n", 1)[1]  # without the report's own title
     result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
-    result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "test_score", "best_validation_score",
+    result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "test_score", "test_accuracy",
+                                               "best_validation_score",
                                                "steps", "trainable", "lr", "head_lr",
                                                "train_loss_curve", "fit_s"], rows))
     result.plots.append("learning/report.png")
