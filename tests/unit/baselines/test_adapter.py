@@ -25,8 +25,6 @@ from .baselines_helpers import (
 FAMILIES = ("t5", "llama", "bert")
 
 
-
-
 def _expected_count(model: torch.nn.Module, config: AdapterConfig) -> int:
     """Adapters per sub-layer times 2 d m + m + d, plus every layer norm's weight (and bias) when they train."""
     d, m = model.config.hidden_size, config.bottleneck

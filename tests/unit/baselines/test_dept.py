@@ -26,8 +26,6 @@ from .baselines_helpers import (
 FAMILIES = ("t5", "llama", "bert")
 
 
-
-
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_dept_trains_only_its_parameters(kind: str) -> None:
     model = build(kind)
