@@ -70,13 +70,11 @@ class DeptModel(PromptTuningModel):
                       inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                       prompt_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Offset input embeddings, then prompt tuning's insertion of the soft prompt."""
-        if inputs_embeds is None:
-            inputs_embeds = self.embed(input_ids)
-            if self._next_position is None:  # while generating, the embedding's hook has added them
-                inputs_embeds = inputs_embeds + self.offsets(0, inputs_embeds.shape[1]).to(inputs_embeds.dtype)
-        else:
-            inputs_embeds = inputs_embeds + self.offsets(0, inputs_embeds.shape[1]).to(inputs_embeds.dtype)
-        return super().extend_inputs(None, attention_mask, inputs_embeds, labels, prompt_mask)
+        hook_offsets = inputs_embeds is None and self._next_position is not None  # generating: the hook adds them
+        embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        if not hook_offsets:
+            embeds = embeds + self.offsets(0, embeds.shape[1]).to(embeds.dtype)
+        return super().extend_inputs(None, attention_mask, embeds, labels, prompt_mask)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

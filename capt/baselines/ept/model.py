@@ -72,8 +72,8 @@ class EPTModel(DeptModel):
 
     def parameter_groups(self) -> list[tuple[list[nn.Parameter], float | None]]:
         """The prompt, subspaces and gate at the job's learning rate; A and B at ``embedding_lr`` (as DePT)."""
-        own = [self.prompt, self.space_down, self.space_up, self.gate]
-        return [(own, None), ([self.embedding_a, self.embedding_b], self.adapter_config.embedding_lr)]
+        (prompt, job_lr), offsets = super().parameter_groups()
+        return [([*prompt, self.space_down, self.space_up, self.gate], job_lr), offsets]
 
     def current_prompt(self) -> torch.Tensor:
         """The reconstructed (l, d) prompt: fusion with the offsets, then the gated multi-space projection."""
