@@ -93,6 +93,7 @@ def data_dir_env(path: Path) -> Iterator[None]:
 def trial_results(sweep) -> list[dict[str, Any]]:
     """One row per finished trial of `sweep` (read from its result.json), labelled by the method row."""
     from pipelines.sweeps.config import trials
+    from pipelines.sweeps.select import select_label
 
     rows = []
     for trial in trials(sweep):  # candidates that did not run (the quick route runs one per row) have no result
@@ -101,6 +102,7 @@ def trial_results(sweep) -> list[dict[str, Any]]:
             continue
         result = json.loads(path.read_text())
         rows.append({"task": trial.task, "model": trial.model, "method": trial.method, "seed": trial.seed,
+                     "select": select_label(trial.select),
                      "test_score": result["metrics"].get("test_score"),
                      "test_accuracy": result["metrics"].get("test_accuracy"),
                      "best_validation_score": result["metrics"].get("best_validation_score"),
@@ -200,7 +202,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
             rows = trial_results(load_sweep_config(REPO / config["config"], overrides))
     body = text.split("\n", 1)[1]  # without the report's own title
     result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
-    result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "test_score", "test_accuracy",
+    result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "select", "test_score",
+                                               "test_accuracy",
                                                "best_validation_score",
                                                "steps", "trainable", "lr", "head_lr",
                                                "train_loss_curve", "fit_s"], rows))
