@@ -4,13 +4,15 @@
         benchmarks/results/learning_3seeds/copa_wic_boolq --out benchmarks/results/learning_3seeds
 
 On a small machine the whole learning grid does not fit one sitting, so it runs in pieces that differ only
-in their `tasks=[...]` override (`python -m benchmarks.run --only learning --learning-override
-"tasks=[cb,rte]" --out DIR`). This reads each piece's "Every trial" rows and tabulates them together with
-`pipelines.report`'s own table and plot functions (mean ± std over seeds, the SuperGLUE average column), so the
-merged table is the one `python -m pipelines.report` would print for a single sweep over all the tasks.
+in their `tasks=[...]` and `methods=[...]` overrides (`python -m benchmarks.run --only learning
+--learning-override "tasks=[cb,rte]" --out DIR`). This reads each piece's "Every trial" rows, keeps for each
+(model, task, method) the `select:` combination with the best mean validation score over seeds, as the
+sweep's own report does (`pipelines.sweeps.select.chosen_labels`), and tabulates the kept test scores with
+`pipelines.report`'s table and plot functions (mean ± std over seeds, the chosen value, the SuperGLUE average
+column), so the merged table is the one `python -m pipelines.report` would print for one sweep over the union.
 
-The pieces must share the sweep config and every override but `tasks`, and no (task, method, seed) may
-appear in two of them; every problem is reported at once and nothing is written.
+The pieces must share the sweep config and every override but `tasks` and `methods`, and no (task, method,
+seed, combination) may appear in two of them; every problem is reported at once and nothing is written.
 """
 
 from __future__ import annotations
@@ -57,10 +59,14 @@ def trials_table(result: dict[str, Any]) -> dict[str, Any] | None:
     return next((t for t in result.get("tables", []) if t.get("title") == TRIALS_TABLE), None)
 
 
+PARTITION_OVERRIDES = ("tasks=", "methods=")
+"""Overrides that split the grid into pieces; every other override must be the same in every piece."""
+
+
 def shared_settings(result: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """(sweep config, overrides other than tasks): what every piece must have in common."""
+    """(sweep config, overrides other than tasks and methods): what every piece must have in common."""
     settings = result.get("settings", {})
-    overrides = tuple(o for o in settings.get("overrides", []) if not o.startswith("tasks="))
+    overrides = tuple(o for o in settings.get("overrides", []) if not o.startswith(PARTITION_OVERRIDES))
     return settings.get("config", ""), overrides
 
 
@@ -85,8 +91,24 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
             break
         if row.get("test_score") is not None:
             rows.append({"model": model, "task": row["task"], "method": row["method"], "seed": str(row["seed"]),
-                         "value": float(row["test_score"]), "piece": str(folder)})
+                         "select": combination(row), "value": float(row["test_score"]),
+                         "validation": row.get("best_validation_score"), "piece": str(folder)})
     return rows, problems
+
+
+def combination(row: dict[str, Any]) -> str:
+    """The row's `select:` label; rows written before trials carried it are told apart by their resolved lrs."""
+    if "select" in row:
+        return row["select"] or ""
+    return ",".join(f"{key}={row[key]}" for key in ("lr", "head_lr") if row.get(key) is not None)
+
+
+def chosen_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of each (model, task, method)'s combination with the best mean validation score."""
+    from pipelines.sweeps.select import chosen_labels
+
+    chosen = chosen_labels(rows, label="select")
+    return [row for row in rows if chosen.get((row["model"], row["task"], row["method"]), row["select"]) == row["select"]]
 
 
 def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -105,21 +127,21 @@ def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str
         problems += piece_problems
     settings = {shared_settings(r) for _, r in results}
     if len(settings) > 1:
-        problems.append("the pieces differ in more than their tasks: " + "; ".join(
+        problems.append("the pieces differ in more than their tasks and methods: " + "; ".join(
             f"{folder}: config {shared_settings(r)[0]}, other overrides {list(shared_settings(r)[1])}"
             for folder, r in results))
     problems += duplicate_trials(rows)
     if problems:
         raise MergeError("Cannot merge the learning results: " + "; ".join(problems) + ".")
-    return [r for _, r in results], rows
+    return [r for _, r in results], chosen_rows(rows)
 
 
 def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
-    """One problem per (model, task, method, seed) that two pieces both ran."""
+    """One problem per (model, task, method, seed, combination) that two pieces both ran."""
     seen: dict[tuple[str, ...], str] = {}
     problems = []
     for row in rows:
-        key = (row["model"], row["task"], row["method"], row["seed"])
+        key = (row["model"], row["task"], row["method"], row["seed"], *filter(None, [row["select"]]))
         if key in seen and seen[key] != row["piece"]:
             problems.append(f"{'/'.join(key)} is in both {seen[key]} and {row['piece']}")
         seen.setdefault(key, row["piece"])
@@ -127,7 +149,7 @@ def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def sources_text(folders: list[Path], results: list[dict[str, Any]]) -> str:
-    """A Markdown list of the pieces: folder, date, duration, tasks override and trial count."""
+    """A Markdown list of the pieces: folder, date, duration, overrides and trial count."""
     lines = ["## Pieces", ""]
     for folder, result in zip(folders, results, strict=True):
         table = trials_table(result)

@@ -104,3 +104,38 @@ def test_out_may_not_be_a_piece_and_a_skipped_run_is_refused(tmp_path):
     assert not (piece / "report.md").exists()
     assert (piece / "learning.json").read_text() == before
     assert json.loads(before)["name"] == "learning"
+
+
+def write_selected_piece(folder: Path, methods: dict[str, dict[str, tuple[float, float]]]) -> Path:
+    """A CB piece split by method rows: method -> select label -> (validation, test) of each of 3 seeds."""
+    rows = [{"task": "cb", "model": "minilm", "method": method, "seed": seed, "select": label,
+             "test_score": test + seed, "best_validation_score": validation + seed, "steps": 150}
+            for method, by_label in methods.items() for label, (validation, test) in by_label.items()
+            for seed in range(3)]
+    row_override = "methods=[" + ", ".join(f"{{name: {m}}}" for m in methods) + "]"
+    settings = {**learning.settings(quick=False), "overrides": ["tasks=[cb]", row_override]}
+    result = BenchResult("learning", learning.TITLE, settings, started="2026-11-30T00:00:00+00:00", duration_s=60.0)
+    result.tables.append(Table(learning_merge.TRIALS_TABLE, list(rows[0]), rows))
+    save_result(result, folder)
+    return folder
+
+
+def test_pieces_split_by_method_rows_keep_only_the_value_chosen_on_validation(tmp_path):
+    # capt's best validation (lr 0.1) is not its best test (lr 0.3): the table must show lr 0.1's test scores.
+    first = write_selected_piece(tmp_path / "capt", {"capt": {"optim.lr=0.1": (70.0, 50.0),
+                                                              "optim.lr=0.3": (60.0, 90.0)}})
+    second = write_selected_piece(tmp_path / "lora", {"lora": {"optim.lr=0.0001": (55.0, 40.0),
+                                                               "optim.lr=0.002": (65.0, 45.0)}})
+    out = tmp_path / "merged"
+
+    assert learning_merge.main([str(first), str(second), "--out", str(out)]) == 0
+
+    text = (out / "report.md").read_text()
+    assert table_row(text, "capt")[0].startswith("51.00 ± 1.00") and "optim.lr=0.1" in table_row(text, "capt")[0]
+    assert table_row(text, "lora")[0].startswith("46.00 ± 1.00") and "optim.lr=0.002" in table_row(text, "lora")[0]
+    assert "91.00" not in text and "41.00" not in text  # unchosen values' test scores never appear
+
+
+def test_rows_without_a_select_label_are_told_apart_by_their_lrs():
+    old = [{"lr": 0.03, "head_lr": 0.01}, {"lr": 0.1, "head_lr": 0.01}, {"select": "", "lr": 0.3}]
+    assert [learning_merge.combination(row) for row in old] == ["lr=0.03,head_lr=0.01", "lr=0.1,head_lr=0.01", ""]
