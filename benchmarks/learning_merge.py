@@ -9,7 +9,8 @@ in their `tasks=[...]` and `methods=[...]` overrides (`python -m benchmarks.run 
 (model, task, method) the `select:` combination with the best mean validation score over seeds, as the
 sweep's own report does (`pipelines.sweeps.select.chosen_labels`), and tabulates the kept test scores with
 `pipelines.report`'s table and plot functions (mean ± std over seeds, the chosen value, the SuperGLUE average
-column), so the merged table is the one `python -m pipelines.report` would print for one sweep over the union.
+column; then the same trials' test accuracy), so the merged table is the one `python -m pipelines.report`
+would print for one sweep over the union.
 
 The pieces must share the sweep config and every override but `tasks` and `methods`, and no (task, method,
 seed, combination) may appear in two of them; every problem is reported at once and nothing is written.
@@ -92,6 +93,7 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
         if row.get("test_score") is not None:
             rows.append({"model": model, "task": row["task"], "method": row["method"], "seed": str(row["seed"]),
                          "select": combination(row), "value": float(row["test_score"]),
+                         "accuracy": row.get("test_accuracy"),
                          "validation": row.get("best_validation_score"), "piece": str(folder)})
     return rows, problems
 
@@ -169,6 +171,9 @@ def merge(folders: list[Path], out: Path) -> str:
     tables = build_tables(pd.DataFrame(rows))
     config = shared_settings(results[0])[0]
     text = markdown(tables, "test_score", f"{config}, merged from {len(folders)} benchmark run(s): test_score")
+    accuracy = [{**row, "value": float(row["accuracy"])} for row in rows if row.get("accuracy") is not None]
+    if accuracy:  # the same chosen trials' accuracy (pieces written before trials carried it have none)
+        text += "\n" + markdown(build_tables(pd.DataFrame(accuracy)), "test_accuracy", "The same trials: test_accuracy")
     text += "\n" + sources_text(folders, results) + f"\n\n![{PLOT}]({PLOT})\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT).write_text(text, encoding="utf-8")

@@ -109,7 +109,8 @@ def test_out_may_not_be_a_piece_and_a_skipped_run_is_refused(tmp_path):
 def write_selected_piece(folder: Path, methods: dict[str, dict[str, tuple[float, float]]]) -> Path:
     """A CB piece split by method rows: method -> select label -> (validation, test) of each of 3 seeds."""
     rows = [{"task": "cb", "model": "minilm", "method": method, "seed": seed, "select": label,
-             "test_score": test + seed, "best_validation_score": validation + seed, "steps": 150}
+             "test_score": test + seed, "test_accuracy": test + 10 + seed, "best_validation_score": validation + seed,
+             "steps": 150}
             for method, by_label in methods.items() for label, (validation, test) in by_label.items()
             for seed in range(3)]
     row_override = "methods=[" + ", ".join(f"{{name: {m}}}" for m in methods) + "]"
@@ -134,6 +135,8 @@ def test_pieces_split_by_method_rows_keep_only_the_value_chosen_on_validation(tm
     assert table_row(text, "capt")[0].startswith("51.00 ± 1.00") and "optim.lr=0.1" in table_row(text, "capt")[0]
     assert table_row(text, "lora")[0].startswith("46.00 ± 1.00") and "optim.lr=0.002" in table_row(text, "lora")[0]
     assert "91.00" not in text and "41.00" not in text  # unchosen values' test scores never appear
+    accuracy = text[text.index("test_accuracy"):]
+    assert table_row(accuracy, "capt")[0].startswith("61.00 ± 1.00") and "101.00" not in accuracy
 
 
 def test_rows_without_a_select_label_are_told_apart_by_their_lrs():
