@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from benchmarks.common import Table, markdown_table
 
+TITLE = "A trained capsule's test score, as trained and with its task vectors zeroed"
 COLUMNS = ("job", "method", "lr", "seed", "test_score", "job_test_score", "test_score_zeroed", "changed_predictions_pct",
            "vector_norm_per_layer")
 
@@ -35,13 +36,11 @@ def task_vectors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def scored(predictor: Any, examples: list) -> tuple[list[int], dict[str, float]]:
     """(predicted label ids, the task's metrics) of `predictor`'s model on `examples`."""
-    from capt.tasks import compute_metrics
-    from pipelines.evaluation import predict
+    from pipelines.evaluation import metrics_of, predict
 
     ids = predict(predictor.model, examples, predictor.collator, predictor.spec, predictor.mode,
                   predictor.batch_size, predictor.max_new_tokens, predictor.tokenizer, predictor.device)
-    groups = [e.group for e in examples] if any(e.group is not None for e in examples) else None
-    return ids, compute_metrics(examples[0].task, ids, [e.label for e in examples], groups)
+    return ids, metrics_of(examples, ids)
 
 
 def influence(job_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
@@ -75,15 +74,6 @@ def influence(job_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
             "vector_norm_per_layer": float(norms.mean())}
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of `rows` (`COLUMNS`)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        cells = [f"{row[c]:.2f}" if isinstance(row[c], float) and c != "lr" else str(row[c]) for c in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: one row per job folder; exit 2 with one paragraph when a folder cannot be measured."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.capsule_influence",
@@ -105,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    print(markdown(rows))
+    print(markdown_table(Table(TITLE, list(COLUMNS), rows)))
     return 0
 
 

@@ -94,7 +94,11 @@ def evaluate(accelerator, model, examples: Sequence[Example], collator, spec: Ar
         local = predict(accelerator.unwrap_model(model), shard, collator, spec, mode,
                         max(1, batch_size // accelerator.num_processes), max_new_tokens, tokenizer,
                         accelerator.device)
-    predictions = _gather_in_order(accelerator, local)
+    return metrics_of(examples, _gather_in_order(accelerator, local))
+
+
+def metrics_of(examples: Sequence[Example], predictions: Sequence[int]) -> dict[str, float]:
+    """Task metrics (percent, plus "score") of `predictions`, one per example of `examples` (MultiRC's groups too)."""
     labels = [e.label for e in examples]
     groups = [e.group for e in examples] if any(e.group is not None for e in examples) else None
     return compute_metrics(examples[0].task, predictions, labels, groups)
