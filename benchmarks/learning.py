@@ -166,8 +166,9 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
         sweep = load_sweep_config(REPO / config["config"], overrides)
         for trial in first_combinations(trials(sweep)):
             train_run(validate_job_config(trial.job))
+        rows = trial_results(sweep)  # the trials' folders are keyed by their configs, which hold the data dir
     frame = pd.DataFrame([{"model": "minilm", "task": r["task"], "method": r["method"], "seed": str(r["seed"]),
-                           "value": r["test_score"]} for r in trial_results(sweep)])
+                           "value": r["test_score"]} for r in rows])
     tables = build_tables(frame)
     text = markdown(tables, "test_score", f"{sweep.name} (in-process): test_score")
     out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ The real benchmarks (`python -m benchmarks.run [--quick]`) are never run here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -150,17 +151,35 @@ def test_learning_splits_boolq_and_skips_without_data(tmp_path, monkeypatch):
     assert "CAPT_DATA_DIR" in learning.run(learning.settings(quick=True), tmp_path).skipped
 
 
+@pytest.mark.skipif(not os.environ.get("CAPT_DATA_DIR"), reason="needs the real task files (CAPT_DATA_DIR)")
+def test_the_quick_learning_route_tabulates_the_trials_it_ran(tmp_path):
+    # the trial folders are keyed by configs that hold the benchmark's own data dir, not the caller's CAPT_DATA_DIR
+    config = learning.settings(quick=True)
+    config["overrides"] = [*config["overrides"], "job.train.max_steps=1", "job.train.eval_every_steps=1",
+                           "methods=[{name: capt, label: head-only+anchor, options: {task_vector: false}, "
+                           "select: {optim.head_lr: [0.01, 0.03]}}]"]
+    result = learning.run(config, tmp_path)
+    assert not result.skipped and not result.error
+    (trials,) = [table.rows for table in result.tables if table.title == "Every trial"]
+    assert [(row["method"], row["task"], row["steps"]) for row in trials] == [("head-only+anchor", "cb", 1)]
+    assert trials[0]["test_score"] is not None and trials[0]["head_lr"] == 0.01, "the first combination ran"
+    assert "head-only+anchor" in (tmp_path / "learning" / "report.md").read_text()
+
+
 def test_the_sweep_configs_of_the_benchmarks_are_valid(monkeypatch, tmp_path):
     from pipelines.sweeps.config import load_sweep_config, trials
 
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
     grid = trials(load_sweep_config(ROOT / learning.CONFIG, []))
     # every row selects among 3 lrs (head-only: its head's lr) per task and seed, at MiniLM's validated readout
-    assert len(grid) == 5 * 3 * 6 * 3
+    assert len(grid) == 5 * 3 * 14 * 3
     for method in {t.method for t in grid}:
         assert len({t.select.get("optim.lr", t.select.get("optim.head_lr")) for t in grid if t.method == method}) >= 3
     assert {t.job["model"]["readout"] for t in grid} == {"mean"}
-    assert len(learning.first_combinations(grid)) == 5 * 6 * 3, "the quick route runs one combination per row"
+    from capt.methods import method_names
+
+    assert {t.job["method"]["name"] for t in grid} == set(method_names()), "CaPT and every registered baseline are rows of the grid"
+    assert len(learning.first_combinations(grid)) == 5 * 14 * 3, "the quick route runs one combination per row"
     assert len(trials(load_sweep_config(ROOT / "pipelines/configs/bench/overhead.yaml", []))) == 4
     for name in ("learning", "overhead"):
         first = (ROOT / f"pipelines/configs/bench/{name}.yaml").read_text().splitlines()[0]
