@@ -45,6 +45,20 @@ def settings(quick: bool) -> dict[str, Any]:
     return {**common, "route": "sweep", "overrides": [], "timeout_s": 3 * 3600}
 
 
+def rows_override(labels: list[str]) -> str:
+    """A `methods=[...]` override keeping the grid's rows named `labels` (a row's label, else its method name),
+    exactly as the shipped config writes them; ValueError listing the rows when one is unknown."""
+    import yaml
+
+    rows = yaml.safe_load((REPO / CONFIG).read_text(encoding="utf-8"))["methods"]
+    by_label = {row.get("label", row["name"]): row for row in rows}
+    unknown = [label for label in labels if label not in by_label]
+    if unknown:
+        raise ValueError(f"--learning-rows: unknown row(s) {', '.join(unknown)} (the rows of {CONFIG}: "
+                         f"{', '.join(by_label)})")
+    return "methods=" + json.dumps([by_label[label] for label in dict.fromkeys(labels)])
+
+
 def split_boolq(val_file: Path, target: Path, fraction: float, seed: int) -> str:
     """Write train.jsonl / val.jsonl from BoolQ's official validation file; returns a note saying so."""
     lines = [line for line in val_file.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -4,6 +4,7 @@
     python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
     python -m benchmarks.run --only step_cost inference
     CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
+    CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" --learning-rows capt lora
 
 Results go to benchmarks/results/ (<name>.json, *.png, report.md, run.json); the report covers every
 benchmark whose JSON is there, so `--only` refreshes one section and keeps the others.
@@ -86,7 +87,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     parser.add_argument("--learning-override", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the learning sweep config, e.g. seeds=[0] (repeatable; kept in its settings)")
-    return parser.parse_args(argv)
+    parser.add_argument("--learning-rows", nargs="+", default=[], metavar="ROW",
+                        help="run only these rows of the learning grid, by label (e.g. capt head-only+anchor lora): "
+                             "one piece of a grid run in pieces")
+    args = parser.parse_args(argv)
+    if args.learning_rows:
+        try:
+            args.learning_override.append(learning.rows_override(args.learning_rows))
+        except ValueError as err:
+            parser.error(str(err))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

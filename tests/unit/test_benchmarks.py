@@ -226,3 +226,22 @@ def test_learning_overrides_reach_the_learning_settings(monkeypatch, tmp_path):
     result = run_benchmark(learning, False, tmp_path, args.learning_override)
     assert result.skipped and result.settings["overrides"] == ["seeds=[0]", "tasks=[cb]"]
     assert json.loads((tmp_path / "learning.json").read_text())["settings"]["overrides"] == ["seeds=[0]", "tasks=[cb]"]
+
+
+def test_learning_rows_pick_the_grids_own_rows_and_refuse_unknown_ones(capsys, monkeypatch, tmp_path):
+    from benchmarks.run import parse
+    from pipelines.sweeps.config import load_sweep_config, trials
+
+    args = parse(["--only", "learning", "--learning-override", "tasks=[cb]", "--learning-rows", "head-only+anchor",
+                  "lora"])
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
+    picked = trials(load_sweep_config(ROOT / learning.CONFIG, args.learning_override))
+    full = [t for t in trials(load_sweep_config(ROOT / learning.CONFIG, ["tasks=[cb]"]))
+            if t.method in ("head-only+anchor", "lora")]
+    assert {t.method for t in picked} == {"head-only+anchor", "lora"} and len(picked) == 2 * 3 * 3
+    assert sorted(t.job["output_dir"] for t in picked) == sorted(t.job["output_dir"] for t in full), \
+        "a piece's trials are the whole grid's trials, config for config"
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["--only", "learning", "--learning-rows", "lora", "dora", "ia3"])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "dora, ia3" in message and "head-only+anchor" in message
