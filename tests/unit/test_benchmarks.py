@@ -28,6 +28,7 @@ from benchmarks import (  # noqa: E402
     time_to_result,
 )
 from benchmarks.common import BenchResult, Table, Target  # noqa: E402
+from capt.methods import method_names  # noqa: E402
 
 TINY_T5 = {"num_layers": 1, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2, "d_kv": 16,
            "vocab_size": 128}
@@ -176,8 +177,6 @@ def test_the_sweep_configs_of_the_benchmarks_are_valid(monkeypatch, tmp_path):
     for method in {t.method for t in grid}:
         assert len({t.select.get("optim.lr", t.select.get("optim.head_lr")) for t in grid if t.method == method}) >= 3
     assert {t.job["model"]["readout"] for t in grid} == {"mean"}
-    from capt.methods import method_names
-
     assert {t.job["method"]["name"] for t in grid} == set(method_names()), "CaPT and every registered baseline are rows of the grid"
     assert len(learning.first_combinations(grid)) == 5 * 14 * 3, "the quick route runs one combination per row"
     assert len(trials(load_sweep_config(ROOT / "pipelines/configs/bench/overhead.yaml", []))) == 4
