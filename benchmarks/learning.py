@@ -120,11 +120,20 @@ def trial_results(sweep) -> list[dict[str, Any]]:
                      "test_score": result["metrics"].get("test_score"),
                      "test_accuracy": result["metrics"].get("test_accuracy"),
                      "best_validation_score": result["metrics"].get("best_validation_score"),
+                     **reference_levels(result["metrics"]),
                      "steps": result["steps"], "trainable": result["trainable_parameters"],
                      "lr": (result.get("optimizer") or {}).get("lr"), "head_lr": (result.get("optimizer") or {}).get("head_lr"),
                      "train_loss_curve": _loss_curve(result["history"]),
                      "fit_s": result["wall_time_s"]})
     return rows
+
+
+def reference_levels(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """The trial's majority-class and chance test scores (`pipelines.report_levels`), so pieces of the grid merged
+    by `benchmarks.learning_merge` keep the report's reference rows."""
+    from pipelines.report_levels import LEVEL_METRICS
+
+    return {column: metrics.get(LEVEL_METRICS[column]) for column in ("majority", "chance")}
 
 
 def _loss_curve(history: list[dict[str, Any]]) -> str:
@@ -219,7 +228,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
     result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "select", "test_score",
                                                "test_accuracy",
-                                               "best_validation_score",
+                                               "best_validation_score", "majority", "chance",
                                                "steps", "trainable", "lr", "head_lr",
                                                "train_loss_curve", "fit_s"], rows))
     result.plots.append("learning/report.png")

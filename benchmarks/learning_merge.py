@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,17 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
             rows.append({"model": model, "task": row["task"], "method": row["method"], "seed": str(row["seed"]),
                          "select": combination(row), "value": float(row["test_score"]),
                          "accuracy": row.get("test_accuracy"),
-                         "validation": row.get("best_validation_score"), "piece": str(folder)})
+                         "validation": row.get("best_validation_score"), "piece": str(folder),
+                         **{level: _number(row.get(level)) for level in REFERENCE_LEVELS}})
     return rows, problems
+
+
+REFERENCE_LEVELS = ("majority", "chance")
+"""Trial-row columns holding the job's reference test scores; pieces written before rows carried them have none."""
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
 
 
 def combination(row: dict[str, Any]) -> str:
@@ -171,7 +181,8 @@ def merge(folders: list[Path], out: Path) -> str:
     tables = build_tables(pd.DataFrame(rows))
     config = shared_settings(results[0])[0]
     text = markdown(tables, "test_score", f"{config}, merged from {len(folders)} benchmark run(s): test_score")
-    accuracy = [{**row, "value": float(row["accuracy"])} for row in rows if row.get("accuracy") is not None]
+    accuracy = [{**row, "value": float(row["accuracy"]), **dict.fromkeys(REFERENCE_LEVELS, math.nan)}
+                for row in rows if row.get("accuracy") is not None]  # the levels are task scores, not accuracy
     if accuracy:  # the same chosen trials' accuracy (pieces written before trials carried it have none)
         text += "\n" + markdown(build_tables(pd.DataFrame(accuracy)), "test_accuracy", "The same trials: test_accuracy")
     text += "\n" + sources_text(folders, results) + f"\n\n![{PLOT}]({PLOT})\n"

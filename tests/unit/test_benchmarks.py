@@ -164,6 +164,7 @@ def test_the_quick_learning_route_tabulates_the_trials_it_ran(tmp_path):
     (trials,) = [table.rows for table in result.tables if table.title == "Every trial"]
     assert [(row["method"], row["task"], row["steps"]) for row in trials] == [("head-only+anchor", "cb", 1)]
     assert trials[0]["test_score"] is not None and trials[0]["head_lr"] == 0.01, "the first combination ran"
+    assert trials[0]["majority"] > 0 and trials[0]["chance"] > 0, "the job's reference levels, for the merge"
     assert "head-only+anchor" in (tmp_path / "learning" / "report.md").read_text()
 
 

@@ -106,11 +106,13 @@ def test_out_may_not_be_a_piece_and_a_skipped_run_is_refused(tmp_path):
     assert json.loads(before)["name"] == "learning"
 
 
-def write_selected_piece(folder: Path, methods: dict[str, dict[str, tuple[float, float]]]) -> Path:
-    """A CB piece split by method rows: method -> select label -> (validation, test) of each of 3 seeds."""
+def write_selected_piece(folder: Path, methods: dict[str, dict[str, tuple[float, float]]],
+                         levels: tuple[float, float] | None = None) -> Path:
+    """A CB piece split by method rows: method -> select label -> (validation, test) of each of 3 seeds; with
+    `levels`, the trials carry the job's (majority, chance) test scores, seed added, as newer pieces do."""
     rows = [{"task": "cb", "model": "minilm", "method": method, "seed": seed, "select": label,
              "test_score": test + seed, "test_accuracy": test + 10 + seed, "best_validation_score": validation + seed,
-             "steps": 150}
+             **({"majority": levels[0] + seed, "chance": levels[1] + seed} if levels else {}), "steps": 150}
             for method, by_label in methods.items() for label, (validation, test) in by_label.items()
             for seed in range(3)]
     row_override = "methods=[" + ", ".join(f"{{name: {m}}}" for m in methods) + "]"
@@ -142,3 +144,17 @@ def test_pieces_split_by_method_rows_keep_only_the_value_chosen_on_validation(tm
 def test_rows_without_a_select_label_are_told_apart_by_their_lrs():
     old = [{"lr": 0.03, "head_lr": 0.01}, {"lr": 0.1, "head_lr": 0.01}, {"select": "", "lr": 0.3}]
     assert [learning_merge.combination(row) for row in old] == ["lr=0.03,head_lr=0.01", "lr=0.1,head_lr=0.01", ""]
+
+
+def test_the_trials_reference_levels_become_the_score_tables_majority_and_chance_rows(tmp_path):
+    old = write_selected_piece(tmp_path / "capt", {"capt": {"optim.lr=0.1": (70.0, 50.0)}})  # rows without levels
+    new = write_selected_piece(tmp_path / "lora", {"lora": {"optim.lr=0.002": (65.0, 45.0)}}, levels=(36.0, 31.0))
+    out = tmp_path / "merged"
+
+    assert learning_merge.main([str(old), str(new), "--out", str(out)]) == 0
+
+    text = (out / "report.md").read_text()
+    score, accuracy = text[:text.index("test_accuracy`:")], text[text.index("test_accuracy`:"):]
+    assert table_row(score, "majority class")[0] == "37.00 ± 1.00"  # once per seed, not once per method row
+    assert table_row(score, "chance")[0] == "32.00 ± 1.00"
+    assert "| majority class |" not in accuracy and "| chance |" not in accuracy  # levels are task scores
