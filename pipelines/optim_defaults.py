@@ -98,11 +98,13 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                "2e-5}")),
     ("adapter", "t5"): OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
     ("adapter", "decoder"): OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
-    ("adapter", "encoder"): OptimDefault("adamw", 3e-3, _measured(3e-3, "3e-5, 3e-4, 3e-3", _ADAPTER)),
+    ("adapter", "encoder"): OptimDefault("adamw", 3e-3, _measured(3e-3, "3e-5, 3e-4, 3e-3", "COPA chose it too "
+                                                                  "(tied with 3e-5). " + _ADAPTER)),
     ("dept", "t5"): OptimDefault("adamw", 0.3, _DEPT_T5),
     ("dept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for prompt tuning"),
-    ("dept", "encoder"): OptimDefault("adamw", 3e-3, _measured(3e-3, "0.003, 0.01, 0.03", "the soft prompt's lr "
-                                                               "(the offset's is method.options.embedding_lr)")),
+    ("dept", "encoder"): OptimDefault("adamw", 3e-3, _measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too. The "
+                                                               "soft prompt's lr (the offset's is "
+                                                               "method.options.embedding_lr)")),
     ("residual_prompt", "t5"): OptimDefault("adamw", 0.3, _RESPROMPT_T5),
     ("residual_prompt", "decoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
     ("residual_prompt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
