@@ -128,12 +128,16 @@ def trial_results(sweep) -> list[dict[str, Any]]:
     return rows
 
 
+REFERENCE_LEVELS = ("majority", "chance")
+"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.report_levels`)."""
+
+
 def reference_levels(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """The trial's majority-class and chance test scores (`pipelines.report_levels`), so pieces of the grid merged
-    by `benchmarks.learning_merge` keep the report's reference rows."""
+    """The trial's reference test scores, so pieces of the grid merged by `benchmarks.learning_merge` keep the
+    report's reference rows."""
     from pipelines.report_levels import LEVEL_METRICS
 
-    return {column: metrics.get(LEVEL_METRICS[column]) for column in ("majority", "chance")}
+    return {column: metrics.get(LEVEL_METRICS[column]) for column in REFERENCE_LEVELS}
 
 
 def _loss_curve(history: list[dict[str, Any]]) -> str:
@@ -228,7 +232,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
     result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "select", "test_score",
                                                "test_accuracy",
-                                               "best_validation_score", "majority", "chance",
+                                               "best_validation_score", *REFERENCE_LEVELS,
                                                "steps", "trainable", "lr", "head_lr",
                                                "train_loss_curve", "fit_s"], rows))
     result.plots.append("learning/report.png")

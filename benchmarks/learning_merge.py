@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.learning import REFERENCE_LEVELS  # pieces written before trial rows carried them have none
+
 logger = logging.getLogger(__name__)
 
 TRIALS_TABLE = "Every trial"
@@ -98,10 +100,6 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
                          "validation": row.get("best_validation_score"), "piece": str(folder),
                          **{level: _number(row.get(level)) for level in REFERENCE_LEVELS}})
     return rows, problems
-
-
-REFERENCE_LEVELS = ("majority", "chance")
-"""Trial-row columns holding the job's reference test scores; pieces written before rows carried them have none."""
 
 
 def _number(value: Any) -> float:
