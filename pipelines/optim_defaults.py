@@ -118,7 +118,7 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
     ("vfpt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
     ("smop", "t5"): OptimDefault("adafactor", 0.5, _SMOP_T5),
     ("smop", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
-    ("smop", "encoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
+    ("smop", "encoder"): OptimDefault("adamw", 3e-2, _measured(0.03, "0.003, 0.01, 0.03", "COPA chose 0.003")),
     ("ept", "t5"): OptimDefault("adamw", 0.3, _EPT_T5),
     ("ept", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES + "; the soft prompt's lr, as for DePT"),
     ("ept", "encoder"): OptimDefault("adamw", 3e-2, _measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too. The "
