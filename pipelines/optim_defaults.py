@@ -115,7 +115,7 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                                           "COPA chose 0.003")),
     ("vfpt", "t5"): OptimDefault("adafactor", 0.3, _VFPT_T5),
     ("vfpt", "decoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
-    ("vfpt", "encoder"): OptimDefault("adamw", 1e-2, _REPARAM_OTHER),
+    ("vfpt", "encoder"): OptimDefault("adamw", 3e-3, _measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too")),
     ("smop", "t5"): OptimDefault("adafactor", 0.5, _SMOP_T5),
     ("smop", "decoder"): OptimDefault("adamw", 1e-2, _SMALL_STATES),
     ("smop", "encoder"): OptimDefault("adamw", 3e-2, _measured(0.03, "0.003, 0.01, 0.03", "COPA chose 0.003")),
