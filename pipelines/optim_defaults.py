@@ -36,7 +36,9 @@ _PROMPT_T5 = ("Lester et al. 2021 (prompt tuning on T5): Adafactor at lr 0.3; th
               "with Adafactor and takes lr 0.3 from earlier work (SMoP's code)")
 _OUTLIER = ("Adafactor's fixed-lr first step moves every element by +-lr, so the T5 value 0.3 makes the capsule an "
             "outlier token on models whose states are ~0.6 per element (MiniLM)")
-_SMALL_STATES = ("not tuned: placeholder until the learning benchmark selects it. " + _OUTLIER + "; AdamW at 1e-2 is "
+_UNMEASURED = ("not tuned: the learning benchmark runs one encoder-only model (MiniLM), so this family's value is a "
+               "placeholder")
+_SMALL_STATES = (_UNMEASURED + ". " + _OUTLIER + "; AdamW at 1e-2 is "
                  "the top of P-Tuning v2's AdamW range on BERT-family encoders (Liu et al. 2022: 5e-3..1e-2)")
 
 
@@ -49,15 +51,15 @@ def _measured(chosen: float, candidates: str, others: str) -> str:
 _PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper presets use 1e-2 with the "
             "CaPT paper's optimiser for prompt methods (Adafactor)")
 _LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
-_LORA_OTHER = _LORA + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_LORA_OTHER = _LORA + "; " + _UNMEASURED
 _ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
-_ADAPTER_OTHER = _ADAPTER + "; not tuned for this family (placeholder until the learning benchmark selects it)"
+_ADAPTER_OTHER = _ADAPTER + "; " + _UNMEASURED
 _DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), batch 32, soft-prompt lr "
             "searched in {3e-1, 4e-1, 5e-1}; the low-rank matrices train at method.options.embedding_lr (searched in "
             "{1e-4, 5e-4, 1e-3, 5e-3})")
 _RESPROMPT_T5 = ("Residual Prompt Tuning (Razdaibiedina et al. 2023), the authors' code: AdamW at lr 0.3 (weight "
                  "decay 1e-5) for the prompt and the MLP on T5")
-_REPARAM_OTHER = ("not tuned: placeholder until the learning benchmark selects it; the prompt-tuning value of this "
+_REPARAM_OTHER = (_UNMEASURED + "; the prompt-tuning value of this "
                   "family (a reparameterised prompt is still one input-level prompt)")
 _SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives no lr we could confirm; the "
                 "prompt-tuning T5 value (Lester et al. 2021: Adafactor at lr 0.3)")
@@ -91,8 +93,8 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                                "2e-3; " + _LORA)),
     ("full_finetune", "t5"): OptimDefault("adafactor", 1e-3, "T5 (Raffel et al. 2020) fine-tunes with Adafactor "
                                           "at a constant lr 1e-3"),
-    ("full_finetune", "decoder"): OptimDefault("adamw", 5e-5, "not tuned: placeholder until the learning benchmark "
-                                               "selects it (the BERT paper's top value, as for encoders)"),
+    ("full_finetune", "decoder"): OptimDefault("adamw", 5e-5, _UNMEASURED + " (the BERT paper's top value, as for "
+                                               "encoders)"),
     ("full_finetune", "encoder"): OptimDefault("adamw", 5e-5, _measured(5e-5, "2e-5, 5e-5, 1e-4", "COPA chose 1e-4. "
                                                "BERT (Devlin et al. 2019) fine-tunes with Adam at lr in {5e-5, 3e-5, "
                                                "2e-5}")),
@@ -125,7 +127,8 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                               "soft prompt's lr, as for DePT")),
     ("xprompt", "t5"): OptimDefault("adafactor", 0.3, _XPROMPT_T5),
     ("xprompt", "decoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
-    ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
+    ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; not tuned: the learning benchmark's "
+                                                        "CB piece has not run yet. " + _OUTLIER),
 }
 
 
