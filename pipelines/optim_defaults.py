@@ -127,8 +127,8 @@ OPTIM_DEFAULTS: dict[tuple[str, str], OptimDefault] = {
                                                               "soft prompt's lr, as for DePT")),
     ("xprompt", "t5"): OptimDefault("adafactor", 0.3, _XPROMPT_T5),
     ("xprompt", "decoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + _SMALL_STATES),
-    ("xprompt", "encoder"): OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; not tuned: the learning benchmark's "
-                                                        "CB piece has not run yet. " + _OUTLIER),
+    ("xprompt", "encoder"): OptimDefault("adamw", 3e-2, _measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too. "
+                                                                  "XPrompt reports T5 only")),
 }
 
 
