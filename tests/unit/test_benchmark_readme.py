@@ -1,0 +1,80 @@
+"""benchmarks/README.md's headline learning table shows the shipped merged report's numbers, every one of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "benchmarks/README.md"
+REPORT = ROOT / "benchmarks/results/learning_fair150/report.md"
+HEADLINE = "### At 150 steps: every row on CB, COPA and RTE"
+
+# The README's row labels, and the method (or reference row) each one names in the merged report.
+ROW_METHODS = {
+    "majority class": "majority class", "chance": "chance", "CaPT": "capt", "head-only+anchor": "head-only+anchor",
+    "prompt tuning (20)": "prompt_tuning", "P-Tuning v2 (20)": "ptuning_v2", "LoRA r=8": "lora",
+    "full fine-tuning": "full_finetune", "adapter (bottleneck 24)": "adapter", "DePT (12, rank 6)": "dept",
+    "EPT (12, rank 6)": "ept", "ResPrompt (20)": "residual_prompt", "SuperPos-Prompt (20)": "superpos_prompt",
+    "SMoP (4 x 5)": "smop", "VFPT (20)": "vfpt", "XPrompt (20)": "xprompt",
+}
+# Headline columns: (README header, report table, task); each value column but CB accuracy is followed by its lr.
+COLUMNS = [("CB score", "test_score", "cb"), ("CB accuracy", "test_accuracy", "cb"),
+           ("COPA accuracy", "test_score", "copa"), ("RTE accuracy", "test_score", "rte")]
+
+
+def _rows(table_lines: list[str]) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table_lines
+            if line.startswith("|") and not line.startswith("|---")]
+
+
+def _report_cells() -> dict[tuple[str, str, str], str]:
+    """(report table, method, task) -> the merged report's cell, e.g. '60.16 ± 0.84 [optim.lr=0.03]'."""
+    text = REPORT.read_text(encoding="utf-8")
+    score, accuracy = text.split("# The same trials: test_accuracy")
+    cells = {}
+    for name, part in (("test_score", score), ("test_accuracy", accuracy)):
+        header, *body = _rows(part.split("## Pieces")[0].splitlines())
+        for row in body:
+            cells.update({(name, row[0], task): cell for task, cell in zip(header[1:], row[1:], strict=True)})
+    return cells
+
+
+def _headline() -> tuple[list[str], list[list[str]]]:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index(HEADLINE):].split("\nWhat comes out")[0]
+    header, *body = _rows(section.splitlines())
+    return header, body
+
+
+def _value(cell: str) -> tuple[float, float | None]:
+    match = re.fullmatch(r"([0-9.]+)(?: ± ([0-9.]+))?(?: \[.*\])?", cell)
+    assert match, f"not a score cell: {cell!r}"
+    return float(match.group(1)), None if match.group(2) is None else float(match.group(2))
+
+
+def _chosen_lr(report_cell: str) -> float:
+    return float(re.search(r"\[optim\.(?:head_)?lr=([0-9.e-]+)\]", report_cell).group(1))
+
+
+def _check_cell(where: str, cell: str, lr: str | None, reported: str | None) -> None:
+    if reported is None:  # the accuracy table has no reference rows
+        assert cell == "", where
+    elif reported == "-":
+        assert cell == "not run yet", where
+    else:
+        (mean, std), (reported_mean, reported_std) = _value(cell), _value(reported)
+        assert mean == reported_mean and (std == reported_std or (std is None and reported_std == 0.0)), where
+        if lr is not None and "[" in reported:
+            assert float(lr.removeprefix("head ")) == _chosen_lr(reported), where
+
+
+def test_every_headline_cell_is_the_merged_reports_and_every_report_cell_is_in_the_headline():
+    report = _report_cells()
+    header, body = _headline()
+    assert [label for label, *_ in body] == list(ROW_METHODS)
+    for label, *cells in body:
+        for column, table, task in COLUMNS:
+            at = header.index(column)
+            lr = cells[at] if at + 1 < len(header) and header[at + 1] == "lr" else None
+            _check_cell(f"{label} / {column}", cells[at - 1], lr, report.get((table, ROW_METHODS[label], task)))
