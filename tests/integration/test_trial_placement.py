@@ -29,14 +29,13 @@ def head_and_worker(monkeypatch):
     for name, value in RAY_LOOPBACK_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    from ray._private.utils import get_ray_address_file as ray_address_file
     from ray.cluster_utils import Cluster
 
     port, temp_dir = free_port(LOCALHOST), tempfile.mkdtemp(prefix="capt-place-")  # short: socket paths
-    # Cluster() records the head's address in Ray's default temp folder whatever temp_dir says; on a machine
-    # where no Ray has run yet that folder does not exist.
-    os.makedirs(os.path.dirname(ray_address_file(None)), exist_ok=True)
-    node = {"node_ip_address": LOCALHOST, "temp_dir": temp_dir}
+    # Cluster() writes (and at shutdown deletes) `ray_current_cluster` in RAY_TMPDIR whatever temp_dir says: ours,
+    # never the machine's shared /tmp/ray (as helpers.multinode.local_cluster does).
+    monkeypatch.setenv("RAY_TMPDIR", temp_dir)
+    node = {"node_ip_address": LOCALHOST, "temp_dir": os.path.join(temp_dir, "ray")}  # RAY_TMPDIR's own layout
     cluster = Cluster(initialize_head=True, shutdown_at_exit=False, head_node_args={
         "num_cpus": 0, "resources": {TRIAL_DRIVER_RESOURCE: 4}, "include_dashboard": True,
         "dashboard_host": LOCALHOST, "dashboard_port": port, **node})
