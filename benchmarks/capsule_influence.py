@@ -47,8 +47,8 @@ def influence(job_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     """One row of `COLUMNS` for the CaPT job in `job_dir` (its task files read from `data_dir` when given);
     ValueError when it is not a CaPT job with task vectors."""
     from pipelines.capsule_predictor import CapsulePredictor
-    from pipelines.config import validate_job_config
-    from pipelines.job_setup import load_data
+    from pipelines.config.load import validate_job_config
+    from pipelines.training.setup import load_data
 
     result = json.loads((job_dir / "result.json").read_text(encoding="utf-8"))
     predictor = CapsulePredictor(job_dir / "artifact", result, device="cpu")

@@ -129,13 +129,13 @@ def trial_results(sweep) -> list[dict[str, Any]]:
 
 
 REFERENCE_LEVELS = ("majority", "chance")
-"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.report_levels`)."""
+"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.reporting.levels`)."""
 
 
 def reference_levels(metrics: dict[str, Any]) -> dict[str, float | None]:
     """The trial's reference test scores, so pieces of the grid merged by `benchmarks.learning_merge` keep the
     report's reference rows."""
-    from pipelines.report_levels import LEVEL_METRICS
+    from pipelines.reporting.levels import LEVEL_METRICS
 
     return {column: metrics.get(LEVEL_METRICS[column]) for column in REFERENCE_LEVELS}
 
@@ -184,7 +184,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
     tabulate them with pipelines.report's functions."""
     import pandas as pd
 
-    from pipelines.config import validate_job_config
+    from pipelines.config.load import validate_job_config
     from pipelines.report import build_tables, markdown, plot
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.train import run as train_run

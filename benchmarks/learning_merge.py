@@ -77,7 +77,7 @@ def shared_settings(result: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
 def config_models(config: str, overrides: tuple[str, ...]) -> list[str]:
     """The base models a piece's sweep ran (rows written before rows named their model)."""
     from benchmarks.common import REPO
-    from pipelines.config import merge_sources
+    from pipelines.config.sources import merge_sources
 
     return list(merge_sources(REPO / config, list(overrides), None).get("models") or [])
 

@@ -115,7 +115,7 @@ def run_in_process(config: dict[str, Any], tmp: Path, index: int, limit: int | N
     """
     import torch
 
-    from pipelines.config import validate_job_config
+    from pipelines.config.load import validate_job_config
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.train import run as train_run
 

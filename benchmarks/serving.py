@@ -43,7 +43,7 @@ def settings(quick: bool) -> dict[str, Any]:
 
 def train_capsules(directory: Path, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """One short real CaPT job per task; {task: its result dict}."""
-    from pipelines.config import load_job_config
+    from pipelines.config.load import load_job_config
     from pipelines.train import run
 
     results = {}
@@ -149,7 +149,7 @@ def measure(config: dict[str, Any], sets: dict[int, list], rows: dict[str, list]
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Train the capsules, serve them on a local Ray, load the three applications, tabulate."""
     from pipelines.capsule_predictor import example_rows
-    from pipelines.ray_connect import ray_cluster
+    from pipelines.services.ray_connect import ray_cluster
     from pipelines.serving.engine import capsule_bytes
 
     result = BenchResult(NAME, TITLE, config)

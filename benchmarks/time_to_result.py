@@ -67,7 +67,7 @@ def schedule(lengths: list[int], capt_runs: int) -> list[tuple[str, dict[str, An
 
 def run_one(config: dict[str, Any], method: str, options: dict[str, Any], output_dir: Path) -> dict[str, Any]:
     """One `pipelines.train.run` job; its wall time (build + fit) and what it reports."""
-    from pipelines.config import load_job_config
+    from pipelines.config.load import load_job_config
     from pipelines.train import run as train_run
 
     start = time.perf_counter()

@@ -25,7 +25,7 @@ from capt import tasks
 from capt.tasks.normalise import examples_from_rows
 from pipelines.evaluation import predict
 from pipelines.methods import HEAD_WEIGHTS, load_artifact, sequence_overhead
-from pipelines.models import load_model
+from pipelines.models.loading import load_model
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capt
-from capt.arch import head_parameters
-from capt.arch.readout import installed_readout
-from capt.methods import METHODS, MethodModel, apply_method, get_method
+from capt.arch import head_parameters, spec_for
+from capt.arch.readout import ReadoutError, install_readout, installed_readout
+from capt.methods import MethodModel, apply_method, get_method
+from pipelines.config.readout import LM_HEAD
 
 HEAD_WEIGHTS = "head.safetensors"
 METHOD_FILE = "method.json"
@@ -23,17 +24,6 @@ METHOD_FILE = "method.json"
 def build_method_config(name: str, options: dict[str, Any]):
     """The typed config of method `name` from its options (raises with every bad option named)."""
     return get_method(name).build_config(options)
-
-
-def method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
-    """Problems of `method.options` for method `name`, e.g. a prompt-tuning option given to LoRA."""
-    if name not in METHODS:
-        return []  # the method name itself is reported by the schema
-    try:
-        build_method_config(name, options)
-    except (ValueError, TypeError) as err:
-        return [f"method.options for method {name!r}: {err}"]
-    return []
 
 
 def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> MethodModel:
@@ -75,8 +65,6 @@ def save_artifact(adapted: MethodModel, model: nn.Module, method: str, directory
 def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str | None = None) -> MethodModel:
     """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model, its head reading
     what it was trained to read; `readout`, when given, must be that readout (a mismatch is refused)."""
-    from pipelines.readout import artifact_readout, install_job_readout
-
     directory = Path(directory)
     info = json.loads((directory / METHOD_FILE).read_text())
     trained = artifact_readout(info, model)
@@ -116,3 +104,26 @@ def registers_model(method: str) -> bool:
 def model_inputs(batch: dict, keys=("input_ids", "attention_mask", "token_type_ids", "prompt_mask")) -> dict:
     """The batch entries every adapted model's `forward` takes (each method accepts `prompt_mask`)."""
     return {k: batch[k] for k in keys if k in batch}
+
+
+def artifact_readout(info: dict[str, Any], model: nn.Module) -> str:
+    """The readout recorded in an artifact's method.json; artifacts from before readouts were recorded read the
+    pooler (encoder classifiers) or the language-model head."""
+    return info.get("readout") or ("pooler" if head_parameters(model) else LM_HEAD)
+
+
+def adapted_span(adapted: MethodModel, model: nn.Module) -> tuple[int, int]:
+    """[start, stop) of the positions the method of `adapted` inserts into the input of the encoder `model`
+    (capsule slots, soft-prompt tokens; empty for methods that insert none)."""
+    start = spec_for(model).slot_offset
+    return start, start + adapted.added_positions
+
+
+def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> None:
+    """Make the head of the encoder classifier `model` (adapted as `adapted`) read `readout`; nothing for
+    models without a classifier head, whose readout is "lm_head"."""
+    if not head_parameters(model):
+        if readout != LM_HEAD:
+            raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head (allowed: {LM_HEAD}).")
+        return
+    install_readout(model, readout, adapted_span(adapted, model))

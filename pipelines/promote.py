@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import cli_main
-from pipelines.config import model_slug
+from pipelines.config.schema import model_slug
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo

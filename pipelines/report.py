@@ -7,7 +7,7 @@ One table per base model (run tag ``model``) plus a SuperGLUE average column (th
 tasks' means; CSQA has its own column after it), as
 Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
 the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
-it) come from the runs themselves (`pipelines.report_levels`); tasks on generated data are marked in the
+it) come from the runs themselves (`pipelines.reporting.levels`); tasks on generated data are marked in the
 table, the title and the picture. Runs count when
 FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
 reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
@@ -32,7 +32,7 @@ import pandas as pd
 from capt.errors import CaptError
 from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
 from pipelines.cli_errors import cli_main
-from pipelines.report_levels import (
+from pipelines.reporting.levels import (
     GENERATED_NOTE,
     LEVEL_METRICS,
     LEVELS_METRIC,
@@ -44,7 +44,7 @@ from pipelines.report_levels import (
     row_order,
     with_reference_rows,
 )
-from pipelines.report_plot import plot
+from pipelines.reporting.plot import plot
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
 
     Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
     Columns `majority`, `chance` and `untrained` hold the run's reference levels when `metric` is the test score
-    (`pipelines.report_levels`), `data` its run tag ``data`` ("generated" or "real").
+    (`pipelines.reporting.levels`), `data` its run tag ``data`` ("generated" or "real").
     """
     rows = []
     for run in runs:
@@ -102,7 +102,7 @@ def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
 def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
     select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it. Reference
-    rows (majority class, chance, untrained) come with the methods (`pipelines.report_levels`); the frame's
+    rows (majority class, chance, untrained) come with the methods (`pipelines.reporting.levels`); the frame's
     ``attrs["generated"]`` lists its tasks on generated data."""
     tables = {}
     for model, part in frame.groupby("model", sort=True):

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.config.tracking import TrackingSection
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
-from pipelines.sweeps.config import TrackingSection
 from pipelines.tracking import TrackingError
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_from_cli(args: argparse.Namespace) -> int:
-    from pipelines.ray_connect import ray_cluster
     from pipelines.services import port_is_free
+    from pipelines.services.ray_connect import ray_cluster
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "

@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.cli_errors import cli_main  # noqa: E402
-from pipelines.ray_connect import ray_cluster  # noqa: E402
+from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.run import promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402

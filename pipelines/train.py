@@ -24,24 +24,24 @@ from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
-from pipelines.checkpoint import (
+from pipelines.cli_errors import cli_main
+from pipelines.config.load import load_job_config, require_resolved
+from pipelines.config.schema import JobConfig, model_slug
+from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.methods import model_inputs, save_artifact
+from pipelines.models.cache import BaseModelCache
+from pipelines.training.checkpoint import (
     LoopState,
     load_checkpoint,
     restore_trainable,
     save_checkpoint,
     trainable_state,
 )
-from pipelines.cli_errors import cli_main
-from pipelines.config import JobConfig, load_job_config, model_slug
-from pipelines.config_resolve import resolve_job
-from pipelines.dataset_card import dataset_card
-from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.job_outputs import claim_job_folder, config_hash, finished_result
-from pipelines.job_result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
-from pipelines.job_setup import Job, build_job, num_labels
-from pipelines.methods import model_inputs, save_artifact
-from pipelines.model_cache import BaseModelCache
-from pipelines.training_phases import begin_phase_if_due, in_final_phase
+from pipelines.training.dataset_card import dataset_card
+from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
+from pipelines.training.phases import begin_phase_if_due, in_final_phase
+from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
+from pipelines.training.setup import Job, build_job, num_labels
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -65,13 +65,14 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
     `base_models`: a cache to take the base model from and give it back to (the sweep's single-worker trials,
     whose process is reused between trials); None loads it afresh, as a one-off job should.
 
-    The job first claims its output folder (see `pipelines.job_outputs`): one job per folder, and never
+    The job first claims its output folder (see `pipelines.training.outputs`): one job per folder, and never
     another config's outputs. With `train.resume`, a folder that already holds the finished result of
     this same config returns that result without training again (a restarted sweep never runs a trial
-    twice), and a checkpoint of this same config is continued. The config is resolved first (optimiser
-    defaults and readout filled in, `pipelines.config_resolve`): its folder, hash and result hold the values used.
+    twice), and a checkpoint of this same config is continued. `config` is the resolved config that
+    `pipelines.config.load_job_config` returns (anything else is refused): its folder, hash and result hold the
+    values used.
     """
-    config = resolve_job(config)
+    config = require_resolved(config, "pipelines.train.run")
     with claim_job_folder(config):
         finished = finished_result(config) if config.train.resume else None
         if finished is not None:

@@ -1,4 +1,4 @@
-"""Tiny models of every supported family for the tests, from the one factory `pipelines.tiny_models`."""
+"""Tiny models of every supported family for the tests, from the one factory `pipelines.models.tiny`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import functools
 
 import torch
 
-from pipelines import tiny_models
+from pipelines.models import tiny as tiny_models
 
 VOCAB = 64
 PAD, EOS, BOS = 0, 1, 2
 IDS = {"pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": BOS}
 NAMES = {"t5": "tiny-t5", "llama": "tiny-llama", "qwen2": "tiny-qwen2", "bert": "tiny-bert"}
-"""Test kind -> the tiny model of `pipelines.tiny_models` it is built from."""
+"""Test kind -> the tiny model of `pipelines.models.tiny` it is built from."""
 _TEST_FIELDS = {"t5": {"num_decoder_layers": 2, "initializer_factor": 10.0},
                 "llama": {"max_position_embeddings": 128}, "qwen2": {"max_position_embeddings": 128},
                 "bert": {"max_position_embeddings": 128}}

@@ -26,7 +26,8 @@ from capt.tasks import get as task_spec
 from pipelines.capsule_predictor import INVALID_LABEL, validated_examples
 from pipelines.evaluation import sequence_log_likelihood
 from pipelines.methods import METHOD_FILE, sequence_overhead
-from pipelines.models import load_model, model_shape
+from pipelines.models.loading import load_model
+from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
 
 logger = logging.getLogger(__name__)

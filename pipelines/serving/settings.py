@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
 from pydantic.dataclasses import dataclass
 
-from pipelines.config_sources import JobConfigError
+from pipelines.config.schema import STRICT
+from pipelines.config.sources import JobConfigError
 
-_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class ServeSettings:
     """One Serve application: the capsules of one base model, their alias, batching and reload."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
-from pipelines.config import model_slug
+from pipelines.config.schema import model_slug
 from pipelines.serving.engine import ServedCapsule
 from pipelines.tracking.serving import alias_version, download_version, registered_names, version_tags
 from pipelines.tracking.spool import registered_model_name

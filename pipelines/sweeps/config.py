@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    ConfigDict,
     Field,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     TypeAdapter,
     ValidationError,
 )
 from pydantic.dataclasses import dataclass
 
-from pipelines.config import JobConfigError, merge_sources, model_slug, validate_job_config
-from pipelines.job_outputs import config_hash
+from pipelines.config.load import validate_job_config
+from pipelines.config.schema import STRICT, model_slug
+from pipelines.config.sources import JobConfigError, merge_sources
+from pipelines.config.tracking import TrackingSection
 from pipelines.sweeps.resources import ResourcesSection
 from pipelines.sweeps.rules import (
     DISTINCT,
@@ -37,13 +37,13 @@ from pipelines.sweeps.rules import (
     real_data_problems,
 )
 from pipelines.sweeps.select import combinations, select_label, select_problems, select_space
+from pipelines.training.outputs import config_hash
 
-_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 TRIAL_HASH_CHARS = 10
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class MethodEntry:
     """One row of the method axis: a method, its options and any job overrides it needs."""
 
@@ -67,7 +67,7 @@ class MethodEntry:
         return self.label or self.name
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class FailureSection:
     """How often a failed trial or worker group is retried."""
 
@@ -78,29 +78,7 @@ class FailureSection:
     Tune retries it (trial_max_failures + 1) x (worker_max_failures + 1) - 1 times."""
 
 
-@dataclass(config=_STRICT)
-class TrackingSection:
-    """MLflow settings."""
-
-    enabled: bool = True
-    """Track the sweep in MLflow (false: Tune's own results only, no server)."""
-    uri: str | None = None
-    """Tracking server (default: env MLFLOW_TRACKING_URI, else a local server the sweep starts)."""
-    experiment: str | None = None
-    """Experiment name (default: capt-<sweep name>)."""
-    register: bool = True
-    """Register every finished capsule in the Model Registry."""
-    retry_s: PositiveFloat = 30.0
-    """How long a worker retries an unreachable server before keeping the call for `sync` / --resume."""
-    promote: bool = True
-    """At the end, give the best version per (model, task) the alias champion."""
-    local_dir: str = "outputs/mlflow"
-    """Where the local server keeps its SQLite database and artifacts."""
-    system_metrics_interval_s: PositiveFloat = 10.0
-    """Seconds between system metric samples (CPU, memory, GPU) of a run; short runs want a short interval."""
-
-
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class SweepConfig:
     """A sweep: tasks x models x methods x seeds (a grid) over a base job, with optional Tune search."""
 
@@ -120,7 +98,7 @@ class SweepConfig:
     """Data source of every trial; auto: local when CAPT_DATA_DIR is set, else generated; real: local when
     CAPT_DATA_DIR is set, else the hub, and never generated (the paper presets)."""
     job: dict[str, Any] = Field(default_factory=dict)
-    """Base job config sections applied to every trial (see pipelines/config.py)."""
+    """Base job config sections applied to every trial (see pipelines/config/schema.py)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model job overrides, keyed by model name (e.g. precision, batch size)."""
     task_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)

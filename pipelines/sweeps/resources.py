@@ -24,7 +24,7 @@ import math
 from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from pipelines.config import JobConfigError
+from pipelines.config.sources import JobConfigError
 
 logger = logging.getLogger(__name__)
 

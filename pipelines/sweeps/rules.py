@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from pipelines.config import model_slug
+from pipelines.config.schema import model_slug
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")

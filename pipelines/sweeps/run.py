@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipelines.config import JobConfigError, model_slug
+from pipelines.config.schema import model_slug
+from pipelines.config.sources import JobConfigError
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources

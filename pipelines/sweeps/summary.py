@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import model_slug
+from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.select import chosen_labels, select_label
 

@@ -5,7 +5,7 @@ How it runs depends on `resources.num_workers` (`pipelines.sweeps.resources.runs
   Ray Train would start a controller actor and a worker group for every trial (new Python processes that
   import torch, a placement group, a process group) and tear them down afterwards: seconds to tens of
   seconds of fixed cost per trial, for capsule jobs whose own work may be a second. Tune reuses the trial
-  process between trials (`reuse_actors`), which keeps its frozen base models (`pipelines.model_cache`).
+  process between trials (`reuse_actors`), which keeps its frozen base models (`pipelines.models.cache`).
 - Several workers: the Tune function trainable builds and fits a Ray Train `TorchTrainer` itself (Ray 2.60
   Train V2; `Tuner(trainer)` is deprecated) and forwards worker reports to Tune with `TuneReportCallback`.
 Either way `tracked_job` runs the job: the folder claimed, world rank 0 alone logging to MLflow over HTTP,
@@ -23,11 +23,12 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from pipelines.config import model_slug, validate_job_config
-from pipelines.job_outputs import claim_job_folder, config_hash
+from pipelines.config.load import validate_job_config
+from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
+from pipelines.training.outputs import claim_job_folder, config_hash
 
 logger = logging.getLogger(__name__)
 RUN_DESCRIPTION = "mlflow.note.content"
@@ -69,7 +70,7 @@ def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
     import torch
     from ray import tune
 
-    from pipelines.model_cache import BASE_MODELS
+    from pipelines.models.cache import BASE_MODELS
 
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", RESET_WAIT_S)  # read by Tune when it resets this process
     # Ray sets OMP_NUM_THREADS for every actor from its CPUs (unless set already), as it does for Train workers.
@@ -176,14 +177,12 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
 def _start_tracker(tracking: dict[str, Any], config):
     if not tracking["uri"]:
         return None
-    from pipelines.config_resolve import resolve_job
-    from pipelines.models import model_shape
+    from pipelines.models.shape import model_shape
     from pipelines.tracking import TrialTracker
     from pipelines.tracking.run_content import run_params
     from pipelines.tracking.spool import RetryPolicy
 
-    resolved = resolve_job(config)  # the values the job trains with (pipelines.train.run resolves the same way)
-    params, path_tags = run_params(resolved.to_dict(), model_shape(config.model.name).spec.classifier_head)
+    params, path_tags = run_params(config.to_dict(), model_shape(config.model.name).spec.classifier_head)
     tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], {**tracking["tags"], **path_tags},
                            state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]),
                            system_metrics_interval_s=tracking.get("system_metrics_interval_s", 10.0),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import flatten
+from pipelines.config.schema import flatten
 
 METRIC_GROUPS = ("train", "validation", "test")
 """Prefixes of the project's flat metric names that become MLflow chart groups (``train_loss`` -> ``train/loss``)."""

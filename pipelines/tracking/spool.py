@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from capt.atomic import write_atomically
-from pipelines.config import flatten
+from pipelines.config.schema import flatten
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from pipelines.checkpoint import trainable_state
-from pipelines.config import load_job_config
-from pipelines.job_setup import build_job
+from pipelines.config.load import load_job_config
 from pipelines.train import fit
+from pipelines.training.checkpoint import trainable_state
+from pipelines.training.setup import build_job
 
 LATE_RANK = "DDP_JOB_LATE_CHECKPOINT_RANK"
 """Environment variable: the rank whose checkpoint saves start 2 s late (a slow filesystem, a busy host)."""

@@ -40,7 +40,7 @@ def use_hub_cache(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point this process (and its subprocesses, via HF_HUB_CACHE) at a cache of the paper models' configs, offline."""
     from huggingface_hub import constants
 
-    from pipelines.models import forget_model_shapes
+    from pipelines.models.shape import forget_model_shapes
 
     write_hub_cache(root)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))  # read at call time by transformers and the hub

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import JobConfig, load_job_config
+from pipelines.config.load import load_job_config
+from pipelines.config.schema import JobConfig
 
 
 def tiny_job(output_dir: Path, model_name: str = "tiny-t5", method_name: str = "capt", *overrides: str,

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from helpers.ray_head import LocalRayHead
-from pipelines.ray_connect import environ
 from pipelines.services import LOCALHOST, free_port
 from pipelines.services.private import RAY_LOOPBACK_ENV
+from pipelines.services.ray_connect import environ
 from pipelines.sweeps.resources import TRIAL_DRIVER_RESOURCE
 
 ROOT = Path(__file__).resolve().parents[2]

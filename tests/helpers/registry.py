@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.jobs import tiny_job
-from pipelines.config import flatten
+from pipelines.config.schema import flatten
 from pipelines.tracking import TrialTracker
 from pipelines.train import run
 

@@ -23,14 +23,14 @@ from mlflow import MlflowClient
 from capt.tasks import generate_rows
 from capt.tasks import get as task_spec
 from pipelines.capsule_predictor import CapsulePredictor
-from pipelines.config import flatten
-from pipelines.job_outputs import claim_job_folder
+from pipelines.config.schema import flatten
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.pyfunc import log_pyfunc, pyfunc_signature
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
 from pipelines.train import run
+from pipelines.training.outputs import claim_job_folder
 
 pytestmark = pytest.mark.integration
 

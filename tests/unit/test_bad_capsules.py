@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 import capt
 from capt.io import METADATA_NAME, WEIGHTS_NAME
-from pipelines.models import load_model
+from pipelines.models.loading import load_model
 
 Damage = Callable[[Path], Path]
 

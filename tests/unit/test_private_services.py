@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ray_connect import SETTINGS_FOR_WORKERS, worker_settings
 from pipelines.services.private import (
     is_loopback,
     listening_sockets,
@@ -17,6 +16,7 @@ from pipelines.services.private import (
     private_ray_token_file,
     private_temp_dir,
 )
+from pipelines.services.ray_connect import SETTINGS_FOR_WORKERS, worker_settings
 
 
 def _mode(path: Path) -> int:

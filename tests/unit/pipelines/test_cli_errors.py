@@ -7,7 +7,7 @@ import pytest
 
 from capt.tasks import TaskDataError
 from pipelines.cli_errors import EXIT_BAD_INPUT, run_cli
-from pipelines.config import JobConfigError
+from pipelines.config.sources import JobConfigError
 from pipelines.services import ServiceError
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from capt import tasks
-from pipelines.config import TaskSection
-from pipelines.dataset_card import content_digest, dataset_card
+from pipelines.config.schema import TaskSection
 from pipelines.tracking.finish import dataset_entity
+from pipelines.training.dataset_card import content_digest, dataset_card
 
 
 def _splits(seed: int) -> tasks.Splits:

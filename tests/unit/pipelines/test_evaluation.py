@@ -8,8 +8,8 @@ from helpers.jobs import tiny_job
 
 from capt import tasks
 from pipelines.evaluation import predict
-from pipelines.job_setup import build_job
 from pipelines.train import TrainingDivergedError, fit, run
+from pipelines.training.setup import build_job
 
 
 @pytest.mark.parametrize("model", ["tiny-t5", "tiny-llama"])

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import JobConfigError, flatten, load_job_config, model_slug
+from pipelines.config.load import load_job_config
+from pipelines.config.schema import flatten, model_slug
+from pipelines.config.sources import JobConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB_CONFIGS = sorted((ROOT / "pipelines" / "configs" / "job").glob("*.yaml"))
@@ -142,7 +144,7 @@ def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
 
 
 def test_the_task_section_builds_the_data_config_from_every_field(monkeypatch):
-    from pipelines.config import TaskSection
+    from pipelines.config.schema import TaskSection
 
     section = TaskSection(name="cb", source="generated", data_dir="/data", validation_fraction=0.2,
                           max_train_examples=7, max_eval_examples=5, generated_size=30)

@@ -7,12 +7,12 @@ import torch
 from helpers.jobs import tiny_job
 
 from capt import tasks
-from pipelines.config_sources import JobConfigError
-from pipelines.job_setup import load_data
+from pipelines.config.sources import JobConfigError
 from pipelines.methods import load_artifact
-from pipelines.model_cache import BaseModelCache
-from pipelines.models import load_model
+from pipelines.models.cache import BaseModelCache
+from pipelines.models.loading import load_model
 from pipelines.train import run
+from pipelines.training.setup import load_data
 
 
 @pytest.mark.parametrize(("model", "task", "message"), [

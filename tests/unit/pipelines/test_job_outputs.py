@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from helpers.jobs import tiny_job
 
-from pipelines.checkpoint import DamagedCheckpointError
-from pipelines.config import load_job_config
-from pipelines.job_outputs import CLAIM_FILE, JobFolderError, claim_job_folder, config_hash
+from pipelines.config.load import load_job_config
 from pipelines.train import run
+from pipelines.training.checkpoint import DamagedCheckpointError
+from pipelines.training.outputs import CLAIM_FILE, JobFolderError, claim_job_folder, config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = {"max_steps": 4, "eval_every_steps": 2, "resume": True}

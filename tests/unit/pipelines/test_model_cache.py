@@ -8,8 +8,8 @@ import torch
 from helpers.jobs import tiny_job
 from safetensors.torch import load_file
 
-from pipelines.model_cache import BaseModelCache, weights_fingerprint
-from pipelines.models import load_model
+from pipelines.models.cache import BaseModelCache, weights_fingerprint
+from pipelines.models.loading import load_model
 from pipelines.train import run
 
 CASES = [("tiny-t5", "capt", {}), ("tiny-llama", "lora", {"r": 4}), ("tiny-llama", "ptuning_v2", {"num_tokens": 4}),

@@ -12,14 +12,14 @@ import capt
 from capt import tasks
 from capt.arch.readout import install_readout, installed_readout
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.config_sources import JobConfigError
+from pipelines.config.readout import ENCODER_READOUT
+from pipelines.config.sources import JobConfigError
 from pipelines.evaluation import predict
-from pipelines.job_setup import load_data
 from pipelines.methods import load_artifact
-from pipelines.model_cache import BaseModelCache
-from pipelines.models import load_model
-from pipelines.readout import ENCODER_READOUT
+from pipelines.models.cache import BaseModelCache
+from pipelines.models.loading import load_model
 from pipelines.train import run
+from pipelines.training.setup import load_data
 
 
 def test_an_unset_readout_resolves_by_family(tmp_path):

@@ -51,7 +51,7 @@ def test_levels_are_test_split_scores_so_other_metrics_get_no_reference_rows(tmp
 
 
 def test_every_registered_method_is_a_row_in_the_paper_order(tmp_path: Path) -> None:
-    from pipelines.config import METHOD_NAMES
+    from pipelines.config.schema import METHOD_NAMES
     from pipelines.report import METHOD_ORDER
 
     assert sorted(METHOD_ORDER) == sorted(METHOD_NAMES), "every registered method has its place in the table"

@@ -14,7 +14,7 @@ from ray.serve.schema import ServeDeploySchema
 from capt.errors import CapsuleArtifactError
 from capt.tasks import TaskDataError
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.config_sources import JobConfigError
+from pipelines.config.sources import JobConfigError
 from pipelines.serving.app import build
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.serving.settings import ServeSettings

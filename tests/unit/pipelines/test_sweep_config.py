@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from helpers.hub_cache import use_hub_cache
 
-from pipelines.config import JobConfigError, validate_job_config
-from pipelines.job_outputs import config_hash
+from pipelines.config.load import validate_job_config
+from pipelines.config.sources import JobConfigError
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.run import max_concurrent
+from pipelines.training.outputs import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "pipelines" / "configs"
@@ -37,7 +38,7 @@ def test_every_shipped_sweep_parses_and_names_its_command(path):
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
 @pytest.mark.slow
 def test_paper_grids_are_seven_tasks_every_method_three_seeds(name):
-    from pipelines.config import METHOD_NAMES
+    from pipelines.config.schema import METHOD_NAMES
 
     sweep = load_sweep_config(CONFIGS / "paper" / f"{name}.yaml")
     points = trials(sweep)
@@ -67,7 +68,7 @@ def test_ablations_cover_every_row_of_the_table():
     assert any(o.get("length", 1) > 1 for o in options.values())
     assert any(o.get("instance_token") for o in options.values())
     assert any(o.get("instance_tokens") for o in options.values()), "P-Tuning v2 + training-free instance token"
-    from pipelines.config import METHOD_NAMES
+    from pipelines.config.schema import METHOD_NAMES
 
     assert {p.job["method"]["name"] for p in points} == set(METHOD_NAMES), "CaPT beside all twelve baselines"
     assert {p.model for p in points if p.method.startswith("capt-length")} == {"meta-llama/Llama-3.2-1B"}

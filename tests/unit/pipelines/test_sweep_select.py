@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ray.tune import Result
 
-from pipelines.config import JobConfigError
+from pipelines.config.sources import JobConfigError
 from pipelines.report import build_tables, markdown, run_frame
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.select import chosen_labels

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipelines.job_setup import LaunchMismatchError, check_launch
+from pipelines.training.setup import LaunchMismatchError, check_launch
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "helpers" / "ddp_job.py"

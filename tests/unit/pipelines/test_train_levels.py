@@ -5,9 +5,9 @@ from __future__ import annotations
 from helpers.jobs import tiny_job
 
 from capt.tasks.levels import chance_score, majority_score
-from pipelines.checkpoint import LoopState
-from pipelines.job_setup import load_data
 from pipelines.train import run
+from pipelines.training.checkpoint import LoopState
+from pipelines.training.setup import load_data
 
 
 def test_a_job_reports_the_majority_class_chance_and_its_untrained_score(tmp_path):

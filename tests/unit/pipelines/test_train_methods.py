@@ -8,12 +8,12 @@ import pytest
 from helpers.jobs import tiny_job
 
 from capt import tasks
-from pipelines.config import METHOD_NAMES
+from pipelines.config.schema import METHOD_NAMES
 from pipelines.evaluation import predict
-from pipelines.job_setup import load_data
 from pipelines.methods import load_artifact, sequence_overhead
-from pipelines.models import load_model
+from pipelines.models.loading import load_model
 from pipelines.train import run
+from pipelines.training.setup import load_data
 
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]
 OPTIONS = {"prompt_tuning": {"num_tokens": 4}, "ptuning_v2": {"num_tokens": 4}, "lora": {"r": 4}}

@@ -66,8 +66,8 @@ def test_killed_job_resumes_to_the_same_result(tmp_path):
 def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_path):
     from helpers.jobs import tiny_job
 
-    from pipelines.job_outputs import JobFolderError
     from pipelines.train import run
+    from pipelines.training.outputs import JobFolderError
 
     config = tiny_job(tmp_path, train={"max_steps": 4, "eval_every_steps": 2, "resume": True})
     first = run(config)

@@ -15,12 +15,12 @@ from helpers.jobs import tiny_job
 from safetensors.torch import load_file
 
 from capt import tasks
-from pipelines.checkpoint import PHASE_FILE, DamagedCheckpointError
 from pipelines.evaluation import predict
-from pipelines.job_setup import load_data
 from pipelines.methods import load_artifact
-from pipelines.models import load_model
+from pipelines.models.loading import load_model
 from pipelines.train import run
+from pipelines.training.checkpoint import PHASE_FILE, DamagedCheckpointError
+from pipelines.training.setup import load_data
 
 TOKENS, PIECES = 4, 4
 OPTIONS = {"num_tokens": TOKENS, "pieces": PIECES, "init_std": 0.5, "token_prune_fraction": 0.5,

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from capt.arch import head_parameters
-from pipelines.models import TINY_MODELS, LoadedModel, load_model, read_model_config
+from pipelines.models.loading import LoadedModel, load_model
+from pipelines.models.shape import TINY_MODELS, read_model_config
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pipelines.config import JobConfig
+from pipelines.config.schema import JobConfig
 
 FAMILIES = ("t5", "decoder", "encoder")
 """Model families, as `capt.arch` names them: T5 (encoder-decoder), decoder-only, encoder-only (BERT)."""
@@ -144,7 +144,7 @@ def optim_default(method: str, family: str) -> OptimDefault:
 
 def model_family(model_name: str) -> str:
     """The family of base model `model_name`, read from its config alone (no weights loaded)."""
-    from pipelines.models import model_shape
+    from pipelines.models.shape import model_shape
 
     return model_shape(model_name).family
 

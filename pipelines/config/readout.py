@@ -9,14 +9,13 @@ model's family, so result.json and the MLflow params always hold the value used.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from pipelines.config.schema import JobConfig, section
+from pipelines.models.shape import model_shape
 
-from capt.arch import ArchSpec, head_parameters, spec_for
-from capt.arch.readout import READOUTS, ReadoutError, install_readout
-from capt.methods import MethodModel
-from pipelines.config import JobConfig, section
+if TYPE_CHECKING:
+    from capt.arch import ArchSpec
 
 LM_HEAD = "lm_head"
 """The readout of T5 and decoder-only models: the label word from the language-model head."""
@@ -25,6 +24,14 @@ ENCODER_READOUT = "mean"
 the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""
 SLOT_METHODS = ("capt",)
 """Methods whose inputs carry a capsule slot (the only ones the "capsule" readout can read)."""
+
+
+def classifier_readouts() -> tuple[str, ...]:
+    """What an encoder-only classifier's head can read (`capt.arch.readout.READOUTS`, imported on use: it needs
+    torch, which importing the configuration must not)."""
+    from capt.arch.readout import READOUTS
+
+    return READOUTS
 
 
 def default_readout(spec: ArchSpec) -> str:
@@ -36,14 +43,14 @@ def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
     """The readouts of a (family, method): the classifier readouts ("capsule" only with a slot), else "lm_head"."""
     if not spec.classifier_head:
         return (LM_HEAD,)
-    return tuple(r for r in READOUTS if r != "capsule" or method in SLOT_METHODS)
+    return tuple(r for r in classifier_readouts() if r != "capsule" or method in SLOT_METHODS)
 
 
 def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     """`model.readout` against the model's family and the method (the schema checks the spelling)."""
     readout = section(raw, "model").get("readout")
     method = section(raw, "method").get("name", "capt")
-    if readout is None or readout not in (*READOUTS, LM_HEAD):
+    if readout is None or readout not in (*classifier_readouts(), LM_HEAD):
         return []
     allowed = allowed_readouts(spec, method)
     if readout in allowed:
@@ -64,30 +71,5 @@ def resolve_readout(config: JobConfig) -> JobConfig:
     """`config` with `model.readout` filled in from the model's family when unset (unchanged otherwise)."""
     if config.model.readout is not None:
         return config
-    from pipelines.models import model_shape
-
     model = dataclasses.replace(config.model, readout=default_readout(model_shape(config.model.name).spec))
     return dataclasses.replace(config, model=model)
-
-
-def artifact_readout(info: dict[str, Any], model: nn.Module) -> str:
-    """The readout recorded in an artifact's method.json; artifacts from before readouts were recorded read the
-    pooler (encoder classifiers) or the language-model head."""
-    return info.get("readout") or ("pooler" if head_parameters(model) else LM_HEAD)
-
-
-def adapted_span(adapted: MethodModel, model: nn.Module) -> tuple[int, int]:
-    """[start, stop) of the positions the method of `adapted` inserts into the input of the encoder `model`
-    (capsule slots, soft-prompt tokens; empty for methods that insert none)."""
-    start = spec_for(model).slot_offset
-    return start, start + adapted.added_positions
-
-
-def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> None:
-    """Make the head of the encoder classifier `model` (adapted as `adapted`) read `readout`; nothing for
-    models without a classifier head, whose readout is "lm_head"."""
-    if not head_parameters(model):
-        if readout != LM_HEAD:
-            raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head (allowed: {LM_HEAD}).")
-        return
-    install_readout(model, readout, adapted_span(adapted, model))

@@ -24,8 +24,8 @@ from typing import Any
 
 from capt.atomic import write_atomically
 from capt.errors import CaptError
-from pipelines.config import JobConfig, flatten
-from pipelines.config_resolve import resolve_job
+from pipelines.config.load import require_resolved
+from pipelines.config.schema import JobConfig, flatten
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,10 @@ class JobFolderError(CaptError, RuntimeError):
 def hashed_config(config: JobConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The config as the hash sees it: plain JSON values, every key that can change the result.
 
-    A result is keyed by its resolved config: a `JobConfig`'s optimiser defaults and readout are filled in first
-    (`pipelines.config_resolve`, as `validate_job_config` and `run` do), so a job that leaves
-    `optim.lr` empty and one that gives the default value explicitly share one hash and one folder, and
-    a change of the defaults table changes the hash of exactly the jobs it changes.
+    A result is keyed by its resolved config (a `JobConfig` must be the `ResolvedJobConfig` that
+    `pipelines.config.load` returns), so a job that leaves `optim.lr` empty and one that gives the default value
+    explicitly share one hash and one folder, and a change of the defaults table changes the hash of exactly the
+    jobs it changes.
 
     Excluded (`EXCLUDED_KEYS`): where the outputs go (`output_dir`), how the job treats existing
     outputs (`train.resume`, `train.overwrite`), and settings that change only logging or how often
@@ -56,7 +56,7 @@ def hashed_config(config: JobConfig | Mapping[str, Any]) -> dict[str, Any]:
     ends bit-identical to an uninterrupted one). `task.data_dir` counts as the job reads it: for local
     data without one, CAPT_DATA_DIR.
     """
-    data = resolve_job(config).to_dict() if isinstance(config, JobConfig) else dict(config)
+    data = require_resolved(config, "config_hash").to_dict() if isinstance(config, JobConfig) else dict(config)
     plain = json.loads(json.dumps(data, default=str))
     for key in EXCLUDED_KEYS:
         section, _, leaf = key.rpartition(".")

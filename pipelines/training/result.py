@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from capt.tasks.levels import reference_levels
-from pipelines.checkpoint import LoopState
-from pipelines.job_setup import Job, warmup_steps
-from pipelines.optim_defaults import model_family, optim_default
+from pipelines.config.optim_defaults import model_family, optim_default
+from pipelines.training.checkpoint import LoopState
+from pipelines.training.setup import Job, warmup_steps
 
 
 def reference_scores(job: Job, loop: LoopState) -> dict[str, float]:

@@ -1,40 +1,29 @@
-"""The job config: typed sections, YAML + `key.sub=value` overrides, every problem reported at once.
+"""The job config's typed sections: pydantic dataclasses that check types, ranges and unknown keys.
 
-OmegaConf parses and merges YAML and dot-list overrides; pydantic dataclasses check types, ranges and
-unknown keys and report all problems together; the cross-field rules (method options, data location,
-model name) are checked here before any model or data is loaded.
+This module imports nothing of `pipelines` and no torch; `pipelines.config.load` is the entry that merges the
+sources, checks the cross-field rules and resolves the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    PositiveFloat,
-    PositiveInt,
-    TypeAdapter,
-    ValidationError,
-)
+from pydantic import AfterValidator, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 from pydantic.dataclasses import dataclass
 
 from capt.methods import METHODS
 from capt.tasks.config import DataConfig
 from capt.tasks.registry import TASK_NAMES
-from pipelines.config_sources import JobConfigError, merge_sources
 
 METHOD_NAMES = tuple(METHODS)
-"""The adaptation methods a job can run: the names of `capt.methods.METHODS`, the one registry."""
-_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+"""The adaptation methods the shipped registry holds (`capt.methods.METHODS`), in registry order."""
+STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+"""Every config section: unknown keys refused, each field documented by its docstring."""
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class ModelSection:
     """Which frozen base model to adapt."""
 
@@ -47,10 +36,10 @@ class ModelSection:
     max_new_tokens: PositiveInt = 10
     """Tokens generated per example by the paper's evaluation protocol."""
     readout: Literal["pooler", "cls", "mean", "capsule", "lm_head"] | None = None
-    """What the classifier reads (pipelines/readout.py): encoder-only heads read pooler ([CLS] through the pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the family's default, filled in at validation."""
+    """What the classifier reads (pipelines/config/readout.py): encoder-only heads read pooler ([CLS] through the pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the family's default, filled in at validation."""
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class TaskSection:
     """Which task, and where its data comes from."""
 
@@ -80,24 +69,31 @@ class TaskSection:
         return DataConfig(**fields, seed=seed)
 
 
-@dataclass(config=_STRICT)
+def _registered_method(name: str) -> str:
+    """`name` when the method registry holds it now (a method registered at run time counts)."""
+    if name not in METHODS:
+        raise ValueError(f"Input should be {', '.join(repr(m) for m in METHODS)}")
+    return name
+
+
+@dataclass(config=STRICT)
 class MethodSection:
     """The adaptation method and its own options."""
 
-    name: Literal[METHOD_NAMES] = "capt"
-    """Method: CaPT or one of the paper's baselines."""
+    name: Annotated[str, AfterValidator(_registered_method)] = "capt"
+    """Method: CaPT or one of the paper's baselines (any name in `capt.methods.METHODS`)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of that method only (capt: CapsuleConfig fields; baselines: their config fields)."""
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class OptimSection:
     """Optimiser and schedule."""
 
     name: Literal["adafactor", "adamw"] | None = None
-    """Optimiser; None: the default of the method and model family (pipelines/optim_defaults.py), filled in at validation."""
+    """Optimiser; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled in at validation."""
     lr: PositiveFloat | None = None
-    """Learning rate; None: the default of the method and model family (pipelines/optim_defaults.py), filled in at validation."""
+    """Learning rate; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled in at validation."""
     head_lr: PositiveFloat = 1e-3
     """Learning rate of the linear head of encoder-only classifiers."""
     weight_decay: NonNegativeFloat = 0.0
@@ -110,7 +106,7 @@ class OptimSection:
     """Gradient clipping norm (None: no clipping)."""
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class TrainSection:
     """Loop, evaluation, precision and checkpointing."""
 
@@ -148,7 +144,7 @@ class TrainSection:
     """Also score the test split once before the first training step (result metric test_untrained_score)."""
 
 
-@dataclass(config=_STRICT)
+@dataclass(config=STRICT)
 class JobConfig:
     """One training job: (task, model, method, seed, hyper-parameters)."""
 
@@ -178,6 +174,12 @@ class JobConfig:
         return dataclasses.asdict(self)
 
 
+@dataclass(config=STRICT)
+class ResolvedJobConfig(JobConfig):
+    """A `JobConfig` with every default filled in (optimiser, lr, readout): what `pipelines.config.load` returns
+    and everything below it takes. Built only there."""
+
+
 def model_slug(name: str) -> str:
     """A registry-safe short name: `google-t5/t5-base` -> `t5-base`, `/data/my model` -> `my-model`."""
     tail = name.rstrip("/").split("/")[-1]
@@ -196,69 +198,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
-                    base: dict[str, Any] | None = None) -> JobConfig:
-    """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated `JobConfig`."""
-    raw = merge_sources(path, overrides, base)
-    return validate_job_config(raw)
-
-
-def validate_job_config(raw: dict[str, Any]) -> JobConfig:
-    """Check types, ranges, unknown keys and the cross-field rules; raise once with every problem.
-
-    The config returned is resolved: an optimiser or lr left empty is filled in from the defaults table
-    (`pipelines.optim_defaults`), an unset readout from the model's family (`pipelines.readout`), so every consumer (training, result.json, MLflow params, the config
-    hash) sees the values actually used.
-    """
-    from pipelines.config_resolve import resolve_job
-
-    problems: list[str] = []
-    config = None
-    try:
-        config = TypeAdapter(JobConfig).validate_python(raw)
-    except ValidationError as err:
-        problems += _pydantic_problems(err)
-    from pipelines.job_checks import cross_field_problems
-
-    problems += cross_field_problems(raw)
-    if not problems:
-        try:
-            config = resolve_job(config)
-        except ValueError as err:
-            problems.append(str(err))
-    if problems:
-        raise JobConfigError(_format_problems(problems))
-    return config
-
-
-def _pydantic_problems(err: ValidationError) -> list[str]:
-    problems = []
-    for item in err.errors(include_url=False):
-        key = ".".join(str(part) for part in item["loc"])
-        if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            allowed = ", ".join(_section_keys(item["loc"][:-1]))
-            problems.append(f"{key}: unknown key (value {item['input']!r}; allowed keys: {allowed})")
-        else:
-            problems.append(f"{key}={item['input']!r}: {item['msg']}")
-    return problems
-
-
-def _section_keys(path: tuple) -> list[str]:
-    """Field names of the config section at `path` (e.g. ("train",))."""
-    section: Any = JobConfig
-    for part in path:
-        section = {f.name: f.type for f in dataclasses.fields(section)}.get(part)
-        section = globals().get(section) if isinstance(section, str) else section
-        if section is None or not dataclasses.is_dataclass(section):
-            return []
-    return [f.name for f in dataclasses.fields(section)]
-
-
 def section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     """The raw section `key` of a job dict, or {} when absent or not a mapping (the schema reports that)."""
     return raw.get(key) if isinstance(raw.get(key), dict) else {}
-
-
-def _format_problems(problems: list[str]) -> str:
-    count = len(problems)
-    return f"Invalid job config ({count} problem{'s' if count > 1 else ''}): " + "; ".join(problems) + "."

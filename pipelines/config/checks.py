@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from capt.methods import get_method
-from pipelines.config import METHOD_NAMES, section
-from pipelines.methods import sequence_overhead
-from pipelines.models import ModelShape, model_shape
+from capt.methods import METHODS, get_method
+from pipelines.config.readout import readout_problems
+from pipelines.config.schema import section
+from pipelines.models.shape import ModelShape, model_name_problems, model_shape
 
 
 def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
@@ -59,7 +59,8 @@ def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) ->
                         f"positions for {shape.position_limit} tokens (capsule slots and virtual tokens count "
                         f"toward max_length); allowed: at most {shape.position_limit - generated}")
     if method_ok:
-        overhead = sequence_overhead(method.get("name", "capt"), method.get("options", {}))
+        entry = get_method(method.get("name", "capt"))
+        overhead = entry.model_class.sequence_overhead(entry.build_config(method.get("options", {})))
         if overhead >= max_length:
             problems.append(f"model.max_length={max_length}: method {method.get('name', 'capt')!r} adds {overhead} "
                             f"positions to every input, leaving none for the text; allowed: more than {overhead}")
@@ -68,15 +69,12 @@ def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) ->
 
 def cross_field_problems(raw: dict[str, Any]) -> list[str]:
     """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
-    from pipelines.methods import method_option_problems
-    from pipelines.models import model_name_problems
-
     method, model, task = (section(raw, k) for k in ("method", "model", "task"))
     problems: list[str] = []
     name, options = method.get("name", "capt"), method.get("options", {})
-    options_ok = name in METHOD_NAMES and isinstance(options, dict)
+    options_ok = name in METHODS and isinstance(options, dict)
     if options_ok:
-        problems += method_option_problems(name, options)
+        problems += _method_option_problems(name, options)
     if isinstance(model.get("name", "tiny-t5"), str):
         name_problems = model_name_problems(model.get("name", "tiny-t5"))
         problems += name_problems or model_fit_problems(raw, options_ok and not problems)
@@ -86,6 +84,15 @@ def cross_field_problems(raw: dict[str, Any]) -> list[str]:
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems
+
+
+def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    """Problems of `method.options` for method `name`, e.g. a prompt-tuning option given to LoRA."""
+    try:
+        get_method(name).build_config(options)
+    except (ValueError, TypeError) as err:
+        return [f"method.options for method {name!r}: {err}"]
+    return []
 
 
 def _input_format_problems(raw: dict[str, Any]) -> list[str]:
@@ -104,8 +111,6 @@ def _input_format_problems(raw: dict[str, Any]) -> list[str]:
 
 
 def _readout_problems(raw: dict[str, Any]) -> list[str]:
-    from pipelines.readout import readout_problems
-
     try:
         spec = model_shape(section(raw, "model").get("name", "tiny-t5")).spec
     except ValueError:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from capt import tasks
-from pipelines.config import TaskSection
+from pipelines.config.schema import TaskSection
 
 SAMPLE_ROWS = 3
 """Training rows shown as a sample."""

@@ -15,13 +15,11 @@ from torch import nn
 from capt import tasks
 from capt.arch import ArchSpec
 from capt.errors import CaptError
-from pipelines.checkpoint import install_hooks
-from pipelines.config import JobConfig
-from pipelines.config_resolve import resolve_job
-from pipelines.methods import adapt, parameter_groups, sequence_overhead
-from pipelines.models import LoadedModel, load_model
-from pipelines.optim_defaults import resolve_optim
-from pipelines.readout import install_job_readout
+from pipelines.config.load import require_resolved
+from pipelines.config.schema import JobConfig
+from pipelines.methods import adapt, install_job_readout, parameter_groups, sequence_overhead
+from pipelines.models.loading import LoadedModel, load_model
+from pipelines.training.checkpoint import install_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +109,10 @@ def load_data(config: JobConfig) -> tasks.Splits:
 
 def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     """Build and prepare every piece of the job described by `config` (its defaults resolved, its readout installed);
-    `loaded`: its base model, already loaded (e.g. from `pipelines.model_cache`), instead of loading it here."""
+    `loaded`: its base model, already loaded (e.g. from `pipelines.models.cache`), instead of loading it here."""
     from accelerate.utils import set_seed
 
-    config = resolve_job(config)
+    config = require_resolved(config, "build_job")
     accelerator = make_accelerator(config)
     _check_batch(config, accelerator.num_processes)
     set_seed(config.seed)
@@ -169,7 +167,7 @@ def make_optimizer(config: JobConfig, adapted: nn.Module, base: nn.Module) -> to
 
     None when nothing is trainable (the training-free instance-only capsule on a generative model).
     """
-    optim = resolve_optim(config).optim
+    optim = require_resolved(config, "make_optimizer").optim
     groups = parameter_groups(adapted, base, optim.lr, optim.head_lr, optim.weight_decay)
     if not groups:
         return None

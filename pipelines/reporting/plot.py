@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.report_levels import CHANCE, MAJORITY, UNTRAINED, column_label, is_reference
+from pipelines.reporting.levels import CHANCE, MAJORITY, UNTRAINED, column_label, is_reference
 
 _LEVEL_STYLE = {MAJORITY: {"colors": "black", "linestyles": "--"}, CHANCE: {"colors": "dimgray", "linestyles": ":"}}
 _HALF_GROUP = 0.42

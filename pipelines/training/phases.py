@@ -5,7 +5,7 @@ new phase as a fresh training run would: the optimiser state (moments, step coun
 validation state restarts, so the job keeps the best state of its final phase. Early stopping applies only in the
 final phase (stopping earlier would skip the phases still to come). The learning-rate schedule runs on over the
 whole job. Which phase a job is in follows from its step alone, so a resumed job needs only the method's
-`phase_state`, which the checkpoint carries (`pipelines.checkpoint`).
+`phase_state`, which the checkpoint carries (`pipelines.training.checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipelines.checkpoint import LoopState, trainable_state
+from pipelines.training.checkpoint import LoopState, trainable_state
 
 logger = logging.getLogger(__name__)
 BatchLoss = Callable[[Any, dict], torch.Tensor]

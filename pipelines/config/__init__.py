@@ -1,0 +1,16 @@
+"""A job's configuration: typed sections (`schema`), YAML + `key=value` sources (`sources`), cross-field checks
+(`checks`), the defaults tables (`optim_defaults`, `readout`), and `load`, THE entry, which returns the one
+resolved type every consumer takes.
+
+    from pipelines.config import load_job_config
+    config = load_job_config("pipelines/configs/job/smoke.yaml", ["train.max_steps=20"])
+
+Importing this package imports no torch.
+"""
+
+from pipelines.config.load import load_job_config, require_resolved, validate_job_config
+from pipelines.config.schema import JobConfig, ResolvedJobConfig
+from pipelines.config.sources import JobConfigError
+
+__all__ = ["JobConfig", "JobConfigError", "ResolvedJobConfig", "load_job_config", "require_resolved",
+           "validate_job_config"]

@@ -1,0 +1,93 @@
+"""THE entry to a job's configuration: sources merged -> schema -> cross-field checks -> defaults resolved, once.
+
+`load_job_config` (a YAML file, a dict, `key.sub=value` overrides) and `validate_job_config` (a plain dict) are
+the only ways to a `ResolvedJobConfig`: every problem is reported at once, and the optimiser, learning rate and
+readout left empty are filled in (`pipelines.config.optim_defaults`, `pipelines.config.readout`), so training,
+result.json, the MLflow params and the config hash all see the values actually used. Everything below this
+module takes a `ResolvedJobConfig` and never resolves again (`require_resolved` guards the entries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from pipelines.config.checks import cross_field_problems
+from pipelines.config.optim_defaults import resolve_optim
+from pipelines.config.readout import resolve_readout
+from pipelines.config.schema import JobConfig, ResolvedJobConfig
+from pipelines.config.sources import JobConfigError, merge_sources
+
+
+def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                    base: dict[str, Any] | None = None) -> ResolvedJobConfig:
+    """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated, resolved job config."""
+    raw = merge_sources(path, overrides, base)
+    return validate_job_config(raw)
+
+
+def validate_job_config(raw: dict[str, Any]) -> ResolvedJobConfig:
+    """Check types, ranges, unknown keys and the cross-field rules, then resolve the defaults; raise once with
+    every problem (`JobConfigError`)."""
+    problems: list[str] = []
+    config = None
+    try:
+        config = TypeAdapter(JobConfig).validate_python(raw)
+    except ValidationError as err:
+        problems += _pydantic_problems(err)
+    problems += cross_field_problems(raw)
+    if not problems:
+        try:
+            return _resolve(config)
+        except ValueError as err:
+            problems.append(str(err))
+    raise JobConfigError(_format_problems(problems))
+
+
+def _resolve(config: JobConfig) -> ResolvedJobConfig:
+    """`config` with its optimiser and readout defaults filled in, as the one resolved type."""
+    resolved = resolve_readout(resolve_optim(config))
+    return ResolvedJobConfig(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)})
+
+
+def require_resolved(config: Any, where: str) -> ResolvedJobConfig:
+    """`config` itself when it came from `load_job_config` / `validate_job_config`; TypeError naming `where` else
+    (a hand-built `JobConfig` would train with defaults nothing logged or hashed)."""
+    if isinstance(config, ResolvedJobConfig) and None not in (config.optim.name, config.optim.lr,
+                                                                config.model.readout):
+        return config
+    raise TypeError(f"{where} takes the resolved config that pipelines.config.load_job_config or "
+                    f"validate_job_config returns, not a {type(config).__name__} (build it with "
+                    "validate_job_config(config.to_dict())).")
+
+
+def _pydantic_problems(err: ValidationError) -> list[str]:
+    problems = []
+    for item in err.errors(include_url=False):
+        key = ".".join(str(part) for part in item["loc"])
+        if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            allowed = ", ".join(_section_keys(item["loc"][:-1]))
+            problems.append(f"{key}: unknown key (value {item['input']!r}; allowed keys: {allowed})")
+        else:
+            problems.append(f"{key}={item['input']!r}: {item['msg']}")
+    return problems
+
+
+def _section_keys(path: tuple) -> list[str]:
+    """Field names of the config section at `path` (e.g. ("train",)), read off the schema's type hints."""
+    section: Any = JobConfig
+    for part in path:
+        section = typing.get_type_hints(section).get(part)
+        if section is None or not dataclasses.is_dataclass(section):
+            return []
+    return [f.name for f in dataclasses.fields(section)]
+
+
+def _format_problems(problems: list[str]) -> str:
+    count = len(problems)
+    return f"Invalid job config ({count} problem{'s' if count > 1 else ''}): " + "; ".join(problems) + "."

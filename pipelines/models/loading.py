@@ -1,0 +1,107 @@
+"""Base models and tokenizers loaded by name: built-in offline models, the MiniLM package, or Hugging Face checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from capt.arch import ArchSpec, spec_for, spec_for_model_type, supported_model_types
+from pipelines.models.shape import TINY_MODELS
+
+logger = logging.getLogger(__name__)
+
+_TINY_WEIGHTS_SEED = 1234  # tiny base models are the same frozen "checkpoint" in every job and process
+
+
+@dataclass
+class LoadedModel:
+    """A base model with its tokenizer and family."""
+
+    model: nn.Module
+    """The frozen base model."""
+    tokenizer: Any
+    """Its tokenizer."""
+    family: str
+    """"t5", "decoder" or "encoder" (the task formats' key)."""
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The `capt.arch` spec of the model: every family-dependent behaviour is a property of it."""
+        return spec_for(self.model)
+
+
+def load_model(name: str, num_labels: int, dtype: str = "float32") -> LoadedModel:
+    """Load (or build) the base model `name`; encoder-only models get a `num_labels`-way linear head."""
+    torch_dtype = getattr(torch, dtype)
+    if name in TINY_MODELS:
+        loaded = _tiny(name, num_labels)
+    elif name == "minilm":
+        loaded = _minilm(num_labels)
+    else:
+        loaded = _pretrained(name, num_labels)
+    loaded.model.to(torch_dtype)
+    return loaded
+
+
+def _tiny(name: str, num_labels: int) -> LoadedModel:
+    from capt.tasks import test_tokenizer
+    from pipelines.models import tiny as tiny_models
+
+    family = {"tiny-t5": "t5", "tiny-bert": "encoder"}.get(name, "decoder")
+    tokenizer = test_tokenizer(family)
+    with _seeded(_TINY_WEIGHTS_SEED):
+        model = tiny_models.build(name, tokenizer, num_labels)
+    model.config._name_or_path = name
+    return LoadedModel(model.eval(), tokenizer, family)
+
+
+def _minilm(num_labels: int) -> LoadedModel:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from capt.tasks.tokenizers import minilm_model_path
+
+    path = minilm_model_path()
+    with _seeded(_TINY_WEIGHTS_SEED):  # the classifier head is new: make it the same in every process
+        model = BertForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+    model.config._name_or_path = "minilm"
+    return LoadedModel(model.eval(), AutoTokenizer.from_pretrained(path), "encoder")
+
+
+def _pretrained(name: str, num_labels: int) -> LoadedModel:
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(name)
+    spec = spec_for_model_type(config.model_type)
+    if spec is None:
+        raise ValueError(f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
+                         f"{', '.join(supported_model_types())}.")
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if spec.pad_with_eos and tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    auto_class = getattr(transformers, spec.auto_model_class)
+    if spec.classifier_head:
+        with _seeded(_TINY_WEIGHTS_SEED):  # the classifier head is new: make it the same in every process
+            model = auto_class.from_pretrained(name, num_labels=num_labels)
+    else:
+        model = auto_class.from_pretrained(name)
+    return LoadedModel(model.eval(), tokenizer, spec.family)
+
+
+class _seeded:
+    """Fork the torch RNG with a fixed seed, leaving the caller's RNG stream untouched."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self._fork = torch.random.fork_rng(devices=[])
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc) -> None:
+        self._fork.__exit__(*exc)
