@@ -9,21 +9,20 @@ from typing import Any
 
 from capt.methods import METHODS, get_method
 from pipelines.config.readout import readout_problems
-from pipelines.config.schema import section
+from pipelines.config.schema import raw_value
 from pipelines.models.shape import ModelShape, model_name_problems, model_shape
 
 
 def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
     """What the model's own config refuses: capsule layers it lacks, sequences longer than its positions."""
-    model, method = section(raw, "model"), section(raw, "method")
-    name, method_name = model.get("name", "tiny-t5"), method.get("name", "capt")
+    name, method_name = raw_value(raw, "model.name"), raw_value(raw, "method.name")
     try:
         shape = model_shape(name)
     except ValueError as err:
         return [str(err)]
     problems = []
     if method_ok:
-        problems += _method_fit_problems(name, shape, method_name, method.get("options", {}))
+        problems += _method_fit_problems(name, shape, method_name, raw_value(raw, "method.options"))
     problems += _length_problems(raw, shape, method_ok)
     return problems
 
@@ -46,41 +45,41 @@ def _method_fit_problems(name: str, shape: ModelShape, method_name: str, options
 
 def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) -> list[str]:
     """`model.max_length` (slots and virtual tokens included) against the model's positions and the method."""
-    model, method, train = (section(raw, k) for k in ("model", "method", "train"))
-    max_length, new_tokens = model.get("max_length", 256), model.get("max_new_tokens", 10)
+    max_length, new_tokens = raw_value(raw, "model.max_length"), raw_value(raw, "model.max_new_tokens")
     if not isinstance(max_length, int) or not isinstance(new_tokens, int) or max_length < 1:
         return []  # the schema reports the type
     problems = []
-    generates = shape.spec.generation_echoes_prompt and train.get("eval_mode", "generate") == "generate"
+    generates = shape.spec.generation_echoes_prompt and raw_value(raw, "train.eval_mode") == "generate"
     generated = new_tokens if generates else 0  # new tokens take positions after the prompt
     if shape.position_limit is not None and max_length + generated > shape.position_limit:
         extra = f" + model.max_new_tokens={new_tokens} generated after it" if generated else ""
-        problems.append(f"model.max_length={max_length}{extra}: model.name={model.get('name', 'tiny-t5')!r} has "
+        problems.append(f"model.max_length={max_length}{extra}: model.name={raw_value(raw, 'model.name')!r} has "
                         f"positions for {shape.position_limit} tokens (capsule slots and virtual tokens count "
                         f"toward max_length); allowed: at most {shape.position_limit - generated}")
     if method_ok:
-        entry = get_method(method.get("name", "capt"))
-        overhead = entry.model_class.sequence_overhead(entry.build_config(method.get("options", {})))
+        method = raw_value(raw, "method.name")
+        entry = get_method(method)
+        overhead = entry.model_class.sequence_overhead(entry.build_config(raw_value(raw, "method.options")))
         if overhead >= max_length:
-            problems.append(f"model.max_length={max_length}: method {method.get('name', 'capt')!r} adds {overhead} "
+            problems.append(f"model.max_length={max_length}: method {method!r} adds {overhead} "
                             f"positions to every input, leaving none for the text; allowed: more than {overhead}")
     return problems
 
 
 def cross_field_problems(raw: dict[str, Any]) -> list[str]:
     """Rules across keys, checked on the raw values so they are reported alongside schema problems."""
-    method, model, task = (section(raw, k) for k in ("method", "model", "task"))
     problems: list[str] = []
-    name, options = method.get("name", "capt"), method.get("options", {})
+    name, options, model = raw_value(raw, "method.name"), raw_value(raw, "method.options"), raw_value(raw, "model.name")
     options_ok = name in METHODS and isinstance(options, dict)
     if options_ok:
         problems += _method_option_problems(name, options)
-    if isinstance(model.get("name", "tiny-t5"), str):
-        name_problems = model_name_problems(model.get("name", "tiny-t5"))
+    if isinstance(model, str):
+        name_problems = model_name_problems(model)
         problems += name_problems or model_fit_problems(raw, options_ok and not problems)
         if not name_problems:
             problems += _readout_problems(raw) + _input_format_problems(raw)
-    if task.get("source", "local") == "local" and not (task.get("data_dir") or os.environ.get("CAPT_DATA_DIR")):
+    if raw_value(raw, "task.source") == "local" and not (raw_value(raw, "task.data_dir")
+                                                         or os.environ.get("CAPT_DATA_DIR")):
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems
@@ -98,21 +97,20 @@ def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
 def _input_format_problems(raw: dict[str, Any]) -> list[str]:
     from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
 
-    task = section(raw, "task")
-    input_format, name = task.get("input_format", "capt"), section(raw, "model").get("name", "tiny-t5")
-    if input_format not in INPUT_FORMATS or not isinstance(task.get("name", "rte"), str):
+    input_format, name, task = (raw_value(raw, k) for k in ("task.input_format", "model.name", "task.name"))
+    if input_format not in INPUT_FORMATS or not isinstance(task, str):
         return []  # the schema reports it
     try:
         family = model_shape(name).family
     except ValueError:
         return []
     return [f"task.{problem} (model.name={name!r})"
-            for problem in input_format_problems(input_format, family, task.get("name", "rte"))]
+            for problem in input_format_problems(input_format, family, task)]
 
 
 def _readout_problems(raw: dict[str, Any]) -> list[str]:
     try:
-        spec = model_shape(section(raw, "model").get("name", "tiny-t5")).spec
+        spec = model_shape(raw_value(raw, "model.name")).spec
     except ValueError:
         return []  # model_fit_problems reported it
     return readout_problems(raw, spec)

@@ -201,3 +201,15 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     """The raw section `key` of a job dict, or {} when absent or not a mapping (the schema reports that)."""
     return raw.get(key) if isinstance(raw.get(key), dict) else {}
+
+
+def raw_value(raw: dict[str, Any], key: str) -> Any:
+    """The value of `key` ("seed" or "section.field") in a raw, unvalidated job dict, or the schema's default
+    when it is absent (so cross-field checks never repeat a default)."""
+    name, _, leaf = key.partition(".")
+    if not leaf:
+        return raw.get(name, getattr(_DEFAULTS, name))
+    return section(raw, name).get(leaf, getattr(getattr(_DEFAULTS, name), leaf))
+
+
+_DEFAULTS = JobConfig()
