@@ -1,10 +1,13 @@
-"""The README's library example runs as written."""
+"""The README's library example runs as written, and its Layout names every room of the code."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -30,3 +33,23 @@ def _uses_the_table_optimizer(optimizer) -> None:
     assert group["lr"] == default.lr
     if default.optimizer == "adafactor":
         assert not group["relative_step"] and not group["scale_parameter"]
+
+
+def _layout_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Layout"):]
+    return section[section.index("```"):section.index("```", section.index("```") + 3)]
+
+
+@pytest.mark.parametrize("package", ["capt", "pipelines"])
+def test_the_readme_layout_names_every_room(package):
+    block = _layout_block()
+    rooms = [p.name for p in (ROOT / package).iterdir()
+             if p.name not in ("__init__.py", "__pycache__") and (p.is_dir() or p.suffix == ".py")]
+    missing = [room for room in rooms if (room + "/" if (ROOT / package / room).is_dir() else room) not in block]
+    assert not missing, f"README's Layout does not name {package}/{missing}"
+
+
+def test_the_readme_sends_no_reader_outside_the_repository():
+    text = (ROOT / "README.md").read_text()
+    assert "../" not in text, "a reader without the workspace cannot follow a link outside the repository"
