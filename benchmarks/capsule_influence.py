@@ -25,8 +25,8 @@ import torch
 from benchmarks.common import Table, markdown_table
 
 TITLE = "A trained capsule's test score, as trained and with its task vectors zeroed"
-COLUMNS = ("job", "method", "lr", "seed", "test_score", "job_test_score", "test_score_zeroed", "changed_predictions_pct",
-           "vector_norm_per_layer")
+COLUMNS = ("job", "method", "lr", "seed", "test_score", "job_test_score", "test_score_zeroed",
+           "changed_predictions_pct", "vector_norm_per_layer")
 
 
 def task_vectors(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -122,7 +122,8 @@ def trial_results(sweep) -> list[dict[str, Any]]:
                      "best_validation_score": result["metrics"].get("best_validation_score"),
                      **reference_levels(result["metrics"]),
                      "steps": result["steps"], "trainable": result["trainable_parameters"],
-                     "lr": (result.get("optimizer") or {}).get("lr"), "head_lr": (result.get("optimizer") or {}).get("head_lr"),
+                     "lr": (result.get("optimizer") or {}).get("lr"),
+                     "head_lr": (result.get("optimizer") or {}).get("head_lr"),
                      "train_loss_curve": _loss_curve(result["history"]),
                      "fit_s": result["wall_time_s"]})
     return rows
@@ -229,7 +230,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         with data_dir_env(tmp / "data"):
             rows = trial_results(load_sweep_config(REPO / config["config"], overrides))
     body = text.split("\n", 1)[1]  # without the report's own title
-    result.sections["Table from pipelines.report (test_score, mean ± std over seeds)"] = body.replace("\n## ", "\n#### ")
+    title = "Table from pipelines.report (test_score, mean ± std over seeds)"
+    result.sections[title] = body.replace("\n## ", "\n#### ")
     result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "select", "test_score",
                                                "test_accuracy",
                                                "best_validation_score", *REFERENCE_LEVELS,

@@ -118,7 +118,8 @@ def chosen_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from pipelines.sweeps.select import chosen_labels
 
     chosen = chosen_labels(rows, label="select")
-    return [row for row in rows if chosen.get((row["model"], row["task"], row["method"]), row["select"]) == row["select"]]
+    return [row for row in rows
+            if chosen.get((row["model"], row["task"], row["method"]), row["select"]) == row["select"]]
 
 
 def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -167,7 +167,8 @@ def compare(config: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
         sweep, local = measured["sweep"], measured["in_process"]
         trials = local["trials"]
         rows.append({"repetition": index + 1, "trials": trials, "sweep_s": sweep["wall_s"],
-                     "in_process_s": local["wall_s"], "overhead_per_trial_s": (sweep["wall_s"] - local["wall_s"]) / trials,
+                     "in_process_s": local["wall_s"],
+                     "overhead_per_trial_s": (sweep["wall_s"] - local["wall_s"]) / trials,
                      "sweep_efficiency": local["wall_s"] / sweep["wall_s"], "fit_in_sweep_s": sweep["fit_s"],
                      "fit_in_process_s": local["fit_s"], "trials_done_in_sweep": sweep["trials"],
                      "mlflow_start_in_sweep_s": sweep["mlflow_start_s"]})

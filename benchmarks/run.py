@@ -4,7 +4,8 @@
     python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
     python -m benchmarks.run --only step_cost inference
     CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
-    CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" --learning-rows capt lora
+    CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" \\
+        --learning-rows capt lora
 
 Results go to benchmarks/results/ (<name>.json, *.png, report.md, run.json); the report covers every
 benchmark whose JSON is there, so `--only` refreshes one section and keeps the others.

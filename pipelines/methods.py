@@ -124,6 +124,7 @@ def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> N
     models without a classifier head, whose readout is "lm_head"."""
     if not head_parameters(model):
         if readout != LM_HEAD:
-            raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head (allowed: {LM_HEAD}).")
+            raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head "
+                               f"(allowed: {LM_HEAD}).")
         return
     install_readout(model, readout, adapted_span(adapted, model))

@@ -137,8 +137,8 @@ def format_cell(mean: float, std: float) -> str:
 def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
     """The Markdown report: one table per base model."""
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
-             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; * when it misses one "
-             "of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
+             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; * when it "
+             "misses one of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
     if any(is_reference(m) or m.endswith(UNTRAINED) for table in tables.values() for m in table.index):
         lines += [LEVELS_NOTE, ""]
     if any(table.attrs.get("generated") for table in tables.values()):

@@ -1,6 +1,7 @@
 """Sweep tasks x models x methods x seeds with Ray Tune; each trial trains with Accelerate (on Ray Train for N workers).
 
-    RAY_AUTH_MODE=token ray job submit --working-dir . -- python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
+        python pipelines/sweep.py --config pipelines/configs/paper/t5-base.yaml
     python pipelines/sweep.py                      # laptop: local Ray + local MLflow, embedded smoke sweep
     python pipelines/sweep.py --config FILE --resume   # finish an interrupted sweep, no trial twice
 """

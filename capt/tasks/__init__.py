@@ -43,8 +43,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "DATA_DIR_ENV", "FAMILIES", "INVALID", "SOURCES", "SUPERGLUE_TASKS", "TASK_NAMES", "Collator", "DataConfig", "DecoderInput",
-    "EncoderInput", "Example", "IGNORE_INDEX", "Splits", "T5Input", "TaskDataError", "TaskSpec",
+    "DATA_DIR_ENV", "FAMILIES", "INVALID", "SOURCES", "SUPERGLUE_TASKS", "TASK_NAMES", "Collator", "DataConfig",
+    "DecoderInput", "EncoderInput", "Example", "IGNORE_INDEX", "Splits", "T5Input", "TaskDataError", "TaskSpec",
     "UnknownTaskError", "accuracy", "average_score", "compute_metrics", "exact_match", "f1a",
     "generate_rows", "get", "load_split", "load_splits", "macro_f1", "minilm_tokenizer", "names",
     "normalize_text", "rank_classify", "render", "split_train_validation", "subsample", "task_score",

@@ -36,7 +36,9 @@ class ModelSection:
     max_new_tokens: PositiveInt = 10
     """Tokens generated per example by the paper's evaluation protocol."""
     readout: Literal["pooler", "cls", "mean", "capsule", "lm_head"] | None = None
-    """What the classifier reads (pipelines/config/readout.py): encoder-only heads read pooler ([CLS] through the pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the family's default, filled in at validation."""
+    """What the classifier reads (pipelines/config/readout.py): encoder-only heads read pooler ([CLS] through the
+    pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the
+    family's default, filled in by pipelines.config.load."""
 
 
 @dataclass(config=STRICT)
@@ -58,7 +60,8 @@ class TaskSection:
     generated_size: PositiveInt = 200
     """Rows per generated train split (source=generated)."""
     input_format: Literal["capt", "t5_superglue"] = "capt"
-    """How examples are rendered: this project's templates, or T5's own SuperGLUE format (T5 models only; capt/tasks/input_formats.py)."""
+    """How examples are rendered: this project's templates, or T5's own SuperGLUE format (T5 models only;
+    capt/tasks/input_formats.py)."""
 
     def data_config(self, seed: int) -> DataConfig:
         """The `capt.tasks.DataConfig` of this section, split with `seed` (no data_dir: CAPT_DATA_DIR's)."""
@@ -91,9 +94,11 @@ class OptimSection:
     """Optimiser and schedule."""
 
     name: Literal["adafactor", "adamw"] | None = None
-    """Optimiser; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled in at validation."""
+    """Optimiser; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled
+    in by pipelines.config.load."""
     lr: PositiveFloat | None = None
-    """Learning rate; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled in at validation."""
+    """Learning rate; None: the default of the method and model family (pipelines/config/optim_defaults.py),
+    filled in by pipelines.config.load."""
     head_lr: PositiveFloat = 1e-3
     """Learning rate of the linear head of encoder-only classifiers."""
     weight_decay: NonNegativeFloat = 0.0

@@ -102,7 +102,8 @@ BASE_MODELS = BaseModelCache()
 
 
 def _restored_and_unchanged(entry: _Entry) -> bool:
-    """Put back what every job legitimately changes (mode, grad flags, grads, the head); True if the rest is as loaded."""
+    """Put back what every job legitimately changes (mode, grad flags, grads, the head); True if the rest is as
+    loaded."""
     model = entry.loaded.model
     model.eval()
     named = dict(model.named_parameters())

@@ -1,4 +1,5 @@
-"""Base models and tokenizers loaded by name: built-in offline models, the MiniLM package, or Hugging Face checkpoints."""
+"""Base models and tokenizers loaded by name: built-in offline models, the MiniLM package, or Hugging Face
+checkpoints."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ _HALF_GROUP = 0.42
 """Half the width of one task's group of bars (a level line spans it)."""
 
 
-def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str], title: str | None = None) -> Path:
+def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str],
+         title: str | None = None) -> Path:
     """Bars per method (tasks and the SuperGLUE average on x, std as error bars, values to one decimal), the
     majority class and chance as lines across each task; generated tasks are marked on the axis."""
     import matplotlib

@@ -5,7 +5,8 @@ interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own 
 that stopping one never touches another MLflow or Ray on the same machine.
 
 Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `base` (what both
-services share), `mlflow_server` (`LocalMlflowServer`), `private` (owner-only token files and folders, loopback-only listeners).
+services share), `mlflow_server` (`LocalMlflowServer`), `private` (owner-only token files and folders,
+loopback-only listeners), `ray_connect` (the Ray address a command connects to, checked before it does).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ def _padded(parts: Sequence[dict[str, torch.Tensor]], key: str, value: int, side
     return pad(rows, value, side)
 
 
-def concatenate(batches: Sequence[dict[str, torch.Tensor]], pad_id: int, side: str = "right") -> dict[str, torch.Tensor]:
+def concatenate(batches: Sequence[dict[str, torch.Tensor]], pad_id: int,
+                side: str = "right") -> dict[str, torch.Tensor]:
     """Collated batches stacked along rows, every model input padded to the widest on `side`."""
     keys = [k for k in _MODEL_KEYS if all(k in b for b in batches)]
     return {k: _padded(batches, k, _PAD_VALUES.get(k, pad_id), side) for k in keys}

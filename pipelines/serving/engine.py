@@ -177,7 +177,8 @@ class CapsuleEngine:
         answers, row = [], 0
         for part in parts:
             limit = self.settings[part.capsule].max_new_tokens  # what this capsule's pyfunc would generate
-            own = generated[row:row + len(part.examples), :limit + int(self.spec.encoder_decoder)]  # T5 starts with its decoder start token
+            # T5's output starts with its decoder start token
+            own = generated[row:row + len(part.examples), :limit + int(self.spec.encoder_decoder)]
             row += len(part.examples)
             texts = self.tokenizer.batch_decode(own, skip_special_tokens=True)
             task = self.settings[part.capsule].served.task

@@ -45,7 +45,8 @@ class RegistrySource:
             raise ServeError("--tasks: no task given; name tasks (--tasks rte,cb) or pass --all.")
         unknown = [t for t in tasks if t not in TASK_NAMES]
         if unknown:
-            raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; tasks: {', '.join(TASK_NAMES)}.")
+            raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; "
+                             f"tasks: {', '.join(TASK_NAMES)}.")
         registered = self.registered_tasks()
         if not registered:
             raise ServeError(

@@ -90,7 +90,8 @@ class SweepConfig:
     models: Annotated[list[str], NON_EMPTY, DISTINCT, DISTINCT_SLUGS] = Field(
         default_factory=lambda: ["tiny-t5"])
     """Base models (built-in names, hub ids or local paths), each once and with distinct slugs."""
-    methods: Annotated[list[MethodEntry], NON_EMPTY, DISTINCT_LABELS] = Field(default_factory=lambda: [MethodEntry(name="capt")])
+    methods: Annotated[list[MethodEntry], NON_EMPTY, DISTINCT_LABELS] = Field(
+        default_factory=lambda: [MethodEntry(name="capt")])
     """Method rows, with distinct labels."""
     seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
     """Seeds, each once; every (task, model, method) runs once per seed."""
@@ -104,7 +105,8 @@ class SweepConfig:
     task_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-task job overrides, keyed by task name (e.g. BoolQ from the hub)."""
     search: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
-    """Tune search space over job keys: {"optim.lr": {"grid": [0.3, 0.5]}} (grid, choice, uniform, loguniform, randint)."""
+    """Tune search space over job keys: {"optim.lr": {"grid": [0.3, 0.5]}} (grid, choice, uniform, loguniform,
+    randint)."""
     select: dict[str, list[Any]] = Field(default_factory=dict)
     """Candidate values of job keys, e.g. {"optim.lr": [0.01, 0.1, 0.3]}: a trial per value (x seeds); reports keep
     the value with the best mean validation score over seeds (pipelines/sweeps/select.py)."""

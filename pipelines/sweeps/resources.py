@@ -12,8 +12,8 @@ Where a trial waits (`trial_resources` decides what a trial asks Tune for):
   [resources of one worker] * num_workers, and waits for it. Train drops that placement group after
   RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) and asks again, without end (`controller_failure_limit=-1`).
 Either way a request no node can meet waits forever, and its only trace is a PENDING placement group of that
-shape in the GCS. That is what `pipelines.sweeps.pending.PendingWatch` reads (`ray.util.placement_group_table`): the same demand
-`ray status` lists under "Pending Demands" and an autoscaler adds nodes for.
+shape in the GCS. That is what `pipelines.sweeps.pending.PendingWatch` reads (`ray.util.placement_group_table`):
+the same demand `ray status` lists under "Pending Demands" and an autoscaler adds nodes for.
 """
 
 from __future__ import annotations

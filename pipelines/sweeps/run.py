@@ -171,7 +171,8 @@ def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -
 
     capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
     names = []
-    for model, task in sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}):
+    done = {(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}
+    for model, task in sorted(done):
         try:
             promote(tracking_uri=tracking_uri, model=model, task=task, metric=SELECTION_METRIC)
             names.append(registered_model_name(model_slug(model), task))

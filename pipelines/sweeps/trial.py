@@ -128,9 +128,10 @@ def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict
         "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
                  "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
                  "data": "generated" if job["task"]["source"] == "generated" else "real",
-                 "config_hash": config_hash(validate_job_config(job)), SELECT_TAG: select_label(point.get("select", {})),
-                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, seed {point['seed']} "
-                                  f"(trial {trial} of sweep {config.name})"},
+                 "config_hash": config_hash(validate_job_config(job)),
+                 SELECT_TAG: select_label(point.get("select", {})),
+                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, "
+                                  f"seed {point['seed']} (trial {trial} of sweep {config.name})"},
     }
 
 
@@ -183,8 +184,9 @@ def _start_tracker(tracking: dict[str, Any], config):
     from pipelines.tracking.spool import RetryPolicy
 
     params, path_tags = run_params(config.to_dict(), model_shape(config.model.name).spec.classifier_head)
-    tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"], {**tracking["tags"], **path_tags},
-                           state_dir=Path(config.resolved_output_dir()), retry=RetryPolicy(budget_s=tracking["retry_s"]),
+    tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"],
+                           {**tracking["tags"], **path_tags}, state_dir=Path(config.resolved_output_dir()),
+                           retry=RetryPolicy(budget_s=tracking["retry_s"]),
                            system_metrics_interval_s=tracking.get("system_metrics_interval_s", 10.0),
                            ui_uri=tracking.get("ui_uri"))
     tracker.start()

@@ -92,7 +92,8 @@ def install_hooks(accelerator) -> None:
     def save_hook(models: list, weights: list, output_dir: str) -> None:
         if accelerator.is_main_process:  # the ranks hold the same weights; one writer per file
             for index, model in enumerate(models):
-                save_file(trainable_state(accelerator.unwrap_model(model)), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
+                path = Path(output_dir) / TRAINABLE_FILE.format(index=index)
+                save_file(trainable_state(accelerator.unwrap_model(model)), str(path))
                 _save_phase_state(accelerator.unwrap_model(model), Path(output_dir) / PHASE_FILE.format(index=index))
         weights.clear()  # Accelerate then skips writing the full model weights
 
@@ -115,7 +116,8 @@ def _save_phase_state(model: nn.Module, path: Path) -> None:
 
 
 def _load_phase_state(model: nn.Module, path: Path) -> None:
-    """Restore the phase state `_save_phase_state` wrote; a multi-phase method's missing file is a damaged checkpoint."""
+    """Restore the phase state `_save_phase_state` wrote; a multi-phase method's missing file is a damaged
+    checkpoint."""
     if not hasattr(model, "phase_state") or not model.phase_state():
         return
     if not path.is_file():

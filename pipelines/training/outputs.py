@@ -163,7 +163,8 @@ def _make_room(folder: Path, config: JobConfig) -> None:
         return
     if not same and not config.train.overwrite:
         raise JobFolderError(_other_config_message(folder, present, recorded, config))
-    logger.info("Removing the old outputs of %s (%s) before training afresh", folder, ", ".join(p.name for p in present))
+    logger.info("Removing the old outputs of %s (%s) before training afresh", folder,
+                ", ".join(p.name for p in present))
     for path in present:
         if path.is_dir():
             shutil.rmtree(path)
