@@ -145,22 +145,3 @@ class FullFinetuneConfig(BaselineConfig):
 
     method: ClassVar[str] = "full_finetune"
 
-
-# The per-method config modules import this one's base classes, so they are imported after them.
-from capt.baselines.adapter.config import AdapterConfig  # noqa: E402
-from capt.baselines.dept.config import DeptConfig  # noqa: E402
-from capt.baselines.ept.config import EPTConfig  # noqa: E402
-from capt.baselines.residual_prompt.config import ResidualPromptConfig  # noqa: E402
-from capt.baselines.smop.config import SMoPConfig  # noqa: E402
-from capt.baselines.superpos_prompt.config import SuperPosPromptConfig  # noqa: E402
-from capt.baselines.vfpt.config import VfptConfig  # noqa: E402
-from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402
-
-CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
-    PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
-    AdapterConfig,
-    DeptConfig,
-    ResidualPromptConfig, SuperPosPromptConfig, VfptConfig,
-    SMoPConfig, EPTConfig,
-    XPromptConfig,
-)
