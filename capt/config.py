@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from capt.errors import CapsuleConfigError, Problems
+from capt.optim_defaults import OUTLIER, PROMPT_T5, SMALL_STATES, OptimDefault, measured
 
 LAYER_PRESETS = ("all", "first_half", "odd")
 FUSIONS = ("add", "project", "prepend", "conv")
@@ -16,6 +17,16 @@ INITS = ("zeros", "normal")
 @dataclass(frozen=True)
 class CapsuleConfig:
     """How capsules are placed, initialised and fused; every ablation of the paper is a value here."""
+
+    has_capsule_slot: ClassVar[bool] = True
+    """The capsule occupies input positions of its own, which an encoder classifier's "capsule" readout reads."""
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.3, PROMPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.03, 0.1, 0.3", "COPA and RTE chose 0.3 and 0.1. "
+                                                        "AdamW rather than T5's Adafactor: " + OUTLIER)),
+    }
+    """Optimiser and lr per model family when a job gives none (`capt.optim_defaults`)."""
 
     layers: str | tuple[int, ...] = "all"
     """Capsule layers: "all", "first_half", "odd" (0-based even indices = the 1st, 3rd, ... layers) or indices."""

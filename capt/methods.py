@@ -8,7 +8,8 @@
 
 Adding a method is one module (its config class and its model class, which implements `MethodModel`)
 and one line in `METHODS`. Callers (the pipelines) never branch on a method's name: what differs between
-methods is a property or method of `MethodModel`.
+methods is a property or method of `MethodModel`, or a fact its config class declares (`optim_defaults`, its
+optimiser and lr per model family; `has_capsule_slot`), read through `Method`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -31,6 +33,7 @@ from capt.baselines.vfpt.config import VfptConfig
 from capt.baselines.xprompt.config import XPromptConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
+from capt.optim_defaults import FAMILIES, OptimDefault
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -115,6 +118,30 @@ class Method:
         module, _, name = self.model_path.partition(":")
         return getattr(importlib.import_module(module), name)
 
+    def __post_init__(self) -> None:
+        declared = self.declared_optim_defaults
+        unknown = sorted(set(declared) - set(FAMILIES))
+        if unknown or not all(isinstance(d, OptimDefault) for d in declared.values()):
+            raise ValueError(f"{self.config_class.__name__}.optim_defaults={declared!r}: expected OptimDefault "
+                             f"entries keyed by model family ({', '.join(FAMILIES)}); unknown keys: {unknown}")
+
+    @property
+    def declared_optim_defaults(self) -> Mapping[str, OptimDefault]:
+        """Family -> `OptimDefault` as the config class itself declares it (`optim_defaults`). A parent class's
+        entries do not count: a method built on another's config (DePT on prompt tuning) trains differently, so a
+        method that declares nothing has no defaults rather than borrowed ones."""
+        return vars(self.config_class).get("optim_defaults", {})
+
+    def optim_default(self, family: str) -> OptimDefault | None:
+        """The optimiser and lr the method declares for model family `family`; None when it declares none."""
+        return self.declared_optim_defaults.get(family)
+
+    @property
+    def has_capsule_slot(self) -> bool:
+        """Whether the method's inputs carry a capsule slot (what an encoder classifier's "capsule" readout
+        reads); a config class that does not declare `has_capsule_slot` has none."""
+        return bool(getattr(self.config_class, "has_capsule_slot", False))
+
     def build_config(self, options: Mapping[str, Any]) -> Any:
         """The typed config from plain options (raises naming every bad option)."""
         return self.config_class.from_dict(dict(options))
@@ -141,6 +168,19 @@ METHODS: dict[str, Method] = {
 def method_names() -> tuple[str, ...]:
     """Every registered method name, in registry order."""
     return tuple(METHODS)
+
+
+@contextmanager
+def registered_method(name: str, method: Method) -> Iterator[Method]:
+    """`method` registered as `name` in `METHODS` for the duration of the block, then removed (a method defined
+    outside this module, e.g. in a test, runs through everything that reads the registry)."""
+    if name in METHODS:
+        raise ValueError(f"method name {name!r} is already registered (registered: {', '.join(METHODS)})")
+    METHODS[name] = method
+    try:
+        yield method
+    finally:
+        del METHODS[name]
 
 
 def get_method(name: str) -> Method:

@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from capt.errors import Problems
+from capt.optim_defaults import PROMPT_T5, SMALL_STATES, UNMEASURED, OptimDefault, measured
+
+_PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper presets use 1e-2 with the "
+            "CaPT paper's optimiser for prompt methods (Adafactor)")
+_LORA = "LoRA (Hu et al. 2021): AdamW, lr 4e-4..5e-4 on RoBERTa GLUE"
+_LORA_OTHER = _LORA + "; " + UNMEASURED
 
 
 def _is_int(value: Any) -> bool:
@@ -26,6 +32,11 @@ class BaselineConfig:
     """Shared behaviour of the baseline configs (serialisation, unknown-key checks)."""
 
     method: ClassVar[str] = ""
+    has_capsule_slot: ClassVar[bool] = False
+    """Whether the method's inputs carry a capsule slot, which an encoder classifier's "capsule" readout reads."""
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {}
+    """Optimiser and lr per model family when a job gives none (`capt.optim_defaults`). Each method declares its
+    own: `capt.methods.Method.optim_default` never reads a parent class's, whose method trains differently."""
 
     def _validate(self, check: Problems) -> None:
         """Record problems of this config's fields (overridden per method)."""
@@ -56,6 +67,11 @@ class PromptTuningConfig(BaselineConfig):
     """Prompt tuning: ``num_tokens`` trainable vectors prepended at the input embeddings."""
 
     method: ClassVar[str] = "prompt_tuning"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.3, PROMPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
+        "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA and RTE chose it too")),
+    }
 
     num_tokens: int = 100
     """Number of soft-prompt vectors (each of width d)."""
@@ -81,6 +97,14 @@ class PTuningV2Config(BaselineConfig):
     """P-Tuning v2: learned key/value prefixes in every self-attention layer."""
 
     method: ClassVar[str] = "ptuning_v2"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 1e-2, _PTUNING),
+        "decoder": OptimDefault("adamw", 1e-2, "P-Tuning v2 (Liu et al. 2022): AdamW, lr 5e-3..1e-2; not tuned for "
+                                "decoder-only models"),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA and RTE chose it too; "
+                                                        "above P-Tuning v2's own 5e-3..1e-2 (Liu et al. 2022) at "
+                                                        "this short budget")),
+    }
 
     num_tokens: int = 20
     """Prefix length (keys/values added to every self-attention layer)."""
@@ -116,6 +140,12 @@ class LoraConfig(BaselineConfig):
     """LoRA (through PEFT): low-rank updates of the targeted linear layers."""
 
     method: ClassVar[str] = "lora"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adamw", 5e-4, _LORA_OTHER),
+        "decoder": OptimDefault("adamw", 5e-4, _LORA_OTHER),
+        "encoder": OptimDefault("adamw", 1e-4, measured(1e-4, "1e-4, 5e-4, 2e-3", "COPA chose it too, RTE 2e-3; "
+                                                        + _LORA)),
+    }
 
     r: int = 8
     """Rank of the update."""
@@ -144,23 +174,12 @@ class FullFinetuneConfig(BaselineConfig):
     """Full fine-tuning: every parameter of the base model trains (no extra parameters)."""
 
     method: ClassVar[str] = "full_finetune"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 1e-3, "T5 (Raffel et al. 2020) fine-tunes with Adafactor at a constant lr "
+                           "1e-3"),
+        "decoder": OptimDefault("adamw", 5e-5, UNMEASURED + " (the BERT paper's top value, as for encoders)"),
+        "encoder": OptimDefault("adamw", 5e-5, measured(5e-5, "2e-5, 5e-5, 1e-4", "COPA chose 1e-4. BERT (Devlin "
+                                                        "et al. 2019) fine-tunes with Adam at lr in {5e-5, 3e-5, "
+                                                        "2e-5}")),
+    }
 
-
-# The per-method config modules import this one's base classes, so they are imported after them.
-from capt.baselines.adapter.config import AdapterConfig  # noqa: E402
-from capt.baselines.dept.config import DeptConfig  # noqa: E402
-from capt.baselines.ept.config import EPTConfig  # noqa: E402
-from capt.baselines.residual_prompt.config import ResidualPromptConfig  # noqa: E402
-from capt.baselines.smop.config import SMoPConfig  # noqa: E402
-from capt.baselines.superpos_prompt.config import SuperPosPromptConfig  # noqa: E402
-from capt.baselines.vfpt.config import VfptConfig  # noqa: E402
-from capt.baselines.xprompt.config import XPromptConfig  # noqa: E402
-
-CONFIG_TYPES: tuple[type[BaselineConfig], ...] = (
-    PromptTuningConfig, PTuningV2Config, LoraConfig, FullFinetuneConfig,
-    AdapterConfig,
-    DeptConfig,
-    ResidualPromptConfig, SuperPosPromptConfig, VfptConfig,
-    SMoPConfig, EPTConfig,
-    XPromptConfig,
-)

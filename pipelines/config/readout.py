@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from capt.methods import METHODS
 from pipelines.config.schema import JobConfig, section
 from pipelines.models.shape import model_shape
 
@@ -22,8 +23,6 @@ LM_HEAD = "lm_head"
 ENCODER_READOUT = "mean"
 """Default readout of encoder-only models, chosen on validation (benchmarks/README.md, "Readout of MiniLM"):
 the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""
-SLOT_METHODS = ("capt",)
-"""Methods whose inputs carry a capsule slot (the only ones the "capsule" readout can read)."""
 
 
 def classifier_readouts() -> tuple[str, ...]:
@@ -32,6 +31,16 @@ def classifier_readouts() -> tuple[str, ...]:
     from capt.arch.readout import READOUTS
 
     return READOUTS
+
+
+def has_capsule_slot(method: str) -> bool:
+    """Whether registered method `method` says its inputs carry a capsule slot (what the "capsule" readout reads)."""
+    return isinstance(method, str) and method in METHODS and METHODS[method].has_capsule_slot
+
+
+def slot_methods() -> tuple[str, ...]:
+    """The registered methods with a capsule slot, in registry order."""
+    return tuple(name for name in METHODS if has_capsule_slot(name))
 
 
 def default_readout(spec: ArchSpec) -> str:
@@ -43,7 +52,7 @@ def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
     """The readouts of a (family, method): the classifier readouts ("capsule" only with a slot), else "lm_head"."""
     if not spec.classifier_head:
         return (LM_HEAD,)
-    return tuple(r for r in classifier_readouts() if r != "capsule" or method in SLOT_METHODS)
+    return tuple(r for r in classifier_readouts() if r != "capsule" or has_capsule_slot(method))
 
 
 def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
@@ -61,7 +70,9 @@ def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     elif readout == LM_HEAD:
         why = "encoder-only models classify with a linear head, not a language-model head"
     else:
-        why = f"method {method!r} has no capsule slot (only {', '.join(SLOT_METHODS)} has one)"
+        with_slot = slot_methods()
+        why = (f"method {method!r} has no capsule slot (only {', '.join(with_slot)} "
+               f"{'has' if len(with_slot) == 1 else 'have'} one)")
     return [f"model.readout={readout!r} with model.name={section(raw, 'model').get('name', 'tiny-t5')!r} and "
             f"method.name={method!r}: {why} (allowed: {', '.join(allowed)}, or leave it unset for "
             f"{default_readout(spec)!r})"]

@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int, _is_real
 from capt.errors import Problems
+from capt.optim_defaults import UNMEASURED, OptimDefault, measured
+
+_ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
+_ADAPTER_OTHER = _ADAPTER + "; " + UNMEASURED
 
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 """Non-linearities the bottleneck may use."""
@@ -19,6 +23,12 @@ class AdapterConfig(BaselineConfig):
     """Houlsby bottleneck adapters h + W_up f(W_down h) after the chosen sub-layers of every layer."""
 
     method: ClassVar[str] = "adapter"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
+        "decoder": OptimDefault("adamw", 3e-4, _ADAPTER_OTHER),
+        "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "3e-5, 3e-4, 3e-3", "COPA chose it too (tied with "
+                                                        "3e-5). " + _ADAPTER)),
+    }
 
     bottleneck: int = 24
     """Width m of the bottleneck (24 = d/32 on T5-Base, the size behind the 1.9M adapter rows of T5 papers)."""

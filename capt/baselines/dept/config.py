@@ -7,6 +7,12 @@ from typing import ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
+from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+
+DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), batch 32, soft-prompt "
+           "lr searched in {3e-1, 4e-1, 5e-1}; the low-rank matrices train at method.options.embedding_lr (searched "
+           "in {1e-4, 5e-4, 1e-3, 5e-3})")
+"""Where DePT's T5 optimiser default comes from (EPT, built on DePT's decomposition, takes it too)."""
 
 
 @dataclass(frozen=True)
@@ -14,6 +20,12 @@ class DeptConfig(PromptTuningConfig):
     """DePT: a soft prompt of `num_tokens` plus a low-rank offset A B of the first `max_length` input embeddings."""
 
     method: ClassVar[str] = "dept"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adamw", 0.3, DEPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES + "; the soft prompt's lr, as for prompt tuning"),
+        "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too. The soft "
+                                                        "prompt's lr (the offset's is method.options.embedding_lr)")),
+    }
 
     num_tokens: int = 60
     """Length m of the soft prompt (DePT's T5-Base default: 60 of the 100-token prompt-tuning budget)."""

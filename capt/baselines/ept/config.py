@@ -6,8 +6,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from capt.baselines.config import _is_int
-from capt.baselines.dept.config import DeptConfig
+from capt.baselines.dept.config import DEPT_T5, DeptConfig
 from capt.errors import Problems
+from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+
+_EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; DePT's T5-Base values, whose "
+           "decomposition EPT builds on: " + DEPT_T5)
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,12 @@ class EPTConfig(DeptConfig):
     """EPT: DePT's short prompt and low-rank input-embedding offset, plus prompt fusion and multi-space projection."""
 
     method: ClassVar[str] = "ept"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adamw", 0.3, _EPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES + "; the soft prompt's lr, as for DePT"),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too. The soft "
+                                                        "prompt's lr, as for DePT")),
+    }
 
     num_spaces: int = 4
     """Number of subspaces the fused prompt is projected into (multi-space projection)."""

@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int
 from capt.errors import Problems
+from capt.optim_defaults import REPARAM_OTHER, OptimDefault, measured
+
+_RESPROMPT_T5 = ("Residual Prompt Tuning (Razdaibiedina et al. 2023), the authors' code: AdamW at lr 0.3 (weight "
+                 "decay 1e-5) for the prompt and the MLP on T5")
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,11 @@ class ResidualPromptConfig(PromptTuningConfig):
     """Residual Prompt Tuning: prompt P reparameterised as LayerNorm(W_up ReLU(W_down P)) + P during training."""
 
     method: ClassVar[str] = "residual_prompt"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adamw", 0.3, _RESPROMPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too")),
+    }
 
     num_tokens: int = 10
     """Number of soft-prompt vectors (the paper's main setting is 10; it also reports 100)."""

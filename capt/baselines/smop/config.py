@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
+from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+
+_SMOP_T5 = ("SMoP (Choi et al. 2023; its code's README command for T5-base SuperGLUE): Adafactor at lr 0.5, "
+            "weight decay 1e-5, batch 32, 50 epochs, 6 % linear warm-up")
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,11 @@ class SMoPConfig(PromptTuningConfig):
     """SMoP: ``num_prompts`` soft prompts of ``num_tokens`` vectors; a linear router picks one per input."""
 
     method: ClassVar[str] = "smop"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.5, _SMOP_T5),
+        "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose 0.003")),
+    }
 
     num_tokens: int = 5
     """Length of each soft prompt (the positions every input gains)."""

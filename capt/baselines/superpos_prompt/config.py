@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int
 from capt.errors import Problems
+from capt.optim_defaults import REPARAM_OTHER, OptimDefault, measured
+
+_SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives no lr we could confirm; the "
+                "prompt-tuning T5 value (Lester et al. 2021: Adafactor at lr 0.3)")
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,11 @@ class SuperPosPromptConfig(BaselineConfig):
     """SuperPos-Prompt: prompt token i = sum_j w_ij e_j over `num_sampled` sampled vocabulary embeddings e_j."""
 
     method: ClassVar[str] = "superpos_prompt"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.3, _SUPERPOS_T5),
+        "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
+        "encoder": OptimDefault("adamw", 1e-2, measured(0.01, "0.003, 0.01, 0.03", "COPA chose 0.003")),
+    }
 
     num_tokens: int = 10
     """Number of soft-prompt vectors (the paper uses 10)."""

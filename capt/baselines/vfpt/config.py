@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_real
 from capt.errors import Problems
+from capt.optim_defaults import REPARAM_OTHER, OptimDefault, measured
+
+_VFPT_T5 = ("not tuned: VFPT (Zeng et al. 2024) has no text-model runs; the prompt-tuning T5 value (Lester et al. "
+            "2021: Adafactor at lr 0.3)")
 
 FFT_NORMS = ("backward", "ortho")
 """`torch.fft` normalisations allowed: "backward" (unscaled forward transform, the paper's) or "ortho" (unitary)."""
@@ -17,6 +21,11 @@ class VfptConfig(PromptTuningConfig):
     """VFPT: round(fourier_fraction x num_tokens) prompt tokens pass through Re(FFT_seq(FFT_hidden(.)))."""
 
     method: ClassVar[str] = "vfpt"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.3, _VFPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
+        "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too")),
+    }
 
     fourier_fraction: float = 0.5
     """Share of the prompt tokens that are Fourier-transformed (the paper's "Fourier percentage"), in [0, 1]."""

@@ -7,6 +7,10 @@ from typing import ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int, _is_real
 from capt.errors import Problems
+from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+
+_XPROMPT_T5 = ("XPrompt (Ma et al. 2022) trains its prompt as prompt tuning does (Lester et al. 2021: Adafactor, "
+               "lr 0.3) in every stage")
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,12 @@ class XPromptConfig(BaselineConfig):
     """XPrompt: a soft prompt trained, pruned by token and then by piece, rewound and trained again."""
 
     method: ClassVar[str] = "xprompt"
+    optim_defaults: ClassVar[dict[str, OptimDefault]] = {
+        "t5": OptimDefault("adafactor", 0.3, _XPROMPT_T5),
+        "decoder": OptimDefault("adamw", 1e-2, "XPrompt reports T5 only; " + SMALL_STATES),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too. XPrompt "
+                                                        "reports T5 only")),
+    }
     instance_token: ClassVar[bool] = False
     """XPrompt adds no instance token (the prompt-tuning model it extends reads this)."""
 
