@@ -34,9 +34,9 @@ _LAZY = {
     "MethodModel": "capt.methods",
     "apply_method": "capt.methods",
     "attach": "capt.inject",
-    "load_capsule": "capt.io",
+    "load_capsule": "capt.inject",
     "read_metadata": "capt.io",
-    "save_capsule": "capt.io",
+    "save_capsule": "capt.inject",
 }
 
 __all__ = [

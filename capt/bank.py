@@ -7,10 +7,10 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from capt.capsule import Capsule
+from capt.capsule import Capsule, read_capsule
 from capt.errors import CapsuleArtifactError
 from capt.inject import CapsuleModel
-from capt.io import CapsuleMetadata, read_capsule
+from capt.io import CapsuleMetadata
 
 
 class CapsuleBank(CapsuleModel):
@@ -35,7 +35,7 @@ class CapsuleBank(CapsuleModel):
         return list(self.selector.names)
 
     def replace(self, name: str, capsule: Capsule, metadata: CapsuleMetadata) -> None:
-        """Swap capsule `name` for `capsule` (from `capt.io.read_capsule`, so already checked against the base).
+        """Swap capsule `name` for `capsule` (from `capt.capsule.read_capsule`, so already checked against the base).
 
         Hot reload without rebuilding the bank: the other capsules stay as they are. The caller must not
         run the bank meanwhile (a serving replica holds its lock around forwards and this call).

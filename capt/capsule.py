@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 from capt.config import CapsuleConfig
+from capt.io import CapsuleMetadata, read_config, read_tensors
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -99,3 +102,19 @@ class Capsule(nn.Module):
     def extra_repr(self) -> str:
         return f"layers={list(self.layers)}, hidden_size={self.hidden_size}, config={self.config}"
 
+
+def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bool = True
+                 ) -> tuple[Capsule, CapsuleMetadata]:
+    """The capsule saved in `directory`, checked against `base_model`, on its device (not yet attached).
+
+    `strict=False` accepts a base model whose weights differ (same architecture) with a warning.
+    """
+    config, metadata = read_config(base_model, directory, strict)
+    device = next(base_model.parameters()).device
+    capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
+    shapes = {name: tuple(t.shape) for name, t in capsule.state_dict().items()}
+    tensors = read_tensors(directory, shapes)
+    with torch.no_grad():
+        for name, param in capsule.named_parameters():
+            param.copy_(tensors[name])
+    return capsule, metadata

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supported_model_types
-from capt.capsule import Capsule
+from capt.capsule import Capsule, read_capsule
 from capt.config import CapsuleConfig
-from capt.errors import CapsuleConfigError, CaptError
+from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError
+from capt.io import describe, write_capsule
 from capt.phases import SinglePhase
 from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
 
@@ -105,17 +106,19 @@ class CapsuleModel(SinglePhase, nn.Module):
 
     def save(self, directory: str | os.PathLike, task: str | None = None,
              metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
-        """`capt.save_capsule(self, ...)`: the capsule artifact, with the task and metrics it records."""
-        from capt.io import save_capsule
-
-        return save_capsule(self, directory, task=task, metrics=dict(metrics or {}), overwrite=overwrite)
+        """Write this single-capsule model's artifact (`capt.io`), recording `task` and `metrics`."""
+        if len(self.capsules) != 1:
+            raise CapsuleArtifactError(f"save_capsule saves one capsule; this model holds {len(self.capsules)}.")
+        capsule = self.capsules[0]
+        metadata = describe(self.base_model, capsule.config, capsule.layers, task, metrics)
+        return write_capsule(directory, capsule.state_dict(), metadata, overwrite)
 
     @classmethod
     def load(cls, base_model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> CapsuleModel:
-        """`capt.load_capsule(base_model, directory, strict)`."""
-        from capt.io import load_capsule
-
-        return load_capsule(base_model, directory, strict)
+        """The capsule saved in `directory` on `base_model`, the model it was trained on (`strict=False`: or one of
+        the same architecture with other weights, with a warning)."""
+        capsule, metadata = read_capsule(base_model, directory, strict)
+        return CapsuleModel(base_model, [capsule], names=[metadata.task or "default"])
 
     @property
     def added_positions(self) -> int:
@@ -287,9 +290,12 @@ def attach(model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleMode
     config = config or CapsuleConfig()
     spec = spec_for(model)
     num_layers = spec.num_layers(model)
-    capsule = Capsule(config, config.resolve_layers(num_layers), spec.hidden_size(model), device=_device_of(model))
+    device = next(model.parameters()).device
+    capsule = Capsule(config, config.resolve_layers(num_layers), spec.hidden_size(model), device=device)
     return CapsuleModel(model, [capsule], spec=spec)
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+load_capsule = CapsuleModel.load
+"""`capt.load_capsule(base_model, directory, strict=True)`."""
+save_capsule = CapsuleModel.save
+"""`capt.save_capsule(model, directory, task=None, metrics=None, overwrite=False)`."""

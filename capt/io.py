@@ -1,9 +1,15 @@
-"""The capsule artifact: `capsule.safetensors` + `capsule.json`. Nothing is ever unpickled."""
+"""The capsule artifact: `capsule.safetensors` + `capsule.json`. Nothing is ever unpickled.
+
+This module reads, writes and checks the files and returns plain data (tensors, the validated config and
+`CapsuleMetadata`); it builds no capsule or model: `capt.capsule.read_capsule` and `CapsuleModel.load` /
+`save` do that from what it returns.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -13,11 +19,9 @@ from torch import nn
 
 from capt import artifact
 from capt.arch import spec_for
-from capt.capsule import Capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError, CapsuleExistsError
 from capt.fingerprint import fingerprint
-from capt.inject import CapsuleModel
 
 logger = logging.getLogger(__name__)
 
@@ -81,34 +85,24 @@ CAPSULE = artifact.ArtifactKind(
         "base_model": (str,), "model_type": (str,), "num_layers": (int,), "hidden_size": (int,),
         "fingerprint": (str,), "task": (str, type(None)), "metrics": (dict,),
     },
-    required=frozenset(f.name for f in fields(CapsuleMetadata) if f.default is MISSING and f.default_factory is MISSING),
+    required=frozenset(f.name for f in fields(CapsuleMetadata)
+                       if f.default is MISSING and f.default_factory is MISSING),
     error=CapsuleArtifactError, exists_error=CapsuleExistsError, value_problems=_value_problems,
 )
 """The capsule artifact: `capsule.safetensors` + `capsule.json`."""
 
 
-def save_capsule(model: CapsuleModel, directory: str | os.PathLike, task: str | None = None,
-                 metrics: dict[str, float] | None = None, overwrite: bool = False) -> Path:
-    """Write the capsule of a single-capsule `model` to `directory`; refuses to replace one unless asked."""
-    if len(model.capsules) != 1:
-        raise CapsuleArtifactError(f"save_capsule saves one capsule; this model holds {len(model.capsules)}.")
-    capsule = model.capsules[0]
-    metadata = _metadata_for(model.base_model, capsule, task, metrics)
-    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in capsule.state_dict().items()}
-    artifact.write_artifact(CAPSULE, directory, tensors, asdict(metadata), {"format": "pt"}, overwrite)
-    logger.info("Saved capsule (%d parameters) to %s", sum(t.numel() for t in tensors.values()), directory)
-    return Path(directory)
-
-
-def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMetadata:
+def describe(base: nn.Module, config: CapsuleConfig, layers: Sequence[int], task: str | None = None,
+             metrics: Mapping[str, float] | None = None) -> CapsuleMetadata:
+    """The metadata of a capsule with `config` on `layers` of `base`: what `capsule.json` records."""
     from capt import __version__
 
     spec = spec_for(base)
     return CapsuleMetadata(
         format_version=FORMAT_VERSION,
         capt_version=__version__,
-        config=capsule.config.to_dict(),
-        layers=list(capsule.layers),
+        config=config.to_dict(),
+        layers=list(layers),
         base_model=str(getattr(base.config, "_name_or_path", "") or type(base).__name__),
         model_type=base.config.model_type,
         num_layers=spec.num_layers(base),
@@ -119,14 +113,26 @@ def _metadata_for(base: nn.Module, capsule: Capsule, task, metrics) -> CapsuleMe
     )
 
 
+def write_capsule(directory: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: CapsuleMetadata,
+                  overwrite: bool = False) -> Path:
+    """Write a capsule's tensors (float32 on the CPU) and metadata; refuses to replace an artifact unless asked."""
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in tensors.items()}
+    artifact.write_artifact(CAPSULE, directory, tensors, asdict(metadata), {"format": "pt"}, overwrite)
+    logger.info("Saved capsule (%d parameters) to %s", sum(t.numel() for t in tensors.values()), directory)
+    return Path(directory)
+
+
 def read_metadata(directory: str | os.PathLike) -> CapsuleMetadata:
     """Parse and validate `capsule.json` of an artifact directory without touching any model."""
     return CapsuleMetadata(**artifact.read_metadata(CAPSULE, directory))
 
 
-def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bool = True
-                 ) -> tuple[Capsule, CapsuleMetadata]:
-    """Validate an artifact against `base_model` and build its `Capsule` (not yet attached)."""
+def read_config(base_model: nn.Module, directory: str | os.PathLike, strict: bool = True
+                ) -> tuple[CapsuleConfig, CapsuleMetadata]:
+    """The validated config and metadata of the artifact in `directory`, refused unless it fits `base_model`.
+
+    `strict=False` accepts a base model whose weights differ (same architecture) with a warning.
+    """
     metadata = read_metadata(directory)
     _check_base(base_model, metadata, Path(directory), strict)
     try:
@@ -135,28 +141,17 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
         config.check_hidden_size(metadata.hidden_size)
     except CapsuleConfigError as err:
         raise CapsuleArtifactError(f"{Path(directory) / METADATA_NAME}: {err}") from err
-    if tuple(metadata.layers) != expected:  # checked before anything touches the base model
+    if tuple(metadata.layers) != expected:  # checked before a capsule is built from them
         raise CapsuleArtifactError(
             f"{Path(directory) / METADATA_NAME}: layers={metadata.layers} does not match its config (layers="
             f"{config.to_dict()['layers']!r} on a {metadata.num_layers}-layer model gives {list(expected)}); "
             "the artifact is corrupt.")
-    device = next(base_model.parameters()).device
-    capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
-    shapes = {name: tuple(t.shape) for name, t in capsule.state_dict().items()}
-    tensors = artifact.read_tensors(CAPSULE, directory, shapes)
-    with torch.no_grad():
-        for name, param in capsule.named_parameters():
-            param.copy_(tensors[name])
-    return capsule, metadata
+    return config, metadata
 
 
-def load_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bool = True) -> CapsuleModel:
-    """Attach the capsule saved in `directory` to `base_model` (which must be the model it was trained on).
-
-    `strict=False` accepts a base model whose weights differ (same architecture) with a warning.
-    """
-    capsule, metadata = read_capsule(base_model, directory, strict)
-    return CapsuleModel(base_model, [capsule], names=[metadata.task or "default"])
+def read_tensors(directory: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The capsule tensors in `directory` (CPU), which must be exactly `shapes` (name -> shape) and finite."""
+    return artifact.read_tensors(CAPSULE, directory, shapes)
 
 
 def _check_base(base: nn.Module, meta: CapsuleMetadata, directory: Path, strict: bool) -> None:

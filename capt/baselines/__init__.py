@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 _LAZY = {"AdaptedModel": "capt.baselines.adapted", "detect_family": "capt.baselines.info",
          "model_info": "capt.baselines.info", "supported_types": "capt.baselines.info",
-         "load_adapter": "capt.baselines.io"}
+         "load_adapter": "capt.baselines.adapted"}
 """Torch-backed names, imported on first use: the configs (all that config validation needs) stay light."""
 
 

@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from capt.arch import REGISTRY, spec_for_model_type
+from capt.baselines import io as adapter_io
 from capt.baselines.config import BaselineConfig
 from capt.baselines.info import ModelInfo, baseline_spec, model_info
 from capt.errors import AdapterError, DetachedError, MethodError, UnsupportedCallError
+from capt.methods import METHODS, apply_method
 from capt.phases import SinglePhase
 
 logger = logging.getLogger(__name__)
@@ -58,8 +60,6 @@ class AdaptedModel(SinglePhase, nn.Module):
     @classmethod
     def load(cls, base_model: nn.Module, directory: str | os.PathLike) -> AdaptedModel:
         """``load_adapter(base_model, directory)``, refusing an adapter of another method than ``cls``."""
-        from capt.baselines.io import load_adapter
-
         adapted = load_adapter(base_model, directory)
         if not isinstance(adapted, cls):
             adapted.detach()
@@ -155,9 +155,9 @@ class AdaptedModel(SinglePhase, nn.Module):
 
     def save_adapter(self, directory: str | Path, overwrite: bool = False) -> Path:
         """Write the adapter (safetensors + JSON metadata) to ``directory``; see ``capt.baselines.io``."""
-        from capt.baselines.io import save_adapter
-
-        return save_adapter(self, directory, overwrite=overwrite)
+        state = self.adapter_state_dict()
+        metadata = adapter_io.describe(self.method, self.artifact_config().to_dict(), self.info, state)
+        return adapter_io.write_adapter(directory, state, metadata, overwrite)
 
     def forward(self, **kwargs: Any) -> Any:
         """Run the base model with the method applied.
@@ -194,3 +194,23 @@ class AdaptedModel(SinglePhase, nn.Module):
         self._detached = True
         logger.info("detached %s from %s", self.method, type(base).__name__)
         return base
+
+
+def load_adapter(base_model: nn.Module, directory: str | os.PathLike) -> AdaptedModel:
+    """Rebuild the saved method on ``base_model`` and load its weights; raise ``AdapterError`` on mismatch."""
+    meta = adapter_io.read_metadata(directory)
+    entry = METHODS.get(meta["method"])
+    if entry is None or not issubclass(entry.model_class, AdaptedModel):
+        known = sorted(name for name, e in METHODS.items() if issubclass(e.model_class, AdaptedModel))
+        raise AdapterError(f"{Path(directory) / adapter_io.META_NAME}: method={meta['method']!r} (allowed: {known})")
+    adapter_io.check_compatible(meta, base_model, directory)
+    config = adapter_io.read_config(meta, entry.config_class, directory)
+    state = adapter_io.read_tensors(directory, meta)
+    adapted = apply_method(base_model, config)
+    try:
+        adapted.load_adapter_state_dict(state)
+    except ValueError as exc:
+        adapted.detach()
+        raise AdapterError(str(exc)) from exc
+    logger.info("loaded %s adapter from %s", meta["method"], directory)
+    return adapted

@@ -5,22 +5,25 @@ size) plus the tensor names and shapes. Writing and validation are `capt.artifac
 loading checks all of it against the base model before touching any weight, rejects unknown JSON keys,
 and reads tensors with safetensors only (never unpickles); saving refuses to overwrite an existing
 artifact unless ``overwrite=True`` and writes through temporary files.
+
+This module reads, writes and checks the files and returns plain data (tensors, the parsed JSON, the
+method config); it builds no model: ``AdaptedModel.save_adapter`` and ``load_adapter`` (in
+``capt.baselines.adapted``) do that from what it returns.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
 from capt import artifact
-from capt.baselines.info import model_info
+from capt.baselines.info import ModelInfo, model_info
 from capt.errors import AdapterError, AdapterExistsError, CaptError
-
-if TYPE_CHECKING:
-    from capt.baselines.adapted import AdaptedModel
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ FORMAT = "capt-baseline-adapter"
 FORMAT_VERSION = 1
 BASE_KEYS = ("model_type", "family", "num_layers", "hidden_size")
 """The base model's shape as recorded in ``adapter.json`` and checked on load."""
+ConfigT = TypeVar("ConfigT")
 
 
 def _value_problems(meta: dict[str, Any]) -> list[str]:
@@ -57,22 +61,22 @@ ADAPTER = artifact.ArtifactKind(
 META_KEYS = frozenset(ADAPTER.field_types)
 
 
-def _metadata(model: AdaptedModel, state: dict[str, Any]) -> dict[str, Any]:
-    info = model.info
+def describe(method: str, config: Mapping[str, Any], info: ModelInfo,
+             tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """What ``adapter.json`` records: the method, its config as a dict, the base model's shape, tensor shapes."""
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "method": model.method,
-        "config": model.artifact_config().to_dict(), "model_type": info.model_type, "family": info.family,
-        "num_layers": info.num_layers, "hidden_size": info.hidden_size,
-        "tensors": {name: list(t.shape) for name, t in state.items()},
+        "format": FORMAT, "format_version": FORMAT_VERSION, "method": method, "config": dict(config),
+        "model_type": info.model_type, "family": info.family, "num_layers": info.num_layers,
+        "hidden_size": info.hidden_size, "tensors": {name: list(t.shape) for name, t in tensors.items()},
     }
 
 
-def save_adapter(model: AdaptedModel, directory: str | Path, overwrite: bool = False) -> Path:
-    """Write ``model``'s adapter into ``directory`` (created if needed) and return the directory."""
-    state = model.adapter_state_dict()
-    artifact.write_artifact(ADAPTER, directory, state, _metadata(model, state),
-                            {"format": FORMAT, "method": model.method}, overwrite)
-    logger.info("saved %s adapter (%d tensors) to %s", model.method, len(state), directory)
+def write_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any],
+                  overwrite: bool = False) -> Path:
+    """Write an adapter (``tensors`` and ``describe``'s ``metadata``) into ``directory`` (created if needed)."""
+    artifact.write_artifact(ADAPTER, directory, tensors, metadata,
+                            {"format": FORMAT, "method": metadata["method"]}, overwrite)
+    logger.info("saved %s adapter (%d tensors) to %s", metadata["method"], len(tensors), directory)
     return Path(directory)
 
 
@@ -87,27 +91,14 @@ def check_compatible(meta: dict[str, Any], base_model: nn.Module, directory: str
     artifact.check_base(ADAPTER, directory, meta, {key: getattr(info, key) for key in BASE_KEYS})
 
 
-def load_adapter(base_model: nn.Module, directory: str | Path) -> AdaptedModel:
-    """Rebuild the saved method on ``base_model`` and load its weights; raise ``AdapterError`` on mismatch."""
-    from capt.baselines.adapted import AdaptedModel
-    from capt.methods import METHODS, apply_method
-
-    meta = read_metadata(directory)
-    entry = METHODS.get(meta["method"])
-    if entry is None or not issubclass(entry.model_class, AdaptedModel):
-        known = sorted(name for name, e in METHODS.items() if issubclass(e.model_class, AdaptedModel))
-        raise AdapterError(f"{Path(directory) / META_NAME}: method={meta['method']!r} (allowed: {known})")
-    check_compatible(meta, base_model, directory)
+def read_config(meta: dict[str, Any], config_class: type[ConfigT], directory: str | Path) -> ConfigT:
+    """The method config recorded in ``meta``, built by ``config_class.from_dict``; ``AdapterError`` if invalid."""
     try:
-        config = entry.config_class.from_dict(meta["config"])
+        return config_class.from_dict(meta["config"])
     except (CaptError, TypeError, ValueError) as exc:
         raise AdapterError(f"{Path(directory) / META_NAME}: bad config ({exc})") from exc
-    state = artifact.read_tensors(ADAPTER, directory, meta["tensors"])
-    adapted = apply_method(base_model, config)
-    try:
-        adapted.load_adapter_state_dict(state)
-    except ValueError as exc:
-        adapted.detach()
-        raise AdapterError(str(exc)) from exc
-    logger.info("loaded %s adapter from %s", meta["method"], directory)
-    return adapted
+
+
+def read_tensors(directory: str | Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The adapter tensors in ``directory`` (CPU), which must be exactly those ``meta`` lists and finite."""
+    return artifact.read_tensors(ADAPTER, directory, meta["tensors"])

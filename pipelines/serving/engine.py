@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from capt import CapsuleBank
+from capt.capsule import read_capsule
 from capt.errors import CapsuleArtifactError
 from capt.inject import CapsuleModel
-from capt.io import read_capsule
 from capt.methods import METHODS
 from capt.tasks import Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from pathlib import Path
@@ -140,3 +141,24 @@ def test_project_rank_above_the_hidden_size_in_an_artifact_is_refused(saved):
     data["config"].update(fusion="project", project_rank=33)
     path.write_text(json.dumps(data))
     _assert_refused(saved, BUILDERS["llama"](), "project_rank=33 exceeds the model's hidden size 32")
+
+
+ARTIFACT_MODULES = ("capt/artifact.py", "capt/io.py", "capt/baselines/io.py")
+"""The modules that read, write and check artifact files and return plain data."""
+ARTIFACT_IMPORTS = {"capt", "capt.arch", "capt.artifact", "capt.atomic", "capt.baselines.info", "capt.config",
+                    "capt.errors", "capt.fingerprint"}
+"""What they may import from capt: no capsule, model class or method registry (those build from their data)."""
+
+
+@pytest.mark.parametrize("module", ARTIFACT_MODULES)
+def test_artifact_modules_import_no_model_class(module):
+    root = Path(__file__).resolve().parents[3]
+    imported = set()
+    for node in ast.walk(ast.parse((root / module).read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):  # `from capt import io` imports the module capt.io
+            submodules = {f"{node.module}.{a.name}" for a in node.names
+                          if (root / node.module.replace(".", "/") / f"{a.name}.py").is_file()}
+            imported |= submodules or {node.module}
+    assert {name for name in imported if name.split(".")[0] == "capt"} - ARTIFACT_IMPORTS == set()

@@ -7,6 +7,7 @@ import torch
 from tiny_models import BUILDERS, random_batch
 
 import capt
+from capt.capsule import read_capsule
 
 CONFIGS = {
     "rte": capt.CapsuleConfig(init="normal", init_std=0.5),
@@ -84,7 +85,7 @@ def test_replace_swaps_one_capsule_in_place_and_refuses_another_slot_count(kind,
     bank = capt.CapsuleBank(base, {"rte": capsule_dirs["rte"], "copa": capsule_dirs["copa"]})
     with torch.no_grad():
         before = bank(**inputs, capsule=choice).logits
-    bank.replace("rte", *capt.io.read_capsule(base, capsule_dirs["cb"]))
+    bank.replace("rte", *read_capsule(base, capsule_dirs["cb"]))
     with torch.no_grad():
         after = bank(**inputs, capsule=choice).logits
     bank.detach()
@@ -101,6 +102,6 @@ def test_replace_swaps_one_capsule_in_place_and_refuses_another_slot_count(kind,
     wide.detach()
     bank = capt.CapsuleBank(base, {"rte": capsule_dirs["rte"]})
     with pytest.raises(capt.CapsuleArtifactError, match="occupies 2 slots; this bank's capsules occupy 1"):
-        bank.replace("rte", *capt.io.read_capsule(base, tmp_path / "wide"))
+        bank.replace("rte", *read_capsule(base, tmp_path / "wide"))
     with pytest.raises(capt.CapsuleArtifactError, match="holds no capsule 'boolq'"):
-        bank.replace("boolq", *capt.io.read_capsule(base, capsule_dirs["cb"]))
+        bank.replace("boolq", *read_capsule(base, capsule_dirs["cb"]))
