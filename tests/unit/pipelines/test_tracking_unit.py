@@ -213,19 +213,25 @@ def test_sync_of_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.
     assert "Nothing to sync under" in capsys.readouterr().out
 
 
-def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None) -> VersionInfo:
+def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None,
+             run_error: str | None = None) -> VersionInfo:
     tags = {"test_score": tag} if tag is not None else {}
     metrics = {"test_score": value} if value is not None else {}
-    return VersionInfo("m", number, f"r{number}", tags, list(aliases), "None", metrics, number)
+    return VersionInfo("m", number, f"r{number}", tags, list(aliases), "None", metrics, number, run_error)
 
 
-def test_best_version_prefers_the_tag_then_keeps_the_champion_on_ties() -> None:
-    assert metric_value(_version(1, 50.0, tag="70"), "test_score") == 70.0
-    assert metric_value(_version(1, 50.0, tag="nan"), "test_score") == 50.0
-    versions = [_version(1, 60.0, ("champion",)), _version(2, 60.0), _version(3, 55.0), _version(4, None)]
+def test_best_version_reads_its_run_never_its_tags_then_keeps_the_champion_on_ties(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert metric_value(_version(1, 50.0, tag="70"), "test_score") == 50.0
+    assert metric_value(_version(1, None, tag="99.5"), "test_score") is None
+    assert metric_value(_version(1, math.nan), "test_score") is None
+    versions = [_version(1, 60.0, ("champion",)), _version(2, 60.0), _version(3, 55.0, tag="99.5"), _version(4, None),
+                _version(5, 90.0, run_error="its source run r5 does not exist")]
     assert choose_best(versions, "test_score")[0].version == 1
+    assert "version 4: its source run r4 logged no 'test_score'" in caplog.text
+    assert "version 5: its source run r5 does not exist" in caplog.text
     assert choose_best(versions[1:], "test_score")[0].version == 2  # no champion: the newest of the best
-    with pytest.raises(PromotionError, match="No version has a numeric 'accuracy'"):
+    with pytest.raises(PromotionError, match="No version's source run logged a numeric 'accuracy'"):
         choose_best(versions, "accuracy")
 
 
