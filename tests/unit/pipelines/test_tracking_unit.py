@@ -18,6 +18,7 @@ from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
+from pipelines.tracking.scope import state_dirs
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAM_VALUE_LIMIT,
@@ -26,7 +27,6 @@ from pipelines.tracking.spool import (
     Spool,
     TrackingUnavailable,
     call_with_retry,
-    find_state_dirs,
     numeric_metrics,
     param_strings,
     registered_model_name,
@@ -87,9 +87,9 @@ def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_p
     spool.drop_first(first)
     with pytest.raises(RuntimeError, match="nothing was removed"):
         spool.drop_first(first)  # the first line is another one now
-    assert len(spool) == 1 and find_state_dirs(tmp_path) == [tmp_path]
+    assert len(spool) == 1 and state_dirs(tmp_path) == ([tmp_path], [])
     spool.drop_first(spool.first())
-    assert not spool.path.exists() and find_state_dirs(tmp_path) == [] and spool.first() is None
+    assert not spool.path.exists() and state_dirs(tmp_path) == ([], []) and spool.first() is None
 
 
 def test_a_torn_last_line_is_kept_and_the_next_append_is_not_swallowed(tmp_path: Path) -> None:
@@ -209,6 +209,7 @@ def test_sync_of_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert err.startswith("error: --root") and str(missing) in err and "does not exist" in err
     assert err.count("\n") == 1, "one paragraph"
+    (tmp_path / "job_config.json").write_text("{}")  # a job folder with nothing spooled
     assert main(["sync", "--root", str(tmp_path)]) == 0
     assert "Nothing to sync under" in capsys.readouterr().out
 
