@@ -3,17 +3,19 @@
     python -m pipelines.promote --model tiny-t5 --task rte [--metric best_validation_score] [--min 70]
                                 [--stage Production] [--tracking-uri http://127.0.0.1:5000]
 
-Policy: the version with the best `--metric` (a version tag, else its run's metric) becomes ``champion``;
-ties keep the current champion, otherwise the newest version wins. The default metric is the validation
-score (`best_validation_score`): selection on validation, never on test. `--metric` takes only metrics
-whose direction is known (`METRIC_DIRECTIONS`), or any metric with `--lower-is-better` /
+Policy: the version with the best `--metric` becomes ``champion``; ties keep the current champion, otherwise the
+newest version wins. Scores are read from the metrics that the version's source run (the run id of the model
+version) logged, never from version tags or descriptions, which anyone with registry write access can edit; a
+version whose source run is missing, deleted or lacks the metric is skipped, with the reason logged. The default
+metric is the validation score (`best_validation_score`): selection on validation, never on test. `--metric` takes
+only metrics whose direction is known (`METRIC_DIRECTIONS`), or any metric with `--lower-is-better` /
 `--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous champion that
 loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``, ``promoted_at`` and
-the metric's value as tags (when it becomes champion, or is chosen by another metric than before). The command
-prints each change it made (alias moved from which version to which, tags, stage), or that it changed nothing.
-``--min`` refuses (exit 1, nothing changed) when the best is worse than it
-(below it, or above it for a lower-is-better metric); ``--stage`` also moves the legacy stage (deprecated in
-MLflow since 2.9).
+the metric's value as tags, for display only (when it becomes champion, or is chosen by another metric than
+before). The command prints each change it made (alias moved from which version to which, tags, stage), or that
+it changed nothing. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it (below it, or
+above it for a lower-is-better metric); it must be a finite number (NaN or infinity: exit 2). ``--stage`` also
+moves the legacy stage (deprecated in MLflow since 2.9).
 """
 
 from __future__ import annotations
@@ -75,15 +77,28 @@ class Promotion:
 
 
 def metric_value(version: VersionInfo, metric: str) -> float | None:
-    """`metric` of a version: its tag, else its run's metric; None when neither is a finite number."""
-    for raw in (version.tags.get(metric), version.metrics.get(metric)):
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(value):
-            return value
-    return None
+    """`metric` as the version's source run logged it; None when the run is unknown or its value is not finite.
+
+    Version tags are never read: they can be edited by anyone with registry write access.
+    """
+    value = None if version.run_error else version.metrics.get(metric)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def unscored_reason(version: VersionInfo, metric: str) -> str:
+    """Why `metric_value` of `version` is None, in words."""
+    if version.run_error:
+        return version.run_error
+    if metric not in version.metrics:
+        return f"its source run {version.run_id} logged no {metric!r}"
+    return f"its source run {version.run_id} logged {metric}={version.metrics[metric]}, not a finite number"
+
+
+def require_finite(option: str, value: float | None) -> None:
+    """PromotionError naming `option` when `value` is NaN or infinite (argparse's float accepts both)."""
+    if value is not None and not math.isfinite(value):
+        raise PromotionError(f"{option} {value}: not a finite number. Give a plain number (e.g. {option} 70), "
+                             f"or leave {option} out.")
 
 
 def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
@@ -104,10 +119,17 @@ def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
 
 
 def choose_best(versions: list[VersionInfo], metric: str, higher_is_better: bool = True) -> tuple[VersionInfo, float]:
-    """The best version by `metric` (ties: the current champion, else the newest); PromotionError if none."""
+    """The best version by `metric` as logged by its source run (ties: the current champion, else the newest).
+
+    A version without a finite value is skipped, with the reason logged; PromotionError when none is left.
+    """
     scored = [(v, value) for v in versions if (value := metric_value(v, metric)) is not None]
+    skipped = [f"version {v.version}: {unscored_reason(v, metric)}"
+               for v in versions if metric_value(v, metric) is None]
+    for text in skipped:
+        logger.warning("Not a candidate for %s of %s: %s", CHAMPION, versions[0].name, text)
     if not scored:
-        raise PromotionError(f"No version has a numeric {metric!r} (as a version tag or a run metric); "
+        raise PromotionError(f"No version's source run logged a numeric {metric!r} (skipped: {'; '.join(skipped)}); "
                              f"pass --metric with one of: {', '.join(_known_metrics(versions)) or 'none'}.")
     sign = 1.0 if higher_is_better else -1.0
     return max(scored, key=lambda pair: (sign * pair[1], CHAMPION in pair[0].aliases, pair[0].version))
@@ -137,6 +159,7 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
             stage: str | None = None, tracking_uri: str | None = None,
             higher_is_better: bool | None = None) -> Promotion:
     """Apply the promotion policy (module docstring) to `capt-<slug(model)>-<task>`."""
+    require_finite("--min", min_value)
     metric = project_metric_name(metric)  # the UI's name (test/score) or the project's (test_score)
     if task not in TASK_NAMES:
         raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
@@ -227,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     direction.add_argument("--higher-is-better", dest="higher_is_better", action="store_true", default=None,
                            help="the metric's direction, needed for metrics not in the known list")
     parser.add_argument("--min", dest="min_value", type=float, default=None,
-                        help="refuse when the best is worse than this value")
+                        help="refuse when the best is worse than this value (a finite number)")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
     parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
     return cli_main(parser, argv, _promote_from_cli, expected=(TrackingError,))

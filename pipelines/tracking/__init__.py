@@ -11,14 +11,21 @@ version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw
 ``validation_status=pending`` and described with its scores and a loading snippet.
 
 Resilience: every call retries with backoff (30 s budget by default); when the server stays down the
-operation is appended to ``<state_dir>/mlflow_pending.jsonl`` and the trial goes on. The tracker
-replays the spool itself once the server answers again (probing at most every ``reconnect_s``), and
+operation is appended, with the tracking URI it was meant for, to ``<state_dir>/mlflow_pending.jsonl`` and the
+trial goes on. The tracker replays the spool itself once the server answers again (probing at most every
+``reconnect_s``), and
 
-    python -m pipelines.tracking sync --root OUTPUTS_DIR [--tracking-uri URI]
+    python -m pipelines.tracking sync --root OUTPUTS_DIR [--tracking-uri URI] [--moved-from URI]
+                                      [--accept-unrecorded]
 
 replays whatever is left and prints, per trial folder, what was synced, dead-lettered (moved with the
-reason to ``mlflow_failed.jsonl``: operations the server refused, corrupt or torn spool lines) and is
-still pending; it exits 1 unless everything reached the server, 2 when ``--root`` is not a folder.
+reason to ``mlflow_failed.jsonl``: operations the server refused, corrupt or torn spool lines), skipped and is
+still pending. It touches only what it was given (`scope`): a root that is a job or sweep folder tree (a
+filesystem root, the home folder or an unmarked folder is refused before anything is read), walked without
+following links, and only operations recorded for the server it syncs to (``--tracking-uri``; without it, each
+goes to the server recorded with it); a folder holding another server's operations, or operations recorded for
+none (unless ``--accept-unrecorded``), is skipped whole and listed. It exits 1 unless everything reached the
+server, 2 for a refused ``--root`` or bad option.
 Replays are idempotent: an operation leaves the spool only once applied or dead-lettered, metric points
 keep their original timestamps, registration first looks for the run's version.
 
@@ -28,7 +35,8 @@ tags), `experiment` (the sweep's description, source tags, the runs-view URL), `
 its summary), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its registration), `model_card`
 (a version's description), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync``
 command).
-`uploader` (the background metric uploader), `spool` (the on-disk operation log; it imports no mlflow).
+`uploader` (the background metric uploader), `spool` (the on-disk operation log) and `scope` (what a sync may
+touch), which import no mlflow.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
-"""The command line: ``python -m pipelines.tracking sync --root DIR [--tracking-uri URI]``."""
+"""The command line: ``python -m pipelines.tracking sync --root DIR [--tracking-uri URI] [--moved-from URI]
+[--accept-unrecorded]``."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from pipelines.cli_errors import cli_main
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
-from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
+from pipelines.tracking.sync import FolderSync, SyncSummary, checked_root, sync_pending
 
 DESCRIPTION = "MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry."
 EXIT_INCOMPLETE = 1
@@ -17,49 +19,82 @@ EXIT_INCOMPLETE = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipelines.tracking sync --root DIR [--tracking-uri URI]`."""
+    """`python -m pipelines.tracking sync --root DIR [--tracking-uri URI] [--moved-from URI] [--accept-unrecorded]`."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     sync = commands.add_parser("sync", help="upload the operations spooled while the server was down")
-    sync.add_argument("--root", required=True, help="a trial's state dir or any folder above several")
-    sync.add_argument("--tracking-uri", default=None, help="override the URI recorded with each operation")
+    sync.add_argument("--root", required=True,
+                      help="a job folder, a sweep folder, or a folder at most two levels above them")
+    sync.add_argument("--tracking-uri", default=None,
+                      help="sync to this server only: operations recorded for another server are skipped "
+                           "(default: each operation goes to the server recorded with it)")
+    sync.add_argument("--moved-from", action="append", default=[], metavar="URI",
+                      help="with --tracking-uri: also replay operations recorded for URI, the same server at its "
+                           "former address (repeatable)")
+    sync.add_argument("--accept-unrecorded", action="store_true",
+                      help="also replay operations recorded for no server, into --tracking-uri "
+                           "(else MLFLOW_TRACKING_URI)")
     sync.add_argument("--retry-s", type=float, default=30.0, help="retry budget per trial (seconds)")
-    return cli_main(parser, argv, lambda args: sync_command(args.root, args.tracking_uri, args.retry_s),
-                    expected=(TrackingError,), debug_on=sync)
+    return cli_main(parser, argv, sync_command, expected=(TrackingError,), debug_on=sync)
 
 
-def sync_command(root: str, tracking_uri: str | None, retry_s: float) -> int:
+def sync_command(args: argparse.Namespace) -> int:
     """Run the sync, print its summary; 0 when everything reached the server, 1 when not.
 
-    A bad root or a `--tracking-uri` that is down or not MLflow raises (the entry point prints it, exit 2).
+    A bad root, a bad option or a `--tracking-uri` that is down or not MLflow raises (the entry point prints it,
+    exit 2); the root is checked first, the server before anything is replayed.
     """
-    if tracking_uri:  # checked before anything is replayed (otherwise each trial's recorded URI is used)
-        check_mlflow_server(tracking_uri, "MLflow tracking server (--tracking-uri)")
-    summary = sync_pending(root, tracking_uri, RetryPolicy(budget_s=retry_s))
+    if not math.isfinite(args.retry_s):
+        raise TrackingError(f"--retry-s {args.retry_s}: not a finite number of seconds (e.g. --retry-s 30).")
+    if args.moved_from and not args.tracking_uri:
+        raise TrackingError("--moved-from needs --tracking-uri: the server those operations now go to.")
+    checked_root(args.root)
+    if args.tracking_uri:
+        check_mlflow_server(args.tracking_uri, "MLflow tracking server (--tracking-uri)")
+    summary = sync_pending(args.root, args.tracking_uri, RetryPolicy(budget_s=args.retry_s),
+                           moved_from=tuple(args.moved_from), accept_unrecorded=args.accept_unrecorded)
     print(summary_text(summary))
     return 0 if summary.complete else EXIT_INCOMPLETE
 
 
 def summary_text(summary: SyncSummary) -> str:
-    """Totals, one line per folder with anything left or any error, and what to do about what is left."""
+    """Totals, one line per folder with anything left, skipped or failed, what to do about it, and the links
+    that were not followed."""
     if not summary.folders:
-        return f"Nothing to sync under {summary.root}: no {PENDING_FILE} or {FAILED_FILE} there."
-    lines = [f"Synced {summary.synced} operation(s) under {summary.root}; dead-lettered {summary.dead_lettered}; "
-             f"{summary.pending} still pending."]
+        return "\n".join([f"Nothing to sync under {summary.root}: no {PENDING_FILE} or {FAILED_FILE} there.",
+                           *_links_lines(summary)])
+    target = summary.server.target or "the server recorded with each operation"
+    skipped = f" ({summary.skipped} of them skipped, not for this server)" if summary.skipped else ""
+    lines = [f"Synced {summary.synced} operation(s) under {summary.root} to {target}; dead-lettered "
+             f"{summary.dead_lettered}; {summary.pending} still pending{skipped}."]
     lines += [_folder_line(summary, folder) for folder in summary.folders
-              if folder.pending or folder.dead_letters or folder.error]
-    if summary.pending:
+              if folder.pending or folder.dead_letters or folder.error or folder.skipped]
+    if summary.skipped:
+        lines.append("Skipped folders were left untouched: an operation goes only to the server it was recorded "
+                     "for (each folder's reason says how to sync it).")
+    if summary.pending > summary.skipped:
         lines.append(f"Pending operations stay in each folder's {PENDING_FILE}: run this command again once "
                      "the server answers (or fix the error shown).")
     if summary.dead_letters:
         lines.append(f"{summary.dead_letters} dead-lettered operation(s) or line(s) are kept, with the reason, "
                      f"in {FAILED_FILE}: they are never replayed automatically. Fix the cause, move the "
                      f"operations back into {PENDING_FILE} (or log them by hand), then delete the entries.")
-    return "\n".join(lines)
+    return "\n".join([*lines, *_links_lines(summary)])
+
+
+def _links_lines(summary: SyncSummary) -> list[str]:
+    if not summary.links:
+        return []
+    names = [os.path.relpath(link, summary.root) for link in summary.links]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return [f"{len(names)} symbolic link(s) under {summary.root} were not followed (sync never leaves --root): "
+            f"{shown}. Sync their targets with a --root of their own."]
 
 
 def _folder_line(summary: SyncSummary, folder: FolderSync) -> str:
     name = os.path.relpath(folder.state_dir, summary.root)
     text = (f"  {name}: {folder.synced} synced, {folder.dead_lettered} dead-lettered now "
             f"({folder.dead_letters} in {FAILED_FILE}), {folder.pending} still pending")
+    if folder.skipped:
+        return f"{text} (skipped: {folder.skipped})"
     return text + (f" ({folder.error})" if folder.error else "")

@@ -4,7 +4,6 @@ spool in order (`pipelines.tracking.sync` replays every state dir under a folder
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from mlflow.exceptions import RestException
 
 from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient, mlflow_client
 from pipelines.tracking.finish import apply_finish
+from pipelines.tracking.scope import ServerScope
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAMS_PER_BATCH,
@@ -117,7 +117,8 @@ class Replayer:
     """Replays a trial's spool in order; each operation leaves the file once applied or dead-lettered."""
 
     state_dir: Path
-    tracking_uri: str | None = None
+    server: ServerScope = field(default_factory=ServerScope)
+    """Where each operation goes, by the server recorded with it (`pipelines.tracking.scope`)."""
     synced: int = 0
     """Operations applied to the server."""
     dead_lettered: int = 0
@@ -125,11 +126,13 @@ class Replayer:
     _clients: dict[str, MlflowClient] = field(default_factory=dict)
 
     def uri_for(self, op: dict) -> str:
-        """The override URI, else the one recorded with the op, else MLFLOW_TRACKING_URI."""
-        uri = self.tracking_uri or op.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+        """The server `op` goes to (`ServerScope.destination`); TrackingError when it is not for this replay."""
+        uri = self.server.destination(op)
         if not uri:
-            raise TrackingError(f"No tracking URI for the operations spooled in {self.state_dir}: pass "
-                                "--tracking-uri or set MLFLOW_TRACKING_URI.")
+            recorded = op.get("tracking_uri") or "no server"
+            raise TrackingError(f"A {op.get('op')!r} operation spooled in {self.state_dir} was recorded for "
+                                f"{recorded}, not for the server of this replay; it stays pending. "
+                                f"{self.server.refusal([op])}.")
         return uri
 
     def apply(self, op: dict) -> Any:

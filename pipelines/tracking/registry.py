@@ -15,6 +15,9 @@ from mlflow.exceptions import MlflowException, RestException
 from pipelines.tracking.client import TrackingError, mlflow_client
 from pipelines.tracking.run_content import project_metrics
 
+_MISSING_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+"""Error codes of `get_run` for a run id the server does not know (or that is not a run id at all)."""
+
 
 @dataclass
 class VersionInfo:
@@ -29,6 +32,8 @@ class VersionInfo:
     metrics: dict[str, float]
     """The metrics of the run that produced it, under the project's names (``test_score``; see `run_content`)."""
     created_ms: int
+    run_error: str | None = None
+    """Why the source run's metrics are unknown (no source run, missing or deleted run); None when read."""
 
 
 class Registry:
@@ -58,12 +63,29 @@ class Registry:
         return sorted((self._info(v, aliases.get(str(v.version), [])) for v in found), key=lambda v: v.version)
 
     def _info(self, v: Any, aliases: list[str]) -> VersionInfo:
-        metrics: dict[str, float] = {}
-        if v.run_id:
-            with contextlib.suppress(MlflowException):
-                metrics = project_metrics(self.client.get_run(v.run_id).data.metrics)
+        metrics, run_error = self._run_metrics(v.run_id)
         return VersionInfo(v.name, int(v.version), v.run_id, dict(v.tags or {}), sorted(aliases),
-                           v.current_stage or "None", metrics, int(v.creation_timestamp or 0))
+                           v.current_stage or "None", metrics, int(v.creation_timestamp or 0), run_error)
+
+    def _run_metrics(self, run_id: str | None) -> tuple[dict[str, float], str | None]:
+        """The logged metrics of a version's source run, or why there are none (no run, missing, deleted).
+
+        Any other failure (server down, access refused) raises TrackingError: a version must never lose a
+        promotion because its run could not be read this time.
+        """
+        if not run_id:
+            return {}, "it has no source run"
+        try:
+            run = self.client.get_run(run_id)
+        except RestException as err:
+            if err.error_code in _MISSING_RUN:
+                return {}, f"its source run {run_id} does not exist at {self.uri}"
+            raise TrackingError(f"Could not read run {run_id} at {self.uri}: {err.message}") from err
+        except MlflowException as err:
+            raise TrackingError(f"Could not read run {run_id} at {self.uri}: {err.message}") from err
+        if run.info.lifecycle_stage == "deleted":
+            return {}, f"its source run {run_id} was deleted"
+        return project_metrics(run.data.metrics), None
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point `alias` at `version` (moving it from any other version)."""

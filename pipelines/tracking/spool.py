@@ -7,7 +7,8 @@ A trial keeps two small files in its state directory (usually the job's output d
 - ``mlflow_pending.jsonl``: operations (start, params, metrics, finish, end) that could not reach the
   tracking server, one JSON object a line, in order. `pipelines.tracking.sync_pending` replays them.
   Every operation carries what it needs to be replayed later by another process (metric timestamps
-  included, so a replay logs the very same points and MLflow drops exact duplicates).
+  included, so a replay logs the very same points and MLflow drops exact duplicates), and the tracking URI
+  it was written for (``tracking_uri``): a sync replays it into that server only (`pipelines.tracking.scope`).
 
 Operations that failed for a reason other than an unreachable server go to ``mlflow_failed.jsonl``
 (the dead-letter file: never replayed automatically; the error is logged), and so do lines of the
@@ -237,14 +238,6 @@ def write_run_record(state_dir: str | os.PathLike[str], record: Mapping[str, Any
     path = Path(state_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(dict(record), indent=2))
-
-
-def find_state_dirs(root: str | os.PathLike[str], names: Iterable[str] = (PENDING_FILE,)) -> list[Path]:
-    """`root` itself if it holds one of the files `names`, plus every directory below it that does (sorted)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted({path.parent for name in names for path in root.rglob(name)})
 
 
 def param_strings(params: Mapping[str, Any]) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 Nothing is deleted: an operation leaves a trial's ``mlflow_pending.jsonl`` only once the server took it
 or once it was written to the trial's ``mlflow_failed.jsonl`` (the dead-letter file) with the reason.
+Which folders and which operations a sync may touch: `pipelines.tracking.scope` (a job or sweep folder tree,
+never left through a link; only operations recorded for the server synced to).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import requests
 from mlflow.exceptions import MlflowException
 
-from pipelines.tracking import spool
+from pipelines.tracking import scope, spool
 from pipelines.tracking.client import TrackingError, dir_lock, is_transient, own_http_retries
 from pipelines.tracking.operations import Replayer
 
@@ -36,6 +38,8 @@ class FolderSync:
     """Entries in the dead-letter file afterwards (this sync's and earlier ones)."""
     error: str | None = None
     """Why this folder's replay stopped early (None when it ran to the end)."""
+    skipped: str | None = None
+    """Why this folder's spool was left whole, unread by any server (None when it was replayed)."""
 
 
 def _total(name: str, doc: str) -> property:
@@ -48,11 +52,20 @@ class SyncSummary:
     """Per-folder results of `sync_pending`, with totals."""
 
     root: Path
+    server: scope.ServerScope = field(default_factory=scope.ServerScope)
+    """Where the operations went (`ServerScope.target` None: each to the server recorded with it)."""
     folders: list[FolderSync] = field(default_factory=list)
+    links: list[Path] = field(default_factory=list)
+    """Symbolic links under the root that were not followed (to folders, or named like a spool)."""
     synced = _total("synced", "Operations applied by this sync, all folders together.")
     dead_lettered = _total("dead_lettered", "Operations and lines this sync dead-lettered, all folders together.")
     pending = _total("pending", "Lines still pending, all folders together.")
     dead_letters = _total("dead_letters", "Entries in dead-letter files, all folders together.")
+
+    @property
+    def skipped(self) -> int:
+        """Lines still pending in the folders whose spool was left whole (counted in `pending` too)."""
+        return sum(folder.pending for folder in self.folders if folder.skipped)
 
     @property
     def complete(self) -> bool:
@@ -61,34 +74,61 @@ class SyncSummary:
 
 
 def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
-                 retry: spool.RetryPolicy | None = None) -> SyncSummary:
-    """Replay the spools of `root` (a trial's state dir, or any folder above several).
+                 retry: spool.RetryPolicy | None = None, *, moved_from: tuple[str, ...] = (),
+                 accept_unrecorded: bool = False) -> SyncSummary:
+    """Replay the spools under `root` (a job folder, a sweep folder, or a folder at most two levels above them).
 
-    Every folder is tried; a server that did not answer within the retry budget is not asked again for
-    the later folders that use it (they are reported pending with the same error). What was applied
-    stays applied. Raises `TrackingError` when `root` is not a directory.
+    With `tracking_uri`, only operations recorded for that server (or for one of `moved_from`) go there; without,
+    each goes to the server recorded with it. Operations recorded for no server go to `tracking_uri` (else
+    MLFLOW_TRACKING_URI) only when `accept_unrecorded`. A folder with any other operation is skipped whole and
+    listed. Every folder is tried; a server that did not answer within the retry budget is not asked again for
+    the later folders that use it (they are reported pending with the same error). What was applied stays
+    applied. Raises `TrackingError`, before reading anything below it, when `root` is not such a folder.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise TrackingError(f"--root {str(root)!r} is not a directory{'' if root.exists() else ' (it does not exist)'}. "
-                            "Give the output folder of a job or a sweep (or any folder above them): the "
-                            f"folders holding {spool.PENDING_FILE} under it are synced.")
+    root = checked_root(root)
+    unrecorded = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")) if accept_unrecorded else None
+    server = scope.ServerScope(tracking_uri, tuple(moved_from) if tracking_uri else (), unrecorded)
     own_http_retries()
-    summary, unreachable = SyncSummary(root), {}
-    for state_dir in spool.find_state_dirs(root, (spool.PENDING_FILE, spool.FAILED_FILE)):
-        summary.folders.append(_sync_folder(state_dir, tracking_uri, retry or spool.RetryPolicy(), unreachable))
+    found, links = scope.state_dirs(root)
+    summary, unreachable = SyncSummary(root, server, links=links), {}
+    for link in links:
+        logger.info("Not followed (sync never leaves --root): %s -> %s", link, os.readlink(link))
+    for state_dir in found:
+        summary.folders.append(_sync_folder(state_dir, server, retry or spool.RetryPolicy(), unreachable))
     return summary
 
 
-def _sync_folder(state_dir: Path, tracking_uri: str | None, retry: spool.RetryPolicy,
+def checked_root(root: str | os.PathLike[str]) -> Path:
+    """`root` resolved; TrackingError when it may not be synced (`scope.root_refusal`), saying what may be."""
+    given = Path(root).expanduser()
+    if not given.exists():
+        why = "it does not exist"
+    elif not given.is_dir():
+        why = "it is not a directory"
+    else:
+        why = scope.root_refusal(given.resolve())
+    if why is None:
+        return given.resolve()
+    raise TrackingError(
+        f"--root {str(given)!r} is refused: {why}. Give the output folder "
+        f"of a job (it holds {', '.join(sorted(scope.JOB_MARKERS))}), a sweep folder (<storage_path>/<name>, "
+        f"holding {', '.join(sorted(scope.SWEEP_MARKERS))} and jobs/), or a folder at most {scope.MARKER_DEPTH} "
+        "levels above one, such as outputs/sweeps; never a filesystem root or the home folder. Nothing was synced.")
+
+
+def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryPolicy,
                  unreachable: dict[str, str]) -> FolderSync:
-    """Replay one folder's spool (unless its server already failed to answer) and count what is left."""
-    folder, replayer = FolderSync(state_dir), Replayer(state_dir, tracking_uri)
+    """Replay one folder's spool (unless it is not for `server`, or its server already failed to answer) and count
+    what is left."""
+    folder, replayer = FolderSync(state_dir), Replayer(state_dir, server)
     pending = spool.Spool(state_dir / spool.PENDING_FILE)
     with dir_lock(state_dir):
         ops = pending.read()
-        uri = (tracking_uri or ops[0].get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")) if ops else None
-        if uri is not None and uri in unreachable:
+        folder.skipped = server.refusal(ops)
+        uri = server.destination(ops[0]) if ops else None
+        if folder.skipped:
+            logger.warning("%s skipped: %s", state_dir, folder.skipped)
+        elif uri is not None and uri in unreachable:
             folder.error = unreachable[uri]
         elif pending.path.exists():
             try:

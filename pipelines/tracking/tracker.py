@@ -15,6 +15,7 @@ from typing import Any
 from pipelines.tracking.client import dir_lock, is_transient, now_ms, own_http_retries
 from pipelines.tracking.operations import Replayer, dead_letter
 from pipelines.tracking.run_content import mlflow_metrics
+from pipelines.tracking.scope import ServerScope
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PENDING_FILE,
@@ -66,7 +67,7 @@ class TrialTracker:
         self.model_version: str | None = None
         self._failed_at = 0.0
         self._monitor: Any = None
-        self._replayer = Replayer(self.state_dir)
+        self._replayer = Replayer(self.state_dir, ServerScope(unrecorded=tracking_uri))  # its own folder
         self._lock = threading.Lock()  # one upload at a time: the training thread's or the uploader's
         self._uploader = BackgroundUploader(self._upload_spooled, f"mlflow-upload-{run_name}")
         self._refused_in_background = 0

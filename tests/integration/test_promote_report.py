@@ -106,6 +106,16 @@ def test_promotion_lifecycle_and_the_champion_pyfunc(
 SELECTION_SLUG = "tiny-t5-selection"  # a registered model of its own: capt-tiny-t5-selection-rte
 
 
+def _track_scored(uri: str, base: dict[str, Any], folder: Path, slug: str, validation: float, test: float) -> str:
+    """Register a copy of `base`'s capsule as a version of capt-<slug>-rte whose run logs these scores (the
+    validation curve included, as the run metric promotion reads); the run id."""
+    shutil.copytree(base["artifact_dir"], folder / "artifact")
+    history = [{**record, "best_validation_score": validation} for record in base["history"]]
+    return track(uri, {**base, "model_slug": slug, "artifact_dir": str(folder / "artifact"), "history": history,
+                       "metrics": {**base["metrics"], "best_validation_score": validation, "test_score": test}},
+                 experiment=f"test-promote-{slug}")
+
+
 def test_the_default_champion_is_the_best_on_validation_not_on_test(
         mlflow_server: LocalMlflowServer, results: dict, tmp_path: Path) -> None:
     """Two versions of one real capsule whose scores are set so that the best on validation (version 1) is
@@ -113,10 +123,7 @@ def test_the_default_champion_is_the_best_on_validation_not_on_test(
     `--metric test_score` picks version 2."""
     uri, base = mlflow_server.uri, results[("rte", "capt", 0)]
     for key, (validation, test) in {"v1": (80.0, 40.0), "v2": (60.0, 70.0)}.items():
-        shutil.copytree(base["artifact_dir"], tmp_path / key / "artifact")
-        track(uri, {**base, "model_slug": SELECTION_SLUG, "artifact_dir": str(tmp_path / key / "artifact"),
-                    "metrics": {**base["metrics"], "best_validation_score": validation, "test_score": test}},
-              experiment="test-promote-selection")
+        _track_scored(uri, base, tmp_path / key, SELECTION_SLUG, validation, test)
     rows = [{"model": SELECTION_SLUG, "task": "rte", "method": "capt", "status": "done"}]
     assert promote_champions(SweepConfig(), uri, rows) == [f"capt-{SELECTION_SLUG}-rte"]
     client = MlflowClient(uri)
@@ -126,6 +133,33 @@ def test_the_default_champion_is_the_best_on_validation_not_on_test(
     assert (done.champion, done.metric, done.value, done.changed) == (1, "best_validation_score", 80.0, False)
     by_test = promote.promote(SELECTION_SLUG, "rte", metric="test_score", tracking_uri=uri)
     assert (by_test.champion, by_test.value, by_test.previous) == (2, 70.0, 1)
+
+
+def test_a_forged_version_tag_moves_nothing_and_a_version_without_its_run_is_skipped(
+        mlflow_server: LocalMlflowServer, results: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Scores come from the source run's logged metrics: a version tag or description claiming 99.5 (anyone with
+    registry write access can set one) does not make a version champion; a version whose run was deleted is
+    skipped with the reason logged, and with no run left promotion refuses."""
+    uri, base, slug = mlflow_server.uri, results[("rte", "capt", 0)], "tiny-t5-forged"
+    name, client = f"capt-{slug}-rte", MlflowClient(mlflow_server.uri)
+    runs = [_track_scored(uri, base, tmp_path / key, slug, validation, 50.0)
+            for key, validation in (("v1", 80.0), ("v2", 60.0))]
+    assert promote.promote(slug, "rte", tracking_uri=uri).champion == 1
+    client.set_model_version_tag(name, "2", "best_validation_score", "99.5")
+    client.update_model_version(name, "2", description="best_validation_score: 99.5")
+    done = promote.promote(slug, "rte", tracking_uri=uri)
+    assert (done.champion, done.value, done.changed) == (1, 80.0, False)
+    assert dict(client.get_registered_model(name).aliases) == {"champion": "1"}
+
+    client.delete_run(runs[0])
+    caplog.clear()
+    moved = promote.promote(slug, "rte", tracking_uri=uri)
+    assert (moved.champion, moved.value, moved.previous) == (2, 60.0, 1)
+    assert f"version 1: its source run {runs[0]} was deleted" in caplog.text
+    client.delete_run(runs[1])
+    with pytest.raises(promote.PromotionError, match="No version's source run logged a numeric 'best_validation_sc"):
+        promote.promote(slug, "rte", tracking_uri=uri)
+    assert dict(client.get_registered_model(name).aliases) == {"champion": "2", "challenger": "1"}
 
 
 def test_promote_errors_are_clear_and_change_nothing(

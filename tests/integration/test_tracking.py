@@ -198,9 +198,9 @@ def test_an_outage_spools_and_sync_uploads_once(
     )
 
 
-def _sync_cli(root: Path, uri: str) -> subprocess.CompletedProcess[str]:
+def _sync_cli(root: Path, uri: str, *more: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(root), "--tracking-uri", uri]
+    command = [sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(root), "--tracking-uri", uri, *more]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -223,7 +223,11 @@ def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operatio
     (trial / PENDING_FILE).write_text("".join(lines))
     assert len(Spool(trial / PENDING_FILE)) == 7
 
-    synced = _sync_cli(tmp_path, mlflow_server.uri)
+    skipped = _sync_cli(tmp_path, mlflow_server.uri)  # spooled for the closed port: not for this server
+    assert skipped.returncode == 1 and "Synced 0 operation(s)" in skipped.stdout, skipped.stderr[-3000:]
+    assert "7 still pending (7 of them skipped" in skipped.stdout and f"recorded for {closed}" in skipped.stdout
+    assert len(Spool(trial / PENDING_FILE)) == 7 and not (trial / FAILED_FILE).exists(), "a skipped spool is untouched"
+    synced = _sync_cli(tmp_path, mlflow_server.uri, "--moved-from", closed)  # the server moved: replay it here
     assert synced.returncode == 1, synced.stderr[-3000:]  # the dead letters did not reach the server
     assert "Synced 5 operation(s)" in synced.stdout and "dead-lettered 2; 0 still pending" in synced.stdout
     assert "jobs/s7: 5 synced, 2 dead-lettered now (2 in mlflow_failed.jsonl), 0 still pending" in synced.stdout
@@ -238,7 +242,7 @@ def test_sync_cli_dead_letters_corrupt_and_torn_lines_and_uploads_every_operatio
     assert run_data.info.status == "FINISHED" and run_data.data.params["optim.lr"] == "0.3"
     assert [m.step for m in client.get_metric_history(run_id, "validation/score")] == [3, 6]
     assert run_data.data.metrics["test/score"] == 55.0
-    again = _sync_cli(tmp_path, mlflow_server.uri)
+    again = _sync_cli(tmp_path, mlflow_server.uri, "--moved-from", closed)
     assert again.returncode == 1 and "Synced 0 operation(s)" in again.stdout
     assert len(Spool(trial / FAILED_FILE).records()) == 2, "dead letters are kept until a person handles them"
 

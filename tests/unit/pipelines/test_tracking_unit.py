@@ -18,6 +18,7 @@ from pipelines.report import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
+from pipelines.tracking.scope import state_dirs
 from pipelines.tracking.spool import (
     FAILED_FILE,
     PARAM_VALUE_LIMIT,
@@ -26,7 +27,6 @@ from pipelines.tracking.spool import (
     Spool,
     TrackingUnavailable,
     call_with_retry,
-    find_state_dirs,
     numeric_metrics,
     param_strings,
     registered_model_name,
@@ -87,9 +87,9 @@ def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_p
     spool.drop_first(first)
     with pytest.raises(RuntimeError, match="nothing was removed"):
         spool.drop_first(first)  # the first line is another one now
-    assert len(spool) == 1 and find_state_dirs(tmp_path) == [tmp_path]
+    assert len(spool) == 1 and state_dirs(tmp_path) == ([tmp_path], [])
     spool.drop_first(spool.first())
-    assert not spool.path.exists() and find_state_dirs(tmp_path) == [] and spool.first() is None
+    assert not spool.path.exists() and state_dirs(tmp_path) == ([], []) and spool.first() is None
 
 
 def test_a_torn_last_line_is_kept_and_the_next_append_is_not_swallowed(tmp_path: Path) -> None:
@@ -209,23 +209,30 @@ def test_sync_of_a_missing_root_is_a_clear_error(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert err.startswith("error: --root") and str(missing) in err and "does not exist" in err
     assert err.count("\n") == 1, "one paragraph"
+    (tmp_path / "job_config.json").write_text("{}")  # a job folder with nothing spooled
     assert main(["sync", "--root", str(tmp_path)]) == 0
     assert "Nothing to sync under" in capsys.readouterr().out
 
 
-def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None) -> VersionInfo:
+def _version(number: int, value: float | None, aliases: tuple[str, ...] = (), tag: str | None = None,
+             run_error: str | None = None) -> VersionInfo:
     tags = {"test_score": tag} if tag is not None else {}
     metrics = {"test_score": value} if value is not None else {}
-    return VersionInfo("m", number, f"r{number}", tags, list(aliases), "None", metrics, number)
+    return VersionInfo("m", number, f"r{number}", tags, list(aliases), "None", metrics, number, run_error)
 
 
-def test_best_version_prefers_the_tag_then_keeps_the_champion_on_ties() -> None:
-    assert metric_value(_version(1, 50.0, tag="70"), "test_score") == 70.0
-    assert metric_value(_version(1, 50.0, tag="nan"), "test_score") == 50.0
-    versions = [_version(1, 60.0, ("champion",)), _version(2, 60.0), _version(3, 55.0), _version(4, None)]
+def test_best_version_reads_its_run_never_its_tags_then_keeps_the_champion_on_ties(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert metric_value(_version(1, 50.0, tag="70"), "test_score") == 50.0
+    assert metric_value(_version(1, None, tag="99.5"), "test_score") is None
+    assert metric_value(_version(1, math.nan), "test_score") is None
+    versions = [_version(1, 60.0, ("champion",)), _version(2, 60.0), _version(3, 55.0, tag="99.5"), _version(4, None),
+                _version(5, 90.0, run_error="its source run r5 does not exist")]
     assert choose_best(versions, "test_score")[0].version == 1
+    assert "version 4: its source run r4 logged no 'test_score'" in caplog.text
+    assert "version 5: its source run r5 does not exist" in caplog.text
     assert choose_best(versions[1:], "test_score")[0].version == 2  # no champion: the newest of the best
-    with pytest.raises(PromotionError, match="No version has a numeric 'accuracy'"):
+    with pytest.raises(PromotionError, match="No version's source run logged a numeric 'accuracy'"):
         choose_best(versions, "accuracy")
 
 

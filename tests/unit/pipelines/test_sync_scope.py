@@ -1,0 +1,141 @@
+"""What `python -m pipelines.tracking sync` may touch: only a job or sweep folder tree (never `/` or the home
+folder, never through a link out of it), and only the operations recorded for the server it syncs to. Servers
+here are closed ports: an operation that was tried says "no answer"; one that was skipped was never tried.
+The same against a real MLflow server: tests/integration/test_tracking_sync_scope.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.services import free_port
+from pipelines.tracking import RetryPolicy, main, sync_pending
+from pipelines.tracking.scope import JOB_MARKERS, normalised_uri, same_server
+from pipelines.tracking.spool import PENDING_FILE, Spool
+from pipelines.training.outputs import CLAIM_FILE, RESULT_FILE
+
+NOW = RetryPolicy(budget_s=0.0)
+
+
+def _spool(folder: Path, uri: str | None, name: str = "t") -> bytes:
+    """A trial's spool (start, params, end) recorded for `uri` (None: recorded for no server); its bytes."""
+    recorded = {"tracking_uri": uri} if uri else {}
+    spool = Spool(folder / PENDING_FILE)
+    spool.append({"op": "start", "experiment": "e", "run_name": name, "tags": {}, "trial_key": name, "timestamp": 1,
+                  **recorded})
+    spool.append({"op": "params", "params": {"x": "1"}, **recorded})
+    spool.append({"op": "end", "status": "FINISHED", "timestamp": 2, **recorded})
+    return spool.path.read_bytes()
+
+
+def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and err.count("\n") == 1, f"one paragraph: {err!r}"
+    return lines[0]
+
+
+def test_a_filesystem_root_is_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    began = time.monotonic()
+    assert main(["sync", "--root", "/"]) == 2
+    assert time.monotonic() - began < 2, "refused without walking it"
+    line = _error_line(capsys)
+    assert line.startswith("error: --root '/' is refused: it is a filesystem root.") and "job_config.json" in line
+
+
+def test_the_home_folder_above_it_and_unmarked_folders_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "home"
+    (home / "job").mkdir(parents=True)
+    (home / "job" / CLAIM_FILE).write_text("{}")  # even with a job just below it
+    monkeypatch.setenv("HOME", str(home))
+    assert main(["sync", "--root", str(home)]) == 2
+    assert "is refused: it is the home folder" in _error_line(capsys)
+    assert main(["sync", "--root", "~"]) == 2
+    assert "is refused: it is the home folder" in _error_line(capsys)
+    assert main(["sync", "--root", str(tmp_path)]) == 2
+    assert "is refused: it is above the home folder" in _error_line(capsys)
+    deep = tmp_path / "outputs" / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    _spool(deep, "http://127.0.0.1:1")
+    assert main(["sync", "--root", str(tmp_path / "outputs")]) == 2  # a job three levels down is not "near the top"
+    assert "nor any folder up to 2 levels below it is a job folder or a sweep folder" in _error_line(capsys)
+    assert (deep / PENDING_FILE).exists()
+
+
+def test_job_and_sweep_folders_up_to_two_levels_down_make_a_root(tmp_path: Path) -> None:
+    assert {CLAIM_FILE, RESULT_FILE} <= JOB_MARKERS, "the job folder's own files (pipelines.training.outputs)"
+    sweep = tmp_path / "outputs" / "sweeps" / "paper"
+    sweep.mkdir(parents=True)
+    (sweep / "tuner.pkl").write_bytes(b"")  # Tune's state: the sweep folder, before any job has a folder
+    for root in (tmp_path / "outputs", tmp_path / "outputs" / "sweeps", sweep):
+        assert sync_pending(root).folders == []
+    job = tmp_path / "jobs" / "rte-capt-s0"
+    job.mkdir(parents=True)
+    (job / RESULT_FILE).write_text("{}")
+    assert sync_pending(tmp_path / "jobs").folders == [] and sync_pending(job).folders == []
+
+
+def test_links_are_never_followed_out_of_the_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    outside, root = tmp_path / "outside", tmp_path / "outputs"
+    (outside / "job").mkdir(parents=True)
+    before = _spool(outside / "job", closed)
+    (root / "job").mkdir(parents=True)
+    (root / "job" / CLAIM_FILE).write_text("{}")
+    (root / "escape").symlink_to(outside)
+    (root / "job" / PENDING_FILE).symlink_to(outside / "job" / PENDING_FILE)
+    summary = sync_pending(root, retry=NOW)
+    assert summary.folders == [] and summary.links == [root / "escape", root / "job" / PENDING_FILE]
+    assert (outside / "job" / PENDING_FILE).read_bytes() == before
+    assert main(["sync", "--root", str(root), "--retry-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"Nothing to sync under {root}" in out
+    assert f"2 symbolic link(s) under {root} were not followed (sync never leaves --root): escape, job/" in out
+    (root / "job" / CLAIM_FILE).unlink()  # the only job marker left is behind a link: not a root any more
+    assert main(["sync", "--root", str(root)]) == 2
+    assert "nor any folder up to 2 levels below it" in _error_line(capsys)
+
+
+def test_a_sync_to_one_server_skips_and_lists_other_servers_and_unrecorded_spools(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine, theirs = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    _spool(tmp_path / "mine", mine)
+    kept = {"theirs": _spool(tmp_path / "theirs", theirs), "old": _spool(tmp_path / "old", None)}
+    spelled = mine.replace("http://", "HTTP://") + "/"  # the same server
+    summary = sync_pending(tmp_path, spelled, NOW)
+    folders = {f.state_dir.name: f for f in summary.folders}
+    assert "no answer after" in folders["mine"].error and folders["mine"].skipped is None  # tried
+    assert folders["theirs"].skipped.startswith(f"3 operation(s) recorded for {theirs}, not {spelled}")
+    assert folders["old"].skipped.startswith("3 operation(s) recorded for no server")
+    assert folders["theirs"].error is None and folders["old"].error is None  # never tried
+    assert (summary.pending, summary.skipped, summary.complete) == (9, 6, False)
+    assert all((tmp_path / name / PENDING_FILE).read_bytes() == data for name, data in kept.items())
+
+    accepted = {f.state_dir.name: f for f in sync_pending(tmp_path, mine, NOW, accept_unrecorded=True).folders}
+    assert accepted["old"].skipped is None and "no answer after" in accepted["old"].error  # tried, into `mine`
+    assert accepted["theirs"].skipped
+    moved = {f.state_dir.name: f for f in sync_pending(tmp_path, mine, NOW, moved_from=(theirs,)).folders}
+    assert moved["theirs"].skipped is None and mine in moved["theirs"].error
+    recorded = {f.state_dir.name: f for f in sync_pending(tmp_path, retry=NOW).folders}  # each to its own server
+    assert theirs in recorded["theirs"].error and mine in recorded["mine"].error and recorded["old"].skipped
+
+    assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "9 still pending (3 of them skipped, not for this server)" in out
+    assert "  old: 0 synced, 0 dead-lettered now (0 in mlflow_failed.jsonl), 3 still pending (skipped: 3 " in out
+
+
+def test_uris_compare_by_server_and_bad_options_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert same_server("HTTP://Example.org:80/", "http://example.org")
+    assert same_server("https://user:secret@mlflow.example.org:443/", "https://mlflow.example.org")
+    assert not same_server("http://127.0.0.1:5000", "http://127.0.0.1:5001")
+    assert not same_server("http://localhost:5000", "http://127.0.0.1:5000"), "another machine's localhost"
+    assert normalised_uri("sqlite:///tmp/mlflow.db/") == "sqlite:///tmp/mlflow.db"
+    (tmp_path / CLAIM_FILE).write_text("{}")
+    assert main(["sync", "--root", str(tmp_path), "--retry-s", "nan"]) == 2
+    assert _error_line(capsys).startswith("error: --retry-s nan: not a finite number")
+    assert main(["sync", "--root", str(tmp_path), "--moved-from", "http://127.0.0.1:1"]) == 2
+    assert "--moved-from needs --tracking-uri" in _error_line(capsys)
