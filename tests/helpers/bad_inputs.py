@@ -1,18 +1,25 @@
-"""The bad-input matrix's shared pieces: run an entry point as a real process, digest a folder, and
-check that a failure is clean (its exit status, one `error:` paragraph naming the problem, no traceback)."""
+"""The bad-input matrix's shared pieces: run an entry point as a real process or through its `main(argv)` in
+this process, digest a folder, and check that a failure is clean (its exit status, one `error:` paragraph
+naming the problem, no traceback)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from pipelines.services import LOCALHOST, free_port
 
@@ -25,6 +32,9 @@ COMMANDS = {
     "tracking": ["-m", "pipelines.tracking"],
 }
 """How each entry point is started, after `sys.executable` (the sweep as a script, as `ray job submit` does)."""
+MAINS = {"train": "pipelines.train", "sweep": "pipelines.sweep", "promote": "pipelines.promote",
+         "report": "pipelines.report", "tracking": "pipelines.tracking.cli"}
+"""The module whose `main(argv)` each entry point's command runs."""
 GOOD_RTE = {"premise": "A cat sat on the mat.", "hypothesis": "A cat sat.", "label": "entailment", "idx": 0}
 
 
@@ -74,6 +84,69 @@ def run_entry(entry: str, args: list[str], env: dict[str, str] | None = None, cw
     """Run an entry point to its end, capturing both streams."""
     return subprocess.run([sys.executable, *COMMANDS[entry], *args], cwd=cwd, env=env or entry_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def call_entry(entry: str, args: list[str], env: dict[str, str], cwd: Path,
+               capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """Run an entry point's `main(args)` in this process as `run_entry` runs its command: `env` as the whole
+    environment, from `cwd`, both streams captured, the status `sys.exit(main())` would exit with. What a run
+    may change in the process (environment, cwd, logging handlers, cached model shapes) is put back after."""
+    main = importlib.import_module(MAINS[entry]).main
+    capsys.readouterr()
+    with _process_state(env, cwd):
+        code = _exit_status(main, args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([MAINS[entry], *args], code, out, err)
+
+
+def _exit_status(main: Callable[[list[str]], int], args: list[str]) -> int:
+    """What `sys.exit(main(args))` exits with; an uncaught exception prints its traceback and gives 1, as
+    Python does."""
+    try:
+        return main(args)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+@contextlib.contextmanager
+def _process_state(env: dict[str, str], cwd: Path) -> Iterator[None]:
+    """`env` and `cwd` for the block, a root logger without handlers (so the entry point's `logging.basicConfig`
+    logs to this run's stderr, as in a new process) and no cached model shape; all put back afterwards."""
+    from pipelines.models.shape import forget_model_shapes
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    root.handlers = []
+    forget_model_shapes()
+    try:
+        yield
+    finally:
+        _drop_handlers_writing_to(sys.stdout, sys.stderr)
+        root.handlers = saved_handlers
+        root.setLevel(saved_level)
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        forget_model_shapes()
+
+
+def _drop_handlers_writing_to(*streams: object) -> None:
+    """Remove every logging handler that writes to one of `streams` (this test's captured ones)."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", [])[:]:
+            if getattr(handler, "stream", None) in streams:
+                logger.removeHandler(handler)
 
 
 def error_paragraph(stderr: str) -> str:
@@ -176,11 +249,17 @@ def earlier_outputs(base: Path) -> Path:
     return outputs
 
 
-def check_case(case: Case, places: Places, scratch: Path) -> subprocess.CompletedProcess[str]:
-    """Run `case` from `scratch` (its own folder) and check the failure is clean and `places.outputs` intact."""
+def check_case(case: Case, places: Places, scratch: Path,
+               capsys: pytest.CaptureFixture[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `case` from `scratch` (its own folder) and check the failure is clean and `places.outputs` intact:
+    through the entry point's `main` in this process with `capsys`, else as a real process."""
     places = Places(places.outputs, places.inputs, scratch, places.closed_uri, places.http_uri)
     before = folder_digest(places.outputs)
-    proc = run_entry(case.entry, case.args(places), entry_env(**case.env(places)), cwd=scratch)
+    env = entry_env(**case.env(places))
+    if capsys is None:
+        proc = run_entry(case.entry, case.args(places), env, cwd=scratch)
+    else:
+        proc = call_entry(case.entry, case.args(places), env, scratch, capsys)
     assert_clean_failure(proc, case.expected_phrase(places), case.code)
     assert folder_digest(places.outputs) == before, "a failed run changed an earlier output"
     return proc

@@ -1,4 +1,5 @@
-"""The bad-input matrix, part 1: `pipelines.train` and `pipelines/sweep.py` as real processes.
+"""The bad-input matrix, part 1: `pipelines.train` and `pipelines/sweep.py`, each case through the entry
+point's `main(argv)` in this process, and one case of each also as the real command.
 
 Each case asserts exit status 2, one `error:` paragraph holding a phrase that names the problem, no
 traceback, and that the earlier outputs (a finished job, an earlier report) are byte-for-byte as before.
@@ -109,7 +110,8 @@ CASES = [
     Case("train-data-empty-train", "train", _data_job("empty"), "the split is empty"),
     Case("train-data-too-small-for-validation", "train", _data_job("one-row", "task.validation_fraction=0.2"),
          "has 1 row(s), too few for the train/validation cut (validation_fraction=0.2"),
-    Case("train-data-duplicate-id", "train", _data_job("duplicate-idx"), "line 2: field 'idx': duplicate example id '0'"),
+    Case("train-data-duplicate-id", "train", _data_job("duplicate-idx"),
+         "line 2: field 'idx': duplicate example id '0'"),
     Case("train-data-missing-val-file", "train", _data_job("missing-val"), "missing file val.jsonl"),
     Case("train-data-missing-task-folder", "train", _data_job("missing-task"), "missing task folder 'rte'"),
     Case("train-data-dir-missing", "train", _data_job("no-such-dir"), "data directory does not exist"),
@@ -124,7 +126,8 @@ CASES = [
     Case("sweep-config-is-a-folder", "sweep", _sweep("folder.yaml"), "is a folder; --config takes a YAML file"),
     Case("sweep-config-missing", "sweep", _sweep("nope.yaml"), "does not exist"),
     Case("sweep-unknown-top-key", "sweep", _sweep("unknown.yaml"), "schedule='fifo': Unexpected keyword argument"),
-    Case("sweep-bad-override-value", "sweep", _sweep("sweep.yaml", "seeds=[0,"), "'seeds=[0,' has a value that is not valid YAML"),
+    Case("sweep-bad-override-value", "sweep", _sweep("sweep.yaml", "seeds=[0,"),
+         "'seeds=[0,' has a value that is not valid YAML"),
     Case("sweep-unknown-hub-id", "sweep", _sweep("sweep.yaml", "models=[nobody/no-such-model]"),
          "not in the local Hugging Face cache"),
     Case("sweep-bad-capsule-option", "sweep", _sweep("sweep.yaml", "methods=[{name: capt, options: {length: 0}}]"),
@@ -149,9 +152,24 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
     return Places(earlier_outputs(tmp_path_factory.getbasetemp()), inputs, inputs, closed_uri, http_uri)
 
 
+REAL_COMMANDS = [case for case in CASES if case.name in ("train-data-bad-json", "sweep-unreachable-ray")]
+"""The cases also run as the real command (`python -m pipelines.train`, `python pipelines/sweep.py`)."""
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    check_case(case, places, tmp_path, capsys)
+    _assert_no_result(tmp_path / "job")
+
+
+@pytest.mark.parametrize("case", REAL_COMMANDS, ids=[c.name for c in REAL_COMMANDS])
 @pytest.mark.slow
-def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
+def test_the_real_command_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
     check_case(case, places, tmp_path)
-    left = tmp_path / "job"  # a data case's own output folder: no result a later resume could trust
+    _assert_no_result(tmp_path / "job")
+
+
+def _assert_no_result(left: Path) -> None:
+    """A data case's own output folder holds no result a later resume could trust."""
     assert not (left / "result.json").exists() and not (left / "artifact").exists()

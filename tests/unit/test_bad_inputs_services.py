@@ -1,12 +1,15 @@
-"""The bad-input matrix, part 2: `pipelines.promote`, `pipelines.report` and `pipelines.tracking` as real
-processes, against a closed port and a plain web server that is not MLflow (both on 127.0.0.1), plus
-`--debug` on all five entry points. Every case leaves the earlier outputs (a finished job, an earlier
-report) byte-for-byte as they were. Missing registered models and experiments need a real MLflow
-server: tests/integration/test_bad_inputs_mlflow.py.
+"""The bad-input matrix, part 2: `pipelines.promote`, `pipelines.report` and `pipelines.tracking` against a
+closed port and a plain web server that is not MLflow (both on 127.0.0.1), plus `--debug` on all five entry
+points: each case through the entry point's `main(argv)` in this process, and one case of each entry point
+also as the real command. Every case leaves the earlier outputs (a finished job, an earlier report)
+byte-for-byte as they were. Missing registered models and experiments need a real MLflow server:
+tests/integration/test_bad_inputs_mlflow.py.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,11 +18,12 @@ from helpers.bad_inputs import (
     Case,
     Places,
     assert_clean_failure,
+    call_entry,
     check_case,
     earlier_outputs,
+    entry_env,
     error_paragraph,
     folder_digest,
-    run_entry,
 )
 
 PROMOTE = ["--model", "tiny-t5", "--task", "rte"]
@@ -38,7 +42,8 @@ CASES = [
                                                        "--tracking-uri", p.http_uri], "Unknown task 'mnli'"),
     Case("promote-no-tracking-uri", "promote", lambda p: PROMOTE, "No tracking server"),
     Case("promote-metric-of-unknown-direction", "promote",
-         lambda p: [*PROMOTE, "--metric", "accuracy", "--tracking-uri", p.http_uri], "'accuracy': its direction is unknown"),
+         lambda p: [*PROMOTE, "--metric", "accuracy", "--tracking-uri", p.http_uri],
+         "'accuracy': its direction is unknown"),
     Case("promote-direction-against-the-metric", "promote",
          lambda p: [*PROMOTE, "--metric", "train_loss", "--higher-is-better", "--tracking-uri", p.http_uri],
          "for this metric lower is better"),
@@ -48,7 +53,8 @@ CASES = [
          "is not an MLflow server"),
     Case("report-no-tracking-uri", "report", lambda p: _report(p), "No tracking server"),
     Case("report-out-is-a-file", "report",
-         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri, "--out", str(p.outputs / "reports" / "report.md")],
+         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri,
+                    "--out", str(p.outputs / "reports" / "report.md")],
          "report.md is a file; pass a folder"),
     Case("report-out-under-a-file", "report",
          lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri,
@@ -87,18 +93,30 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
     return Places(earlier_outputs(tmp_path_factory.getbasetemp()), inputs, inputs, closed_uri, http_uri)
 
 
+REAL_COMMANDS = [case for case in CASES
+                 if case.name in ("promote-not-mlflow", "report-not-mlflow", "tracking-sync-unreachable")]
+"""The cases also run as the real command (`python -m pipelines.promote`, ...)."""
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    check_case(case, places, tmp_path, capsys)
+    assert not any(tmp_path.iterdir()), "a failed run wrote into its working directory"
+
+
+@pytest.mark.parametrize("case", REAL_COMMANDS, ids=[c.name for c in REAL_COMMANDS])
 @pytest.mark.slow
-def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
+def test_the_real_command_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path) -> None:
     check_case(case, places, tmp_path)
     assert not any(tmp_path.iterdir()), "a failed run wrote into its working directory"
 
 
 @pytest.mark.parametrize("case", DEBUG_CASES, ids=[c.name for c in DEBUG_CASES])
-@pytest.mark.slow
-def test_debug_adds_the_traceback_to_the_same_paragraph(case: Case, places: Places, tmp_path: Path) -> None:
+def test_debug_adds_the_traceback_to_the_same_paragraph(case: Case, places: Places, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     before = folder_digest(places.outputs)
-    proc = run_entry(case.entry, case.args(places), cwd=tmp_path)
+    proc = call_entry(case.entry, case.args(places), entry_env(), tmp_path, capsys)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback (most recent call last)" in proc.stderr
     assert case.expected_phrase(places) in error_paragraph(proc.stderr)
@@ -116,3 +134,14 @@ def test_the_matrix_checks_cannot_pass_vacuously(tmp_path: Path) -> None:
         with pytest.raises(AssertionError):
             assert_clean_failure(subprocess.CompletedProcess([], status, "", stderr), "bad")
     assert_clean_failure(subprocess.CompletedProcess([], 2, "", "INFO loading\nerror: bad\n"), "bad")
+
+
+def test_a_run_in_this_process_leaves_the_process_as_it_was(places: Places, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The case's environment and cwd, and the root log handler `cli_main` installs, are gone afterwards."""
+    root = logging.getLogger()
+    before = dict(os.environ), os.getcwd(), root.handlers[:], root.level
+    env = entry_env(RAY_ADDRESS=places.closed_uri.removeprefix("http://"))
+    proc = call_entry("promote", [*PROMOTE, "--tracking-uri", places.closed_uri], env, tmp_path, capsys)
+    assert proc.returncode == 2 and "Cannot reach" in proc.stderr
+    assert (dict(os.environ), os.getcwd(), root.handlers, root.level) == before
