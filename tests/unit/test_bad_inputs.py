@@ -157,6 +157,7 @@ REAL_COMMANDS = [case for case in CASES if case.name in ("train-data-bad-json", 
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     check_case(case, places, tmp_path, capsys)

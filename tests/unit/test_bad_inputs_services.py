@@ -99,6 +99,7 @@ REAL_COMMANDS = [case for case in CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_and_changes_nothing(case: Case, places: Places, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     check_case(case, places, tmp_path, capsys)
@@ -113,6 +114,7 @@ def test_the_real_command_fails_cleanly_and_changes_nothing(case: Case, places: 
 
 
 @pytest.mark.parametrize("case", DEBUG_CASES, ids=[c.name for c in DEBUG_CASES])
+@pytest.mark.slow
 def test_debug_adds_the_traceback_to_the_same_paragraph(case: Case, places: Places, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     before = folder_digest(places.outputs)
@@ -136,12 +138,13 @@ def test_the_matrix_checks_cannot_pass_vacuously(tmp_path: Path) -> None:
     assert_clean_failure(subprocess.CompletedProcess([], 2, "", "INFO loading\nerror: bad\n"), "bad")
 
 
-def test_a_run_in_this_process_leaves_the_process_as_it_was(places: Places, tmp_path: Path,
+def test_a_run_in_this_process_leaves_the_process_as_it_was(closed_uri: str, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """The case's environment and cwd, and the root log handler `cli_main` installs, are gone afterwards."""
+    (tmp_path / "list.yaml").write_text("- model\n", encoding="utf-8")
     root = logging.getLogger()
     before = dict(os.environ), os.getcwd(), root.handlers[:], root.level
-    env = entry_env(RAY_ADDRESS=places.closed_uri.removeprefix("http://"))
-    proc = call_entry("promote", [*PROMOTE, "--tracking-uri", places.closed_uri], env, tmp_path, capsys)
-    assert proc.returncode == 2 and "Cannot reach" in proc.stderr
+    env = entry_env(RAY_ADDRESS=closed_uri.removeprefix("http://"))
+    proc = call_entry("train", ["--config", str(tmp_path / "list.yaml")], env, tmp_path, capsys)
+    assert proc.returncode == 2 and "must be a mapping of sections" in proc.stderr
     assert (dict(os.environ), os.getcwd(), root.handlers, root.level) == before

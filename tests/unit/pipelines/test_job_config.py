@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
+from helpers.bad_inputs import call_entry
 
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import flatten, model_slug
@@ -60,12 +60,11 @@ def test_unknown_model_and_missing_data_dir(monkeypatch):
     assert "CAPT_DATA_DIR" in message
 
 
-@pytest.mark.slow
-def test_cli_fails_before_loading_a_model(tmp_path):
+def test_cli_fails_before_loading_a_model(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("method:\n  name: capt\n  options: {length: 0}\ntrain:\n  batch_size: 0\n")
-    proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(bad), "task.source=generated",
-                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    proc = call_entry("train", ["--config", str(bad), "task.source=generated", f"output_dir={tmp_path / 'out'}"],
+                      dict(os.environ), tmp_path, capsys)
     assert proc.returncode == 2
     assert "length=0" in proc.stderr and "train.batch_size=0" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -133,11 +132,10 @@ def test_baselines_refuse_a_model_type_only_capsules_support(tmp_path):
     assert "has 4 encoder layers" in _problems(f"model.name={umt5}", "method.options.layers=[4]")
 
 
-@pytest.mark.slow
-def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(JOB_CONFIGS[0]),
-                           "task.source=generated", "model.name=tiny-t5", "method.options.layers=[3]",
-                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+def test_cli_refuses_missing_capsule_layers_before_loading_a_model(tmp_path, capsys):
+    proc = call_entry("train", ["--config", str(JOB_CONFIGS[0]), "task.source=generated", "model.name=tiny-t5",
+                                "method.options.layers=[3]", f"output_dir={tmp_path / 'out'}"],
+                      dict(os.environ), tmp_path, capsys)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "has 2 encoder layers, so [3] do not exist" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.bad_inputs import call_entry
 from helpers.jobs import tiny_job
 
 from pipelines.config.load import load_job_config
@@ -112,7 +113,7 @@ def _job_command(folder: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_second_job_on_a_folder_in_use_fails_at_once(tmp_path):
+def test_a_second_job_on_a_folder_in_use_fails_at_once(tmp_path, capsys):
     folder = tmp_path / "job"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     long = ["train.max_steps=100000", "train.max_epochs=100000", "train.eval_every_steps=50"]
@@ -123,8 +124,7 @@ def test_a_second_job_on_a_folder_in_use_fails_at_once(tmp_path):
         while not (folder / CLAIM_FILE).is_file() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert first.poll() is None, "the first job must be running"
-        second = subprocess.run(_job_command(folder, *long), cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=180)
+        second = call_entry("train", _job_command(folder, *long)[3:], env, ROOT, capsys)  # main(argv) in this process
         assert second.returncode != 0 and "is in use by another job" in second.stderr
         assert f"pid {first.pid}" in second.stderr
         assert first.poll() is None, "the first job keeps running"

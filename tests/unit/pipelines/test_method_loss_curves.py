@@ -124,6 +124,7 @@ def test_every_method_has_a_stored_curve_that_learns():
 
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.slow
 def test_the_method_follows_its_stored_loss_curves(method: str):
     stored = _stored()
     for kind in supported_kinds(method):
@@ -133,6 +134,7 @@ def test_the_method_follows_its_stored_loss_curves(method: str):
 
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.slow
 def test_a_change_in_the_method_leaves_the_tolerance(method: str):
     assert not _close(loss_curve(method, "t5", CHANGES[method]), _stored()[f"{method}/t5"])
 
