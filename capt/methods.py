@@ -146,6 +146,10 @@ class Method:
         """The typed config from plain options (raises naming every bad option)."""
         return self.config_class.from_dict(dict(options))
 
+    def sequence_overhead(self, options: Mapping[str, Any]) -> int:
+        """Positions the method with `options` adds to every input sequence (capsule slots, soft-prompt tokens)."""
+        return self.model_class.sequence_overhead(self.build_config(options))
+
 
 METHODS: dict[str, Method] = {
     "capt": Method(CapsuleConfig, "capt.inject:CapsuleModel"),

@@ -92,8 +92,7 @@ def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def sequence_overhead(method: str, options: dict[str, Any]) -> int:
     """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
-    entry = get_method(method)
-    return entry.model_class.sequence_overhead(entry.build_config(options))
+    return get_method(method).sequence_overhead(options)
 
 
 def registers_model(method: str) -> bool:

@@ -58,8 +58,7 @@ def _length_problems(raw: dict[str, Any], shape: ModelShape, method_ok: bool) ->
                         f"toward max_length); allowed: at most {shape.position_limit - generated}")
     if method_ok:
         method = raw_value(raw, "method.name")
-        entry = get_method(method)
-        overhead = entry.model_class.sequence_overhead(entry.build_config(raw_value(raw, "method.options")))
+        overhead = get_method(method).sequence_overhead(raw_value(raw, "method.options"))
         if overhead >= max_length:
             problems.append(f"model.max_length={max_length}: method {method!r} adds {overhead} "
                             f"positions to every input, leaving none for the text; allowed: more than {overhead}")

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from capt.methods import METHODS
 from capt.optim_defaults import FAMILIES, OptimDefault
 from pipelines.config.schema import JobConfig
+from pipelines.models.shape import model_shape
 
 __all__ = ["FAMILIES", "OPTIM_DEFAULTS", "OptimDefault", "model_family", "optim_default", "resolve_optim"]
 
@@ -55,8 +56,6 @@ def optim_default(method: str, family: str) -> OptimDefault:
 
 def model_family(model_name: str) -> str:
     """The family of base model `model_name`, read from its config alone (no weights loaded)."""
-    from pipelines.models.shape import model_shape
-
     return model_shape(model_name).family
 
 

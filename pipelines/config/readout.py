@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from capt.methods import METHODS
-from pipelines.config.schema import JobConfig, section
+from pipelines.config.schema import JobConfig, raw_value
 from pipelines.models.shape import model_shape
 
 if TYPE_CHECKING:
@@ -57,8 +57,7 @@ def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
 
 def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     """`model.readout` against the model's family and the method (the schema checks the spelling)."""
-    readout = section(raw, "model").get("readout")
-    method = section(raw, "method").get("name", "capt")
+    readout, method = raw_value(raw, "model.readout"), raw_value(raw, "method.name")
     if readout is None or readout not in (*classifier_readouts(), LM_HEAD):
         return []
     allowed = allowed_readouts(spec, method)
@@ -73,7 +72,7 @@ def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
         with_slot = slot_methods()
         why = (f"method {method!r} has no capsule slot (only {', '.join(with_slot)} "
                f"{'has' if len(with_slot) == 1 else 'have'} one)")
-    return [f"model.readout={readout!r} with model.name={section(raw, 'model').get('name', 'tiny-t5')!r} and "
+    return [f"model.readout={readout!r} with model.name={raw_value(raw, 'model.name')!r} and "
             f"method.name={method!r}: {why} (allowed: {', '.join(allowed)}, or leave it unset for "
             f"{default_readout(spec)!r})"]
 
