@@ -9,11 +9,11 @@ SuperPos-Prompt, VFPT and XPrompt.
     adapted.save_adapter("out/adapter"); model = adapted.detach()
     adapted = load_adapter(model, "out/adapter")
 
-Supported models: the T5, decoder-only and BERT-classifier families of the ``capt.arch`` registry, which
-holds all their structural knowledge (``supported_types()`` lists the model types). ``apply`` freezes the base model except the method's parameters (full
-fine-tuning freezes nothing); classification heads are left to the caller. Every wrapper's forward and
-generate accept an optional ``prompt_mask`` (B, n) marking the prompt tokens of decoder-only inputs; only
-prompt tuning's instance token uses it (else it falls back to labels == -100, then the attention mask).
+Supported models: the T5, decoder-only and BERT-classifier families of the ``capt.arch`` registry, which holds all
+their structural knowledge (``supported_types()`` lists the model types). ``apply`` freezes the base model except
+the method's parameters (full fine-tuning freezes nothing); classification heads are left to the caller. Every
+wrapper's forward and generate accept an optional ``prompt_mask`` (B, n) marking the prompt tokens of decoder-only
+inputs; only prompt tuning's instance token uses it (else it falls back to labels == -100, then the attention mask).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Typed, validated configurations of the baseline methods.
 
 Every config is a frozen dataclass. Construction validates all fields at once and raises `ConfigError`
-(a ``ValueError``) naming every bad key, its value and what is allowed (`capt.errors.Problems`). ``from_dict`` additionally rejects unknown keys.
+(a ``ValueError``) naming every bad key, its value and what is allowed (`capt.errors.Problems`). ``from_dict``
+additionally rejects unknown keys.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def version_description(name: str, version: str, result: Mapping[str, Any], trac
         "| validation score (best) | test score | capsule size | trainable parameters | steps |",
         "|---:|---:|---:|---:|---:|",
         f"| {_score(metrics, 'best_validation_score')} | {_score(metrics, 'test_score')} | "
-        f"{_size(result.get('capsule_bytes'))} | {result.get('trainable_parameters', '-')} | {result.get('steps', '-')} |",
+        f"{_size(result.get('capsule_bytes'))} | {result.get('trainable_parameters', '-')} | "
+        f"{result.get('steps', '-')} |",
         "",
         "Load it and predict label names for raw task rows (needs this project's requirements; the base model is "
         "rebuilt by name and the capsule loaded onto it):",

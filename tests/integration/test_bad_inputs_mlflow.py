@@ -33,7 +33,8 @@ def uri(mlflow_server: LocalMlflowServer) -> str:
 
 
 @pytest.mark.parametrize(("entry", "args", "phrase"), [
-    ("promote", ["--model", "google-t5/t5-base", "--task", "boolq"], "There is no registered model 'capt-t5-base-boolq'"),
+    ("promote", ["--model", "google-t5/t5-base", "--task", "boolq"],
+     "There is no registered model 'capt-t5-base-boolq'"),
     ("report", ["--experiment", "no-such-experiment"], "No experiment 'no-such-experiment'"),
     ("report", ["--experiment", EMPTY_EXPERIMENT], "has 0 run(s) but none FINISHED"),
 ], ids=["promote-missing-registered-model", "report-missing-experiment", "report-experiment-without-runs"])

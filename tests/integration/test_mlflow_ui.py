@@ -52,7 +52,8 @@ def test_the_experiment_says_what_the_sweep_is(smoke_sweep: dict[str, Any]) -> N
     assert f"CaPT sweep **{SWEEP}**: 2 trial(s)" in description
     assert "config file: `pipelines/configs/smoke.yaml`" in description and "models: tiny-t5, minilm" in description
     assert tags["sweep"] == SWEEP and tags["models"] == "tiny-t5,minilm" and tags["trials"] == "2"
-    assert smoke_sweep["url"].endswith(f"/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning")
+    runs_page = f"/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning"
+    assert smoke_sweep["url"].endswith(runs_page)
 
 
 def test_runs_hold_resolved_params_grouped_metrics_system_metrics_and_their_dataset(

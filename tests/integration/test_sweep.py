@@ -50,11 +50,13 @@ def _submit(ray_head, *args: str) -> subprocess.CompletedProcess:
 
 def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, mlflow_server, tmp_path, monkeypatch):
     # WiC: the registered model capt-tiny-t5-wic belongs to this test alone on the shared server.
-    proc = _submit(ray_head, *SMALL, "tasks=[wic]", "name=it-submit", f"storage_path={tmp_path}", f"tracking.uri={mlflow_server.uri}",
+    proc = _submit(ray_head, *SMALL, "tasks=[wic]", "name=it-submit", f"storage_path={tmp_path}",
+                   f"tracking.uri={mlflow_server.uri}",
                    "resources.num_workers=2", "resources.cpus_per_worker=0.9")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "succeeded" in (proc.stdout + proc.stderr).lower()
-    result = json.loads((_job_folder(tmp_path / "it-submit" / "jobs", "wic-tiny-t5-capt-s0") / "result.json").read_text())
+    folder = _job_folder(tmp_path / "it-submit" / "jobs", "wic-tiny-t5-capt-s0")
+    result = json.loads((folder / "result.json").read_text())
     assert result["processes"] == 2 and result["ranks_in_sync"] is True, "DDP over gloo kept the replicas equal"
 
     mlflow = _mlflow()

@@ -124,7 +124,8 @@ def test_a_trial_restarted_mid_run_reopens_its_run_and_registers_one_version(
     mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
 ) -> None:
     record = json.loads((tracked["out"] / RUN_FILE).read_text())
-    (tmp_path / RUN_FILE).write_text(json.dumps({k: v for k, v in record.items() if k not in ("status", "model_version")}))
+    unfinished = {k: v for k, v in record.items() if k not in ("status", "model_version")}
+    (tmp_path / RUN_FILE).write_text(json.dumps(unfinished))
     tracker = _tracker(mlflow_server.uri, tmp_path, 0, system_metrics=False)
     assert not tracker.finished and tracker.start() == tracked["run_id"]
     client = MlflowClient(mlflow_server.uri)
@@ -377,7 +378,8 @@ def test_logging_the_pyfunc_stores_signature_and_example_without_loading_the_mod
     signature, example = pyfunc_signature("cb", task_spec("cb").label_names)
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name(EXPERIMENT)  # None when this test runs alone
-    run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)).info.run_id
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)
+    run_id = client.create_run(experiment_id).info.run_id
     with fluent_uri(mlflow_server.uri), mlflow.start_run(run_id=run_id):
         info = log_pyfunc(signature, example, {"result": str(model_code)}, "capsule-tiny-t5-cb", {}, 0,
                            model_code=model_code)

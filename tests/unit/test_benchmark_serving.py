@@ -34,7 +34,8 @@ def test_fifty_tasks_are_on_disk_copies_of_the_seven_real_capsules(tmp_path: Pat
 def test_the_table_states_ratios_to_one_task_and_the_memory_beyond_the_capsules() -> None:
     config = serving.settings(quick=True)
     pooled = {1: {"rows": 100, "elapsed": 10.0, "latencies": [0.1] * 50, "rss_mb": 500.0, "loaded_rss_mb": 400.0},
-              7: {"rows": 95, "elapsed": 10.0, "latencies": [0.1] * 49 + [0.5], "rss_mb": 501.0, "loaded_rss_mb": 401.0},
+              7: {"rows": 95, "elapsed": 10.0, "latencies": [0.1] * 49 + [0.5], "rss_mb": 501.0,
+                  "loaded_rss_mb": 401.0},
               50: {"rows": 80, "elapsed": 10.0, "latencies": [0.2] * 50, "rss_mb": 530.0, "loaded_rss_mb": 430.0}}
     sizes = {1: 2**20, 7: 7 * 2**20, 50: 50 * 2**20}
     result = serving.tabulate(BenchResult(serving.NAME, serving.TITLE, config), pooled, sizes)

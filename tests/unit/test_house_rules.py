@@ -4,6 +4,7 @@ tracking package imports mlflow; no code branches on a method or model-family na
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,20 @@ def test_each_form_of_name_branch_is_found(source):
 ])
 def test_names_as_data_are_not_branches(source):
     assert not name_branches(source, _branch_names()), source
+
+
+# Lines of code fit 120 characters: wide enough for the long error messages and shapes the project writes, narrow
+# enough for two files side by side. ruff's E501 checks the same limit (pyproject.toml) for those who run `make lint`.
+LINE_LIMIT = 120
+
+
+def test_every_line_of_code_fits_the_line_limit():
+    long_lines = [f"{path.relative_to(ROOT)}:{number} ({len(line)} characters)"
+                  for folder in ("capt", "pipelines", "tests", "benchmarks") for path in _sources(folder)
+                  for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > LINE_LIMIT]
+    assert not long_lines, f"lines over {LINE_LIMIT} characters (reflow them): {long_lines}"
+
+
+def test_ruff_checks_the_same_line_limit():
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert ruff["line-length"] == LINE_LIMIT and "E501" not in ruff["lint"].get("ignore", [])

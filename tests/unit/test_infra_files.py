@@ -86,7 +86,8 @@ def test_rayjob_uses_token_auth_and_mlflow_from_a_secret(rayjob: dict[str, Any])
 def test_no_credential_travels_in_job_metadata() -> None:
     rayjob = yaml.safe_load((INFRA / "kuberay" / "rayjob.yaml").read_text())
     runtime_env = yaml.safe_load(rayjob["spec"].get("runtimeEnvYAML", "")) or {}
-    assert "env_vars" not in runtime_env, "Ray shows a runtime env in its APIs and logs: credentials go in the pods' env"
+    assert "env_vars" not in runtime_env, \
+        "Ray shows a runtime env in its APIs and logs: credentials go in the pods' env"
     cluster = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
     for commands in (cluster["head_start_ray_commands"], cluster["worker_start_ray_commands"]):
         start = next(c for c in commands if "ray start" in c)

@@ -63,7 +63,8 @@ def test_the_guide_creates_everything_the_cluster_files_assume() -> None:
     text = GUIDE.read_text()
     for command in ("aws ecr create-repository --repository-name capt", "aws iam create-instance-profile",
                     "aws efs create-file-system", "aws efs create-mount-target", "ray get-auth-token --generate",
-                    "ray up ray_cluster.yaml", "ray down ray_cluster.yaml", "kubectl apply -f infra/kuberay/rayjob.yaml",
+                    "ray up ray_cluster.yaml", "ray down ray_cluster.yaml",
+                    "kubectl apply -f infra/kuberay/rayjob.yaml",
                     'create_user("capt"', "KubeRay 1.5.1 or newer"):
         assert command in text, command
     for mentioned in set(re.findall(r"\binfra/[\w/.-]+\.(?:yaml|sh)\b", text)):

@@ -48,7 +48,8 @@ class SMoPModel(PromptTuningModel):
         super().__init__(base, config)
         router = torch.empty(config.num_prompts, self.prompt.shape[-1], device=self.prompt.device)
         self.router = nn.Parameter(nn.init.orthogonal_(router))
-        self.train(base.training)  # the perturbation follows the mode: a model built or loaded for inference routes exactly
+        # The perturbation follows the mode: a model built or loaded for inference routes exactly.
+        self.train(base.training)
 
     def _initial_prompt(self, config: SMoPConfig) -> torch.Tensor:
         """(num_prompts, num_tokens, d): each prompt initialised as prompt tuning initialises its one."""

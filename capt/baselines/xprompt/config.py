@@ -40,7 +40,7 @@ class XPromptConfig(BaselineConfig):
     piece_prune_fraction: float = 0.2
     """Fraction of the surviving tokens' pieces removed by piece-level pruning (the lowest importance scores)."""
     pruning_at: float = 0.5
-    """When prompt tuning ends and the pruned prompt's re-training begins, as a fraction of the job's optimiser steps."""
+    """When prompt tuning ends and the pruned prompt's re-training begins (a fraction of the job's optimiser steps)."""
     score_batches: int = 8
     """Training batches whose loss gradients estimate the importance scores (token and piece level)."""
 

@@ -21,13 +21,13 @@ The masks are tensors of the artifact (a loaded model has the pruned prompt) and
 keeps them); the re-training phase's best validation state is what the job keeps.
 
 Sizes: the paper's SuperGLUE runs use T5 at the larger scales (Large, XL, XXL by our reading, not re-checked) and
-train every stage as Lester et al.'s prompt tuning (Adafactor, lr 0.3). Its prompt length, piece count k and pruning ratios were not
-checked against its text here: the defaults (100 tokens as Lester et al., k = 16, 20 % of tokens, then 20 % of the
-surviving pieces) are placeholders to set from the paper's appendix. Choices where the paper is silent or not
-checked here: the expectation over x is taken per training batch (|gradient of the batch-mean loss|, averaged over
-`score_batches` batches in eval mode, the same batches on every rank so all ranks prune alike); one round of each
-pruning level (not iterated); a pruned token keeps its position as a zero vector (P_hat = gamma (.) P, so the
-inserted length, the positions and the KV cache are unchanged); pruned entries stay in the stored tensor (the
+train every stage as Lester et al.'s prompt tuning (Adafactor, lr 0.3). Its prompt length, piece count k and pruning
+ratios were not checked against its text here: the defaults (100 tokens as Lester et al., k = 16, 20 % of tokens,
+then 20 % of the surviving pieces) are placeholders to set from the paper's appendix. Choices where the paper is
+silent or not checked here: the expectation over x is taken per training batch (|gradient of the batch-mean loss|,
+averaged over `score_batches` batches in eval mode, the same batches on every rank so all ranks prune alike); one
+round of each pruning level (not iterated); a pruned token keeps its position as a zero vector (P_hat = gamma (.) P,
+so the inserted length, the positions and the KV cache are unchanged); pruned entries stay in the stored tensor (the
 trainable count is m x d; `surviving_parameters` counts what the masks keep).
 
 Families: everything prompt tuning supports (T5 encoder input, decoder-only, BERT encoders after [CLS]), since
@@ -142,7 +142,8 @@ class XPromptModel(PromptTuningModel):
 
     def phase_state(self) -> dict[str, torch.Tensor]:
         """The token and piece masks."""
-        return {"token_mask": self.token_mask.detach().cpu().clone(), "piece_mask": self.piece_mask.detach().cpu().clone()}
+        return {"token_mask": self.token_mask.detach().cpu().clone(),
+                "piece_mask": self.piece_mask.detach().cpu().clone()}
 
     @torch.no_grad()
     def load_phase_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -153,7 +154,7 @@ class XPromptModel(PromptTuningModel):
 
 @torch.no_grad()
 def _prune(mask: nn.Parameter, scores: torch.Tensor, fraction: float, among: int | None = None) -> None:
-    """Zero the `fraction` (of `among`, default all entries) of `mask` with the lowest `scores`, keeping at least one."""
+    """Zero the `fraction` (of `among`, default all) of `mask` with the lowest `scores`, keeping at least one."""
     among = mask.numel() if among is None else among
     count = min(round(fraction * among), among - 1)
     if count <= 0:

@@ -54,7 +54,8 @@ def small_config(method: str, **overrides: Any) -> Any:
     if method == "dept":
         return DeptConfig(**{"num_tokens": 3, "rank": 2, "max_length": 16, "init_std": 0.5, **overrides})
     if method == "residual_prompt":
-        return ResidualPromptConfig(**{"num_tokens": 4, "bottleneck": 8, "init": "normal", "init_std": 0.5, **overrides})
+        return ResidualPromptConfig(**{"num_tokens": 4, "bottleneck": 8, "init": "normal", "init_std": 0.5,
+                                       **overrides})
     if method == "superpos_prompt":
         return SuperPosPromptConfig(**{"num_tokens": 4, "num_sampled": 16, **overrides})
     if method == "vfpt":

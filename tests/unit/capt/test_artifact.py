@@ -27,7 +27,8 @@ def _snapshot(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0], "project_rank": 3}, {"fusion": "conv", "length": 2},
+@pytest.mark.parametrize("config", [{}, {"fusion": "project", "layers": [0], "project_rank": 3},
+                                    {"fusion": "conv", "length": 2},
                                     {"fusion": "prepend"}, {"task_vector": False}])
 def test_round_trip_is_exact(kind, tmp_path, config):
     model = _trained(kind, **config)
@@ -114,7 +115,8 @@ def test_metadata_problems_are_all_named(saved):
     data["hidden_size"] = "big"
     del data["fingerprint"]
     path.write_text(json.dumps(data))
-    _assert_refused(saved, BUILDERS["llama"](), r"unknown keys \['surprise'\].*missing keys \['fingerprint'\].*hidden_size='big'")
+    _assert_refused(saved, BUILDERS["llama"](),
+                    r"unknown keys \['surprise'\].*missing keys \['fingerprint'\].*hidden_size='big'")
 
 
 def test_invalid_json_and_config_are_refused(saved):

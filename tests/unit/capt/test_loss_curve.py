@@ -73,7 +73,8 @@ def test_the_stored_curve_holds_on_a_gpu():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(CURVE.parents[1]))  # tests/, for tiny_models
-    record = {"what": "tiny T5 (tests/tiny_models.py, seed 0, initializer_factor 1) + CapsuleConfig() defaults, AdamW lr "
+    record = {"what": "tiny T5 (tests/tiny_models.py, seed 0, initializer_factor 1) + CapsuleConfig() defaults, "
+                      "AdamW lr "
                       f"{LR}, one fixed batch (random_batch('t5', 4, 9, seed=1)), {STEPS} steps",
               "regenerate": "PYTHONPATH=. python tests/unit/capt/test_loss_curve.py",
               "torch": torch.__version__, "losses": loss_curve()}

@@ -81,7 +81,8 @@ def test_only_capsules_are_published_to_the_registry():
 
 def test_model_types_each_method_refuses_are_named():
     assert METHODS["capt"].model_class.unsupported_reason("umt5") is None
-    assert "the baselines do not support model_type='umt5' (CaPT does)" in METHODS["lora"].model_class.unsupported_reason("umt5")
+    lora_reason = METHODS["lora"].model_class.unsupported_reason("umt5")
+    assert "the baselines do not support model_type='umt5' (CaPT does)" in lora_reason
     assert "model_type='gpt2'" in METHODS["capt"].model_class.unsupported_reason("gpt2")
     capsule = METHODS["capt"].build_config({"layers": [0, 3, 5]})
     assert METHODS["capt"].model_class.missing_layers(capsule, 4) == [5]
@@ -108,7 +109,8 @@ def test_a_method_loads_only_its_own_artifact(tmp_path):
 def test_every_error_class_derives_from_capt_error():
     classes = [c for _, c in inspect.getmembers(capt.errors, inspect.isclass) if issubclass(c, BaseException)]
     assert len(classes) >= 10 and all(issubclass(c, capt.CaptError) for c in classes)
-    assert issubclass(capt.AdapterError, capt.ArtifactError) and issubclass(capt.CapsuleArtifactError, capt.ArtifactError)
+    assert issubclass(capt.AdapterError, capt.ArtifactError)
+    assert issubclass(capt.CapsuleArtifactError, capt.ArtifactError)
     assert issubclass(capt.errors.AdapterExistsError, FileExistsError)
 
 

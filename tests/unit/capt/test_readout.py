@@ -65,7 +65,8 @@ def test_the_mean_ignores_padding_and_removing_a_readout_restores_the_pooler():
 def test_the_mean_leaves_out_inserted_positions_and_the_capsule_readout_reads_them():
     states = torch.arange(2 * 5 * 1, dtype=torch.float32).view(2, 5, 1)  # row 0: 0..4, row 1: 5..9
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
-    assert readout_vector("mean", states, mask, 1, 2).flatten().tolist() == pytest.approx([(0 + 2 + 3 + 4) / 4, (5 + 7 + 8) / 3])
+    means = [(0 + 2 + 3 + 4) / 4, (5 + 7 + 8) / 3]
+    assert readout_vector("mean", states, mask, 1, 2).flatten().tolist() == pytest.approx(means)
     assert readout_vector("capsule", states, mask, 1, 2).flatten().tolist() == [1.0, 6.0]
     assert readout_vector("cls", states, mask, 1, 2).flatten().tolist() == [0.0, 5.0]
 

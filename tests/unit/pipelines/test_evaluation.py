@@ -16,7 +16,8 @@ from pipelines.training.setup import build_job
 @pytest.mark.slow
 def test_generation_and_rank_classification_agree(tmp_path, model):
     # Full fine-tuning memorises the 14 training examples, so the model generates exact verbalizers.
-    config = tiny_job(tmp_path, model, "full_finetune", optim={"lr": 3e-3}, train={"max_epochs": 60, "eval_every_steps": 60})
+    config = tiny_job(tmp_path, model, "full_finetune", optim={"lr": 3e-3},
+                      train={"max_epochs": 60, "eval_every_steps": 60})
     job = build_job(config)
     fit(job)
     model_ = job.accelerator.unwrap_model(job.model)

@@ -91,7 +91,8 @@ def _local_model(tmp_path, config: str) -> str:
 
 def test_capsule_layers_the_model_lacks_are_refused():
     message = _problems("model.name=tiny-t5", "method.options.layers=[0,2,7]")
-    assert "method.options.layers=[0, 2, 7]: model.name='tiny-t5' has 2 encoder layers, so [2, 7] do not exist" in message
+    assert ("method.options.layers=[0, 2, 7]: model.name='tiny-t5' has 2 encoder layers, so [2, 7] do not exist"
+            in message)
     assert "allowed: indices 0..1" in message
     assert "has 6 layers" in _problems("model.name=minilm", "method.options.layers=[6]")
     load_job_config(None, ["model.name=minilm", "method.options.layers=[5]", "task.source=generated"])
@@ -107,7 +108,8 @@ def test_max_length_beyond_the_position_limit_is_refused_with_the_numbers():
     assert "model.max_length=1020 + model.max_new_tokens=10 generated after it" in message and "at most 1014" in message
     load_job_config(None, ["model.name=tiny-llama", "model.max_length=1020", "train.eval_mode=rank",
                            "task.source=generated"])
-    load_job_config(None, ["model.name=tiny-t5", "model.max_length=4096", "task.source=generated"])  # relative positions
+    # Relative positions: T5 takes any length.
+    load_job_config(None, ["model.name=tiny-t5", "model.max_length=4096", "task.source=generated"])
 
 
 def test_a_method_that_leaves_no_room_for_text_is_refused():

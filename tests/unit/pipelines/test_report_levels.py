@@ -11,7 +11,8 @@ LEVELS = {"cb": (40.0, 30.0), "rte": (56.0, 50.0)}
 """Task -> (majority class, chance) as the jobs measured them on the test split."""
 
 
-def _run(task: str, method: str, seed: int, test: float, untrained: float | None = None, data: str = "generated") -> dict:
+def _run(task: str, method: str, seed: int, test: float, untrained: float | None = None,
+         data: str = "generated") -> dict:
     majority, chance = LEVELS[task]
     metrics = {"test_score": test, "best_validation_score": test, "test_majority_score": majority,
                "test_chance_score": chance, **({} if untrained is None else {"test_untrained_score": untrained})}

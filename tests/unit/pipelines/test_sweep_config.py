@@ -76,7 +76,8 @@ def test_ablations_cover_every_row_of_the_table():
 
 def test_a_bad_sweep_lists_every_problem(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tasks: [rte, squad]\nmethods: [{name: capt, options: {fusion: glue}}]\nresources: {num_workers: 0}\n")
+    bad.write_text("tasks: [rte, squad]\nmethods: [{name: capt, options: {fusion: glue}}]\n"
+                   "resources: {num_workers: 0}\n")
     with pytest.raises(JobConfigError) as err:
         load_sweep_config(bad)
     assert "resources.num_workers=0" in str(err.value)
@@ -109,7 +110,8 @@ def test_a_trial_whose_config_changed_gets_its_own_folder(tmp_path):
                    for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "job.optim.weight_decay=0.01"]))}
     assert set(changed_job) == set(folders) and not set(changed_job.values()) & set(folders.values())
     one_task = {t.name: t.job["output_dir"]
-                for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "task_overrides.cb.optim.weight_decay=0.01"]))}
+                for t in trials(load_sweep_config(CONFIGS / "smoke.yaml",
+                                                  [*base, "task_overrides.cb.optim.weight_decay=0.01"]))}
     assert [n for n in folders if one_task[n] != folders[n]] == ["cb-tiny-t5-capt-s0", "cb-minilm-capt-s0"]
     logging_only = {t.name: t.job["output_dir"]
                     for t in trials(load_sweep_config(CONFIGS / "smoke.yaml", [*base, "job.train.log_every_steps=3"]))}
@@ -224,7 +226,8 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
 def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
     path = CONFIGS / "paper" / f"{name}.yaml"
     local = {p.task: p.job["task"] for p in trials(load_sweep_config(path))}  # CAPT_DATA_DIR set by the fixture
-    assert (local["rte"]["source"], local["rte"]["data_dir"], local["boolq"]["source"]) == ("local", str(tmp_path), "hub")
+    chosen = (local["rte"]["source"], local["rte"]["data_dir"], local["boolq"]["source"])
+    assert chosen == ("local", str(tmp_path), "hub")
     monkeypatch.delenv("CAPT_DATA_DIR")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the hub allowed (the models' configs still come from the cache)

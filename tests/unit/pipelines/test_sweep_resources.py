@@ -128,7 +128,8 @@ def test_the_watch_reports_then_gives_up_on_a_worker_group_that_waits(caplog):
     assert "placement group {CPU: 1, gpu_x: 1} * 1 (PACK)" in reports[0] and "INFEASIBLE" in reports[0]
     assert watch.verdict is None
     watch.check(30.0, _table(tune_trial, _pg("b", "PENDING", WORKER)))
-    with pytest.raises(ResourcesError, match=r"gave up after resources.pending_timeout_s=30: the trial processes .* waited 30 s .*--resume"):
+    gave_up = r"gave up after resources.pending_timeout_s=30: the trial processes .* waited 30 s .*--resume"
+    with pytest.raises(ResourcesError, match=gave_up):
         watch.raise_if_gave_up()
 
 

@@ -1,4 +1,4 @@
-"""XPrompt through the one job: prompt tuning, pruning at the boundary, re-training; artifact and resume keep the masks."""
+"""XPrompt through the one job: prompt tuning, pruning at the boundary, re-training; artifact and resume keep masks."""
 
 from __future__ import annotations
 
