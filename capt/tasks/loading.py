@@ -12,8 +12,11 @@ with `datasets`). The hub path imports `datasets` lazily.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -54,10 +57,28 @@ def _jsonl_rows(handle: BinaryIO, path: str | Path) -> RawRows:
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            yield number, json.loads(line, object_pairs_hook=_distinct_keys)
         except json.JSONDecodeError as err:
             raise TaskDataError(f"invalid JSON: {err.msg} (column {err.colno})", path=str(path),
                                 row=number) from None
+        except _DuplicateKeyError as err:
+            raise TaskDataError(f"the key {err.args[0]!r} appears twice in one object; each field once",
+                                path=str(path), row=number) from None
+        except RecursionError:
+            raise TaskDataError("the JSON nests deeper than Python can read; a row is a flat object of fields",
+                                path=str(path), row=number) from None
+
+
+class _DuplicateKeyError(ValueError):
+    """A JSON object names one key twice (json.loads would silently keep the last)."""
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKeyError(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return row
 
 
 def _decode_line(raw: bytes, number: int, path: str | Path) -> str:
@@ -89,20 +110,55 @@ def find_split_file(data_dir: str | Path | None, task: str, split: str) -> Path:
                             f"({layout}), or use source='generated' or 'hub'", field="data_dir")
     root = Path(data_dir)
     if not root.is_dir():
-        raise TaskDataError(f"data directory does not exist or is not a directory ({layout})",
-                            path=str(root), field="data_dir")
+        raise TaskDataError(f"data directory {_not_a_folder(root)} ({layout})", path=str(root), field="data_dir")
     folder = root / task
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise TaskDataError(f"the task folder {_not_a_folder(folder)} ({layout})", path=str(folder))
     if not folder.is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
         raise TaskDataError(f"missing task folder {task!r} ({layout}; folders found: {found})",
                             path=str(folder))
     for ext in EXTENSIONS:
-        if (folder / f"{split}{ext}").is_file():
-            return folder / f"{split}{ext}"
+        candidate = folder / f"{split}{ext}"
+        if candidate.is_file():
+            return candidate
+        if os.path.lexists(candidate):
+            raise TaskDataError(f"the split file {_not_a_file(candidate)}; {layout}", path=str(candidate))
     hint = " (BoolQ's official train split is not in this directory)" if task == "boolq" else ""
     found = sorted(p.name for p in folder.iterdir())
     raise TaskDataError(f"missing file {split}.jsonl or {split}.parquet{hint}; {layout}; files found: "
                         f"{found}", path=str(folder / f"{split}.jsonl"))
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why the folder `path` cannot be used (it is known not to be a folder)."""
+    return _link_problem(path) or ("is not a folder" if os.path.lexists(path) else "does not exist")
+
+
+def _not_a_file(path: Path) -> str:
+    """Why `path`, which exists as a name, cannot be read as a split file."""
+    if problem := _link_problem(path):
+        return problem
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"is {kind}, not a regular file: copy the data into a file"
+
+
+def _link_problem(path: Path) -> str | None:
+    """A symlink that does not lead to anything (a loop, or a missing target), or None."""
+    if not path.is_symlink():
+        return None
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 raises it for a loop
+        return "is a symlink loop (it leads back to itself)"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symlink loop (it leads back to itself)"
+        return f"is a symlink to {os.readlink(path)!r}, which does not exist"
+    return None
 
 
 def _local_rows(task: str, split: str, config: DataConfig) -> tuple[str, RawRows]:
@@ -168,4 +224,15 @@ def load_splits(task: str, config: DataConfig | None = None) -> Splits:
         test=subsample(test, config.max_eval_examples, config.seed),
     )
     logger.info("%s splits (seed %d, source %s): %s", task, config.seed, config.source, splits.sizes())
+    if warning := single_label_warning(splits.train, source):
+        logger.warning(warning)
     return splits
+
+
+def single_label_warning(train: list[Example], source: str) -> str | None:
+    """A warning when every training example has one label: the job can only learn to answer it always."""
+    labels = {example.label for example in train}
+    if len(labels) != 1:
+        return None
+    return (f"every one of the {len(train)} training examples from {source} has label {labels.pop()}: the model "
+            "can only learn to give that answer; check the data (a filtered or sorted file?)")

@@ -21,6 +21,10 @@ METHOD_NAMES = tuple(METHODS)
 """The adaptation methods the shipped registry holds (`capt.methods.METHODS`), in registry order."""
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 """Every config section: unknown keys refused, each field documented by its docstring."""
+MAX_SEED = 2**32 - 1
+"""Largest seed every generator the job seeds accepts (numpy's takes 0 .. 2**32 - 1)."""
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+"""A seed: checked when the config is read, not when Ray has started the trial that would fail on it."""
 
 
 @dataclass(config=STRICT)
@@ -163,7 +167,7 @@ class JobConfig:
     """Optimiser and schedule."""
     train: TrainSection = Field(default_factory=TrainSection)
     """Training loop."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of everything: data split, initialisation, shuffling, dropout."""
     output_dir: str | None = None
     """Where checkpoints, the artifact and result.json go (default: outputs/<task>/<model>/<method>/s<seed>)."""

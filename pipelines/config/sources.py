@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from capt.errors import CaptError
+from pipelines.config.plain_yaml import plain_yaml_problem
 
 
 class JobConfigError(CaptError, ValueError):
@@ -39,6 +40,8 @@ def merge_sources(path: str | os.PathLike | None, overrides: Sequence[str],
 def read_yaml_config(path: str | os.PathLike) -> DictConfig:
     """A YAML config file as an OmegaConf mapping; `JobConfigError` names the file (and line and column)."""
     text = _config_text(Path(path))
+    if problem := plain_yaml_problem(text):
+        raise JobConfigError(f"The config {path} is not a plain config: {problem}.")
     try:
         loaded = OmegaConf.load(io.StringIO(text))  # OmegaConf's loader: typed floats, duplicate keys refused
     except yaml.YAMLError as err:
@@ -76,18 +79,26 @@ def parse_overrides(overrides: Sequence[str]) -> list[DictConfig]:
     """`key.sub=value` strings as OmegaConf mappings; raises once naming every malformed one."""
     parsed, problems = [], []
     for text in overrides:
-        key, sep, _ = text.partition("=")
+        key, sep, value = text.partition("=")
         if not sep or "" in key.strip().split("."):
-            problems.append(f"{text!r} is not key.sub=value")
+            problems.append(f"{_shown(text)} is not key.sub=value")
+            continue
+        if problem := plain_yaml_problem(value):
+            problems.append(f"{_shown(text)} has a value that is not plain: {problem.partition(': ')[2]}")
             continue
         try:
             parsed.append(OmegaConf.from_dotlist([text]))
         except (yaml.YAMLError, OmegaConfBaseException) as err:
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            problems.append(f"{text!r} has a value that is not valid YAML ({problem}; quote it)")
+            problems.append(f"{_shown(text)} has a value that is not valid YAML ({problem}; quote it)")
     if problems:
         raise JobConfigError("Invalid overrides: " + "; ".join(problems) + " (e.g. train.max_steps=20).")
     return parsed
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for a message, cut to `limit` characters (an override may be a pasted file)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

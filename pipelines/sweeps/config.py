@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from pipelines.config.load import validate_job_config
-from pipelines.config.schema import STRICT, model_slug
+from pipelines.config.schema import STRICT, Seed, model_slug
 from pipelines.config.sources import JobConfigError, merge_sources
 from pipelines.config.tracking import TrackingSection
 from pipelines.sweeps.resources import ResourcesSection
@@ -93,7 +93,7 @@ class SweepConfig:
     methods: Annotated[list[MethodEntry], NON_EMPTY, DISTINCT_LABELS] = Field(
         default_factory=lambda: [MethodEntry(name="capt")])
     """Method rows, with distinct labels."""
-    seeds: Annotated[list[int], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
+    seeds: Annotated[list[Seed], NON_EMPTY, DISTINCT] = Field(default_factory=lambda: [0])
     """Seeds, each once; every (task, model, method) runs once per seed."""
     data_source: Literal["auto", "real", "hub", "local", "generated"] = "auto"
     """Data source of every trial; auto: local when CAPT_DATA_DIR is set, else generated; real: local when

@@ -11,6 +11,7 @@ Part 2 (promote, report, tracking, --debug) and part 3 (`capt.load_capsule`) are
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def _make_inputs(inputs: Path) -> None:
         "sweep.yaml": b"name: bad-inputs\ntracking:\n  enabled: false\n",
         "tracked.yaml": b"name: bad-inputs\n",
         "unknown.yaml": b"name: bad-inputs\nschedule: fifo\n",
+        "binary.yaml": b"model:\n  name: tiny-t5\noutput_dir: !!binary aGVsbG8=\n",
+        "deep.yaml": b"name: bad-inputs\ntags: " + b"[" * 20_000 + b"]" * 20_000 + b"\n",
     }
     for name, data in files.items():
         (inputs / name).write_bytes(data)
@@ -77,6 +80,14 @@ def _make_inputs(inputs: Path) -> None:
     write_rte(inputs / "bad-parquet", good)
     (inputs / "bad-parquet" / "rte" / "train.jsonl").unlink()
     (inputs / "bad-parquet" / "rte" / "train.parquet").write_bytes(b"PAR1 this is not parquet")
+    write_rte(inputs / "duplicate-key", [*good[:1], json.dumps(GOOD_RTE)[:-1] + ', "label": "not_entailment"}'])
+    write_rte(inputs / "deep-json", [*good[:2], '{"premise": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    write_rte(inputs / "symlink-loop", good)
+    (inputs / "symlink-loop" / "rte" / "train.jsonl").unlink()
+    (inputs / "symlink-loop" / "rte" / "train.jsonl").symlink_to("train.jsonl")
+    write_rte(inputs / "fifo", good)
+    (inputs / "fifo" / "rte" / "train.jsonl").unlink()
+    os.mkfifo(inputs / "fifo" / "rte" / "train.jsonl")
 
 
 CASES = [
@@ -88,6 +99,12 @@ CASES = [
     Case("train-config-missing", "train", lambda p: ["--config", str(p.inputs / "nope.yaml")], "does not exist"),
     Case("train-unknown-key", "train", lambda p: _job(p, "train.epochs=3"), "train.epochs: unknown key"),
     Case("train-malformed-override", "train", lambda p: _job(p, "train.max_steps"), "is not key.sub=value"),
+    Case("train-yaml-binary-tag", "train", lambda p: ["--config", str(p.inputs / "binary.yaml")],
+         "line 3: the tag '!!binary' builds a value that is not plain YAML"),
+    Case("train-override-binary-tag", "train", lambda p: _job(p, "train.max_steps=!!binary aGVsbG8="),
+         "has a value that is not plain: the tag '!!binary'"),
+    Case("train-seed-out-of-range", "train", lambda p: _job(p, "seed=99999999999999999999999"),
+         "seed=99999999999999999999999: Input should be less than or equal to 4294967295"),
     Case("train-bad-capsule-option", "train", lambda p: _job(p, "method.options.fusion=glue"),
          "method.options for method 'capt'"),
     Case("train-option-of-another-method", "train", lambda p: _job(p, "method.name=lora",
@@ -103,6 +120,11 @@ CASES = [
     Case("train-data-not-utf8", "train", _data_job("not-utf8"),
          lambda p: f"{p.inputs / 'not-utf8' / 'rte' / 'train.jsonl'}: line 2: not UTF-8 text: byte 0xff"),
     Case("train-data-bad-json", "train", _data_job("bad-json"), "train.jsonl: line 3: invalid JSON"),
+    Case("train-data-duplicate-key", "train", _data_job("duplicate-key"),
+         "train.jsonl: line 2: the key 'label' appears twice in one object"),
+    Case("train-data-deep-json", "train", _data_job("deep-json"), "train.jsonl: line 3: the JSON nests deeper"),
+    Case("train-data-symlink-loop", "train", _data_job("symlink-loop"), "is a symlink loop"),
+    Case("train-data-fifo", "train", _data_job("fifo"), "is a FIFO (named pipe), not a regular file"),
     Case("train-data-missing-field", "train", _data_job("missing-field"),
          "train.jsonl: line 4: field 'hypothesis': missing field"),
     Case("train-data-unknown-label", "train", _data_job("bad-label"), "line 5: field 'label': unknown label 'maybe'"),
@@ -132,6 +154,9 @@ CASES = [
          "not in the local Hugging Face cache"),
     Case("sweep-bad-capsule-option", "sweep", _sweep("sweep.yaml", "methods=[{name: capt, options: {length: 0}}]"),
          "method.options for method 'capt': Invalid CapsuleConfig: length=0"),
+    Case("sweep-yaml-too-deep", "sweep", _sweep("deep.yaml"), "line 2: mappings and lists nest more than 32 levels"),
+    Case("sweep-seed-out-of-range", "sweep", _sweep("sweep.yaml", "seeds=[99999999999999999999999]"),
+         "seeds.0=99999999999999999999999: Input should be less than or equal to 4294967295"),
     Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "task.name='mnli': Input should be"),
     Case("sweep-unreachable-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.closed_uri}"],
          "Cannot reach the MLflow tracking server"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,47 @@ def test_one_multirc_question_is_too_small_for_validation_however_many_answers(t
     _write(tmp_path, "multirc", "val", [row])
     with pytest.raises(TaskDataError, match=r"has 4 row\(s\) in 1 question group\(s\).*at least 2 question groups"):
         load_splits("multirc", DataConfig(source="local", data_dir=str(tmp_path)))
+
+
+def test_a_key_twice_in_a_row_is_refused_not_taken_last(tmp_path):
+    _write(tmp_path, "rte", "val", [GOOD_RTE, json.dumps(GOOD_RTE)[:-1] + ', "label": "not_entailment"}'])
+    err = _error(tmp_path, "rte")
+    assert err.row == 2 and "the key 'label' appears twice in one object" in str(err)
+
+
+def test_json_nested_past_the_recursion_limit_names_the_line(tmp_path):
+    _write(tmp_path, "rte", "val", ['{"premise": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    err = _error(tmp_path, "rte")
+    assert err.row == 1 and "nests deeper than Python can read" in str(err)
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    (lambda path: path.symlink_to(path.name), "is a symlink loop"),
+    (lambda path: path.symlink_to("elsewhere.jsonl"), "is a symlink to 'elsewhere.jsonl', which does not exist"),
+    (lambda path: os.mkfifo(path), "is a FIFO (named pipe), not a regular file"),
+    (lambda path: path.mkdir(), "is a folder, not a file"),
+])
+def test_a_split_name_that_is_not_a_readable_file_says_what_it_is(tmp_path, make, problem):
+    (tmp_path / "rte").mkdir()
+    make(tmp_path / "rte" / "val.jsonl")
+    err = _error(tmp_path, "rte")
+    assert problem in str(err) and "missing file" not in str(err)
+
+
+def test_a_task_folder_that_is_a_symlink_loop_is_named_as_one(tmp_path):
+    (tmp_path / "rte").symlink_to("rte")
+    assert "the task folder is a symlink loop" in str(_error(tmp_path, "rte"))
+
+
+def test_a_train_split_of_one_label_trains_with_a_warning(tmp_path, caplog):
+    _write(tmp_path, "rte", "train", [dict(GOOD_RTE, idx=i) for i in range(20)])
+    _write(tmp_path, "rte", "val", [GOOD_RTE])
+    with caplog.at_level("WARNING", logger="capt.tasks.loading"):
+        splits = load_splits("rte", DataConfig(source="local", data_dir=str(tmp_path)))
+    assert {example.label for example in splits.train} == {0}
+    assert "training examples from" in caplog.text and "has label 0: the model can only learn" in caplog.text
+    caplog.clear()
+    _write(tmp_path, "rte", "train", [dict(GOOD_RTE, idx=i, label=("entailment", "not_entailment")[i % 2])
+                                      for i in range(20)])
+    load_splits("rte", DataConfig(source="local", data_dir=str(tmp_path)))
+    assert "can only learn" not in caplog.text

@@ -1,0 +1,48 @@
+"""Config text is plain YAML: no tag that builds bytes, pairs, sets or dates; no nesting past MAX_NESTING."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.config.load import load_job_config
+from pipelines.config.plain_yaml import MAX_NESTING, plain_yaml_problem
+from pipelines.config.sources import JobConfigError
+
+
+@pytest.mark.parametrize("text", ["a: 1\nb: [x, {c: null}]\n", "a: !!str 5\n", "a: !!int '5'\nb: !!float 1\n",
+                                  "a: 2024-01-01\n", "a: '!!binary aGVsbG8='\n", "a: {b: [1, 2]}\n"])
+def test_plain_yaml_passes(text):
+    assert plain_yaml_problem(text) is None
+
+
+@pytest.mark.parametrize(("text", "tag"), [
+    ("a: !!binary aGVsbG8=\n", "!!binary"),
+    ("a: !!omap [x: 1]\n", "!!omap"),
+    ("a:\n  - !!set {x}\n", "!!set"),
+    ("a: !!timestamp 2001-12-14\n", "!!timestamp"),
+    ("a: !custom x\n", "!custom"),
+    ("a: !!python/name:os.system\n", "!!python/name:os.system"),
+])
+def test_a_tag_that_builds_a_non_plain_value_is_named_with_its_line(text, tag):
+    problem = plain_yaml_problem(text)
+    assert problem.startswith(f"line {text.count(chr(10), 0, text.index('!')) + 1}: the tag {tag!r}"), problem
+
+
+def test_nesting_is_allowed_up_to_the_limit_and_refused_past_it():
+    assert plain_yaml_problem("a: " + "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)) is None
+    problem = plain_yaml_problem("a:\n  b: " + "[" * MAX_NESTING + "]" * MAX_NESTING)
+    assert problem.startswith("line 2: mappings and lists nest more than 32 levels deep"), problem
+
+
+def test_syntax_errors_are_left_to_the_loader_that_names_them():
+    assert plain_yaml_problem("a: [\n") is None
+    with pytest.raises(JobConfigError, match="is not valid YAML"):
+        load_job_config(None, ["task.source=generated", "train.max_steps=[1,"])
+
+
+def test_a_huge_override_is_refused_without_echoing_all_of_it():
+    override = "train.max_steps=" + "[" * 20_000 + "]" * 20_000
+    with pytest.raises(JobConfigError) as err:
+        load_job_config(None, [override])
+    assert "nest more than 32 levels deep" in str(err.value) and "(40016 characters)" in str(err.value)
+    assert len(str(err.value)) < 400
