@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
-from pipelines.sweeps.run import promote_champions, run_sweep, tracking_server  # noqa: E402
+from pipelines.sweeps.run import hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides)
     # The local MLflow server boots while Ray starts; both are up before the first trial.
-    with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
+    with hold_sweep_folder(sweep), tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)
         grid = run_sweep(sweep, uri, args.resume, run_context)

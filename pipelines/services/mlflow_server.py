@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from pipelines.services.base import ManagedService
+from pipelines.services.folder_lock import held_folder
 from pipelines.services.probe import (
     LOCALHOST,
     POLL_INTERVAL_S,
@@ -26,6 +27,10 @@ from pipelines.services.probe import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+STORE_LOCK_FILE = "mlflow-server.lock"
+"""In the store folder: held while a `LocalMlflowServer` runs on it."""
 
 
 class LocalMlflowServer(ManagedService):
@@ -59,6 +64,7 @@ class LocalMlflowServer(ManagedService):
         self._log: IO[bytes] | None = None
         self._log_offset = 0
         self._ready = False
+        self._store_lock = contextlib.ExitStack()
 
     @property
     def uri(self) -> str:
@@ -107,6 +113,7 @@ class LocalMlflowServer(ManagedService):
                 f"Cannot start the MLflow server on {self.host}:{self.port}: the port is in use. "
                 "Stop whatever listens there or pick another port."
             )
+        self._store_lock.enter_context(held_folder(self.root_dir / STORE_LOCK_FILE, refusal=self._store_in_use))
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self._auth_env()}
@@ -159,4 +166,13 @@ class LocalMlflowServer(ManagedService):
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._store_lock.close()
+
+    def _store_in_use(self, holder: str) -> ServiceError:
+        return ServiceError(
+            f"The MLflow store {self.root_dir} is in use by another local MLflow server ({holder}), started by a "
+            "sweep or `pipelines.serve`; two servers on one SQLite file corrupt its migrations. Wait for that "
+            "process to end, point this one at the running server (tracking.uri=http://127.0.0.1:PORT), or give "
+            "it another folder (tracking.local_dir)."
+        )
 

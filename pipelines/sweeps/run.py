@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from capt.errors import CaptError
 from pipelines.config.schema import model_slug
 from pipelines.config.sources import JobConfigError
+from pipelines.services.folder_lock import held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
@@ -102,6 +104,27 @@ def trial_retries(sweep: SweepConfig) -> int:
     if runs_in_trial_process(sweep.resources):
         return (failure.trial_max_failures + 1) * (failure.worker_max_failures + 1) - 1
     return failure.trial_max_failures
+
+
+SWEEP_LOCK_FILE = "sweep.lock"
+"""In the sweep's folder (storage_path/name): held by the driver that runs the sweep."""
+
+
+class SweepInUseError(CaptError, RuntimeError):
+    """Another driver runs the same sweep (same storage_path and name) now."""
+
+
+def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[None]:
+    """One driver per sweep folder: a second one (a double start, a `--resume` while the sweep still runs)
+    would restore and write the same Tune experiment and trial folders."""
+    folder = sweep.storage_root() / sweep.name
+
+    def refusal(holder: str) -> SweepInUseError:
+        return SweepInUseError(
+            f"The sweep {sweep.name!r} in {folder} is being run by another driver ({holder}); one driver runs a "
+            "sweep at a time. Wait for it to end or stop it (then `--resume` finishes the sweep), or give this "
+            "one another name or storage_path.")
+    return held_folder(folder / SWEEP_LOCK_FILE, refusal=refusal)
 
 
 @contextlib.contextmanager

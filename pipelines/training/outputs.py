@@ -16,8 +16,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from capt.atomic import write_atomically
 from capt.errors import CaptError
 from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig, flatten
+from pipelines.services.folder_lock import held_folder
 
 logger = logging.getLogger(__name__)
 
@@ -116,37 +115,12 @@ def claim_job_folder(config: JobConfig, wait_s: float = 0.0) -> Iterator[None]:
             _HELD.discard(folder)
 
 
-@contextlib.contextmanager
-def _folder_lock(folder: Path, wait_s: float) -> Iterator[None]:
-    """An exclusive flock on `folder/job.lock`; the kernel releases it when the holding process dies."""
-    import fcntl
-
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise JobFolderError(_in_use_message(folder)) from None
-                time.sleep(0.5)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+def _folder_lock(folder: Path, wait_s: float) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on `folder/job.lock`; the kernel releases it when the holding process dies."""
+    return held_folder(folder / LOCK_FILE, wait_s, refusal=lambda who: JobFolderError(_in_use_message(folder, who)))
 
 
-def _in_use_message(folder: Path) -> str:
-    try:
-        holder = json.loads((folder / LOCK_FILE).read_text())
-        who = f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        who = "its holder did not say who it is"
+def _in_use_message(folder: Path, who: str) -> str:
     return (f"output_dir={folder} is in use by another job ({who}); one job writes to a folder at a time. "
             f"Wait for that job to end or stop it, or give this job another output_dir.")
 

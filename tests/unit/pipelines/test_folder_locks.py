@@ -1,0 +1,77 @@
+"""One writer per folder: a sweep's folder, a local MLflow store and a job's folder each refuse a second
+holder at once, naming the first (pid, host, start time); a killed holder leaves nothing locked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.bad_inputs import ROOT, call_entry
+
+from pipelines.services import LocalMlflowServer
+from pipelines.services.folder_lock import FolderInUse, held_folder
+from pipelines.services.mlflow_server import STORE_LOCK_FILE
+from pipelines.services.probe import ServiceError
+from pipelines.sweeps.run import SWEEP_LOCK_FILE
+
+HOLDER = f"pid {os.getpid()} on {socket.gethostname()}, since "
+
+
+def test_a_second_claim_is_refused_naming_the_first_until_it_lets_go(tmp_path):
+    lock = tmp_path / "deep" / "folder.lock"
+    with held_folder(lock):
+        with pytest.raises(FolderInUse) as err, held_folder(lock):
+            pass
+        assert err.value.holder.startswith(HOLDER)
+        started = time.monotonic()
+        with pytest.raises(FolderInUse), held_folder(lock, wait_s=0.6):
+            pass
+        assert time.monotonic() - started >= 0.6, "wait_s waits for the holder before refusing"
+    with held_folder(lock):
+        pass
+
+
+def test_a_killed_holder_leaves_the_folder_free(tmp_path):
+    lock = tmp_path / "folder.lock"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from pathlib import Path\nfrom pipelines.services.folder_lock import held_folder\n"
+            f"with held_folder(Path({str(lock)!r})):\n    print('held', flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUse, match=f"pid {holder.pid} on "), held_folder(lock):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    with held_folder(lock):
+        pass
+
+
+def test_a_local_mlflow_store_in_use_is_refused_before_a_server_starts(tmp_path):
+    server = LocalMlflowServer(tmp_path)
+    with held_folder(tmp_path / STORE_LOCK_FILE), pytest.raises(ServiceError) as err:
+        server.start()
+    assert f"The MLflow store {tmp_path} is in use by another local MLflow server ({HOLDER}" in str(err.value)
+    assert "tracking.local_dir" in str(err.value) and not server.running and not (tmp_path / "mlflow.db").exists()
+    server.stop()  # nothing to stop, and the refused claim holds nothing
+    with held_folder(tmp_path / STORE_LOCK_FILE):
+        pass
+
+
+def test_a_second_driver_of_one_sweep_is_refused_before_ray_or_mlflow_start(tmp_path, capsys):
+    folder = tmp_path / "sweeps" / "busy"
+    args = ["--config", str(ROOT / "pipelines/configs/smoke.yaml"), "name=busy", f"storage_path={tmp_path / 'sweeps'}",
+            f"tracking.local_dir={tmp_path / 'mlflow'}"]
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}  # a driver that went past the lock would fail differently
+    with held_folder(folder / SWEEP_LOCK_FILE):
+        done = call_entry("sweep", args, env, tmp_path, capsys)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"error: The sweep 'busy' in {folder} is being run by another driver ({HOLDER}" in done.stderr
+    assert "--resume" in done.stderr and not (tmp_path / "mlflow").exists()
+    assert sorted(p.name for p in folder.iterdir()) == [SWEEP_LOCK_FILE]
