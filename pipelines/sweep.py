@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
+from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
 from pipelines.sweeps.run import hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
@@ -30,7 +31,8 @@ LOCAL_UI = "http://127.0.0.1:5000"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (also the `ray job submit` entrypoint); exit 2 on bad input, 1 when a trial failed."""
+    """CLI entry point (also the `ray job submit` entrypoint): exit 0 when every trial is done and tracked, 1 when a
+    trial failed, 2 on bad input, 3 when every trial is done but tracking operations wait for `tracking sync`."""
     parser = argparse.ArgumentParser(prog="python pipelines/sweep.py", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sweep YAML (default: the smoke sweep)")
     parser.add_argument("--resume", action="store_true", help="restore an interrupted sweep (Tuner.restore)")
@@ -51,9 +53,12 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does
-    print(f"\n{table}\n")
+    leftover = leftover_lines(sweep, uri, endpoint.local_server is not None)
+    print("\n".join(["", table, *leftover, ""]))
     _print_where_to_look(sweep, uri, champions, experiment_id)
-    return 0 if all(r["status"] == "done" for r in rows) else 1
+    if not all(r["status"] == "done" for r in rows):
+        return 1
+    return EXIT_NOT_FULLY_TRACKED if leftover else 0
 
 
 def _ui_uri(sweep: SweepConfig, uri: str) -> str:

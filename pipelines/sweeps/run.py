@@ -117,6 +117,8 @@ class SweepInUseError(CaptError, RuntimeError):
 def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[None]:
     """One driver per sweep folder: a second one (a double start, a `--resume` while the sweep still runs)
     would restore and write the same Tune experiment and trial folders."""
+    if "://" in sweep.storage_path:  # remote storage: no folder here to lock; Tune owns the experiment there
+        return contextlib.nullcontext()
     folder = sweep.storage_root() / sweep.name
 
     def refusal(holder: str) -> SweepInUseError:

@@ -1,0 +1,56 @@
+"""What a sweep leaves for later: tracking operations spooled while the MLflow server could not be reached.
+
+A trial that cannot reach the server keeps training and spools what it would have logged
+(`pipelines.tracking.spool`); the sweep still ends with every trial done. The driver then says how many
+operations wait in which trial folder and the command that uploads them, and exits with
+`EXIT_NOT_FULLY_TRACKED` so that a script can tell "trained, not fully tracked" from success.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.sweeps.config import SweepConfig
+from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, Spool
+
+EXIT_NOT_FULLY_TRACKED = 3
+"""Every trial trained, but some of what they logged is still only in their spools."""
+
+
+def spooled_operations(sweep: SweepConfig, name: str = PENDING_FILE) -> dict[str, int]:
+    """Trial folder name -> operations waiting in its spool `name` (folders with none left out)."""
+    if "://" in sweep.storage_path:  # remote storage: the trials' folders are not on this file system
+        return {}
+    jobs = sweep.storage_root() / sweep.name / "jobs"
+    counts = {path.parent.name: len(Spool(path)) for path in sorted(jobs.glob(f"*/{name}"))}
+    return {folder: count for folder, count in counts.items() if count}
+
+
+def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> list[str]:
+    """The lines the final table ends with when operations wait (empty when everything reached MLflow)."""
+    pending, dead = spooled_operations(sweep), spooled_operations(sweep, FAILED_FILE)
+    lines = []
+    if pending:
+        folder = sweep.storage_root() / sweep.name
+        lines.append(f"Not fully tracked: {_count(sum(pending.values()), 'operation')} of "
+                     f"{_count(len(pending), 'trial')} wait in their folders ({PENDING_FILE}) for the MLflow server:")
+        lines += [f"  {name}: {count}" for name, count in pending.items()]
+        lines.append("Upload them once the server answers: " + sync_command(folder, uri, local_server))
+    if dead:
+        lines.append(f"Refused by the server and set aside: {_count(sum(dead.values()), 'operation')} of "
+                     f"{_count(len(dead), 'trial')} ({FAILED_FILE} in {', '.join(dead)}), never replayed "
+                     "automatically.")
+    return lines
+
+
+def sync_command(folder: Path, uri: str | None, local_server: bool) -> str:
+    """The `tracking sync` command for `folder`: a local sweep's server has stopped, so its store is served
+    again by `make mlflow-ui` at another address, which the operations must be told about."""
+    command = f"python -m pipelines.tracking sync --root {folder}"
+    if local_server and uri:
+        return f"`make mlflow-ui`, then `{command} --tracking-uri http://127.0.0.1:5000 --moved-from {uri}`"
+    return f"`{command}`"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
