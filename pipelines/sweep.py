@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.services.ray_connect import ray_cluster  # noqa: E402
+from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
+from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
 from pipelines.sweeps.run import hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
@@ -32,7 +35,8 @@ LOCAL_UI = "http://127.0.0.1:5000"
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (also the `ray job submit` entrypoint): exit 0 when every trial is done and tracked, 1 when a
-    trial failed, 2 on bad input, 3 when every trial is done but tracking operations wait for `tracking sync`."""
+    trial failed, 2 on bad input, 3 when every trial is done but tracking operations wait for `tracking sync`,
+    130 or 143 when SIGINT or SIGTERM stopped it (`--resume` finishes it)."""
     parser = argparse.ArgumentParser(prog="python pipelines/sweep.py", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sweep YAML (default: the smoke sweep)")
     parser.add_argument("--resume", action="store_true", help="restore an interrupted sweep (Tuner.restore)")
@@ -43,11 +47,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides)
+    try:
+        with reap_on_death(), stop_on_signals() as stop:
+            return _run_and_report(sweep, args, stop)
+    except SweepInterrupted as interrupted:
+        print(_stopped_message(interrupted, args), file=sys.stderr)
+        return interrupted.exit_status
+
+
+def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequest) -> int:
     # The local MLflow server boots while Ray starts; both are up before the first trial.
     with hold_sweep_folder(sweep), tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
+        stop.install()  # ray.init's core replaced the SIGTERM handler
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)
         grid = run_sweep(sweep, uri, args.resume, run_context)
+        if stop.signum is not None and uri:
+            from pipelines.tracking.stopped import end_stopped_runs
+
+            ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri)
+            logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
+        stop.raise_if_stopped()
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
@@ -59,6 +79,16 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
     if not all(r["status"] == "done" for r in rows):
         return 1
     return EXIT_NOT_FULLY_TRACKED if leftover else 0
+
+
+def _stopped_message(interrupted: SweepInterrupted, args: argparse.Namespace) -> str:
+    """What a stopped sweep says: what happened to the running trials, and the command that finishes it."""
+    command = ["python", "pipelines/sweep.py", "--config", args.config, *args.overrides, "--resume"]
+    if args.num_cpus is not None:
+        command[4:4] = ["--num-cpus", str(args.num_cpus)]
+    return (f"stopped: {interrupted} received; the trials that were running stopped and keep their last "
+            "checkpoint, finished trials keep their results, and the services this sweep started are stopped. "
+            f"Finish the sweep (no finished trial trains again) with:\n  {shlex.join(command)}")
 
 
 def _ui_uri(sweep: SweepConfig, uri: str) -> str:
