@@ -24,7 +24,7 @@ from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
-from pipelines.sweeps.run import hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
+from pipelines.sweeps.run import check_sweep_folders, hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides)
+    check_sweep_folders(sweep)
     try:
         with reap_on_death(), stop_on_signals() as stop:
             return _run_and_report(sweep, args, stop)

@@ -24,6 +24,7 @@ from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
 from pipelines.tracking.spool import registered_model_name
+from pipelines.training.folder_checks import OutputFolderError, folder_problem
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -112,6 +113,18 @@ SWEEP_LOCK_FILE = "sweep.lock"
 
 class SweepInUseError(CaptError, RuntimeError):
     """Another driver runs the same sweep (same storage_path and name) now."""
+
+
+def check_sweep_folders(sweep: SweepConfig) -> None:
+    """The folders a sweep writes into on this machine (its storage, a local MLflow store), checked before Ray or
+    MLflow start; relative paths are taken against the current directory."""
+    folders = {} if "://" in sweep.storage_path else {"storage_path": sweep.storage_path}
+    if sweep.tracking.enabled and not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
+        folders["tracking.local_dir"] = sweep.tracking.local_dir
+    problems = [problem for key, path in folders.items() if (problem := folder_problem(key, path))]
+    if problems:
+        raise OutputFolderError("Cannot write the sweep's outputs: " + "; ".join(problems) + ". Give another folder.")
+    logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
 
 
 def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[None]:

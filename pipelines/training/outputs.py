@@ -25,6 +25,7 @@ from capt.errors import CaptError
 from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig, flatten
 from pipelines.services.folder_lock import held_folder
+from pipelines.training.folder_checks import check_job_folder
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def claim_job_folder(config: JobConfig, wait_s: float = 0.0) -> Iterator[None]:
     if not is_main_process() or folder in _HELD:
         yield
         return
+    check_job_folder("output_dir", config.resolved_output_dir())
     with _folder_lock(folder, wait_s):
         _HELD.add(folder)
         try:

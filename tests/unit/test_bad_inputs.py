@@ -63,6 +63,8 @@ def _make_inputs(inputs: Path) -> None:
     for name, data in files.items():
         (inputs / name).write_bytes(data)
     (inputs / "folder.yaml").mkdir()
+    (inputs / "users-folder").mkdir()
+    (inputs / "users-folder" / "notes.txt").write_text("my own notes")
     (inputs / "no-config-model").mkdir()
     good = rte_rows(6)
     write_rte(inputs / "not-utf8", json.dumps(GOOD_RTE).encode() + b'\n{"premise": "caf' + NOT_UTF8
@@ -103,6 +105,14 @@ CASES = [
          "line 3: the tag '!!binary' builds a value that is not plain YAML"),
     Case("train-override-binary-tag", "train", lambda p: _job(p, "train.max_steps=!!binary aGVsbG8="),
          "has a value that is not plain: the tag '!!binary'"),
+    Case("train-output-dir-is-a-file", "train", lambda p: _job(p, f"output_dir={p.inputs / 'syntax.yaml'}"),
+         "syntax.yaml' is a file, not a folder"),
+    Case("train-output-dir-under-a-file", "train", lambda p: _job(p, f"output_dir={p.inputs / 'syntax.yaml' / 'job'}"),
+         "cannot be created: "),
+    Case("train-output-dir-on-proc", "train", lambda p: _job(p, "output_dir=/proc/capt-job"),
+         "output_dir='/proc/capt-job' is on a kernel file system (proc)"),
+    Case("train-output-dir-of-other-files", "train", lambda p: _job(p, f"output_dir={p.inputs / 'users-folder'}"),
+         "is a folder that holds no job but other files (notes.txt)"),
     Case("train-seed-out-of-range", "train", lambda p: _job(p, "seed=99999999999999999999999"),
          "seed=99999999999999999999999: Input should be less than or equal to 4294967295"),
     Case("train-bad-capsule-option", "train", lambda p: _job(p, "method.options.fusion=glue"),
@@ -157,6 +167,10 @@ CASES = [
     Case("sweep-yaml-too-deep", "sweep", _sweep("deep.yaml"), "line 2: mappings and lists nest more than 32 levels"),
     Case("sweep-seed-out-of-range", "sweep", _sweep("sweep.yaml", "seeds=[99999999999999999999999]"),
          "seeds.0=99999999999999999999999: Input should be less than or equal to 4294967295"),
+    Case("sweep-storage-is-a-file", "sweep", _sweep("sweep.yaml", "storage_path=/etc/hostname"),
+         "storage_path='/etc/hostname' is a file, not a folder"),
+    Case("sweep-mlflow-store-on-proc", "sweep", lambda p: [*_sweep("tracked.yaml")(p), "tracking.local_dir=/proc/x"],
+         "tracking.local_dir='/proc/x' is on a kernel file system"),
     Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "task.name='mnli': Input should be"),
     Case("sweep-unreachable-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.closed_uri}"],
          "Cannot reach the MLflow tracking server"),
