@@ -38,6 +38,7 @@ from pipelines.training.checkpoint import (
     trainable_state,
 )
 from pipelines.training.dataset_card import dataset_card
+from pipelines.training.disk_full import no_space_reported
 from pipelines.training.folder_checks import check_job_folder
 from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
@@ -74,7 +75,7 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
     values used.
     """
     config = require_resolved(config, "pipelines.train.run")
-    with claim_job_folder(config):
+    with no_space_reported(config.resolved_output_dir()), claim_job_folder(config):
         finished = finished_result(config) if config.train.resume else None
         if finished is not None:
             logger.info("%s already holds the finished result of this job: not training again",

@@ -133,12 +133,17 @@ def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[st
     if accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
-    accelerator.wait_for_everyone()  # every rank writes its RNG state into staging: all must be done before the move
+    try:
+        accelerator.save_state(str(staging))
+        accelerator.wait_for_everyone()  # every rank writes its RNG state into staging: all done before the move
+        if accelerator.is_main_process:
+            (staging / LOOP_FILE).write_text(loop.to_json())
+            if best is not None:
+                save_file(best, str(staging / BEST_FILE))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a half-written checkpoint is never left to resume from
+        raise
     if accelerator.is_main_process:
-        (staging / LOOP_FILE).write_text(loop.to_json())
-        if best is not None:
-            save_file(best, str(staging / BEST_FILE))
         if directory.exists():
             shutil.rmtree(directory)
         staging.rename(directory)

@@ -36,6 +36,19 @@ def _wait_for(what: str, condition, driver: subprocess.Popen, timeout: float = 6
         time.sleep(0.2)
 
 
+def _token_of_children(pid: int) -> str:
+    """The reap token the driver's children inherited (its own /proc environ shows only what it started with)."""
+    import psutil
+
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if token := child.environ().get(REAP_ENV):
+                return token
+        except psutil.Error:
+            continue
+    raise AssertionError("no child of the driver carries the reap token")
+
+
 def _marked_processes(token: str) -> list[int]:
     import psutil
 
@@ -56,8 +69,7 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
                               stderr=subprocess.PIPE, text=True)
     jobs = tmp_path / "sweeps" / "it-stop" / "jobs"
     _wait_for("a checkpoint", lambda: any(jobs.rglob("loop_state.json")), driver)
-    token = next(line.split("=", 1)[1] for line in (Path("/proc") / str(driver.pid) / "environ").read_bytes()
-                 .decode().split("\0") if line.startswith(f"{REAP_ENV}="))
+    token = _token_of_children(driver.pid)
     started = time.monotonic()
     driver.send_signal(signal.SIGTERM)
     stdout, stderr = driver.communicate(timeout=180)
