@@ -14,14 +14,13 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from pipelines.serving.auth import TOKEN_ENV, find_token
+from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import Answer, CapsuleEngine, ServedCapsule
 from pipelines.serving.limits import Limits
 from pipelines.serving.routes import Front
@@ -137,9 +136,10 @@ def build(args: dict[str, Any]) -> serve.Application:
     token_file = args.pop("token_file", None)
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if args.get("auth", True) and "token_sha256" not in args:
-        if not token_file and not os.environ.get(TOKEN_ENV):
+        token = given_token(token_file)
+        if token is None:
             raise ServeError(f"The Serve config needs a bearer token: set {TOKEN_ENV} in the environment of "
                              "`serve deploy` (the head), or args.token_file to a file holding it; or args.auth: "
                              "false to serve without one.")
-        args["token_sha256"] = find_token(token_file, Path(tempfile.gettempdir()), 0).sha256
+        args["token_sha256"] = token.sha256
     return deployment(ServeSettings.from_args({**({"tracking_uri": uri} if uri else {}), **args}))

@@ -50,6 +50,11 @@ def authorized(header: str | None, expected_sha256: str) -> bool:
 
 def find_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
     """The token from `token_file`, else from CAPT_SERVE_TOKEN, else a new one in ``generated_dir``."""
+    return given_token(token_file) or new_token(generated_dir, port)
+
+
+def given_token(token_file: str | None) -> Token | None:
+    """The token of `token_file`, else of CAPT_SERVE_TOKEN; None when neither is given."""
     if token_file:
         path = Path(token_file).expanduser()
         try:
@@ -60,8 +65,13 @@ def find_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
         return Token(digest(_checked(text, f"--token-file {token_file!r}")), f"in {path}")
     if os.environ.get(TOKEN_ENV):
         return Token(digest(_checked(os.environ[TOKEN_ENV].strip(), TOKEN_ENV)), f"in ${TOKEN_ENV}")
-    path = generated_dir / f"serve-{port}.token"
-    path.unlink(missing_ok=True)  # a new token every start; O_EXCL below refuses a link planted meanwhile
+    return None
+
+
+def new_token(directory: Path, port: int) -> Token:
+    """A new random token in ``directory/serve-<port>.token``, created mode 600 (a new token every start)."""
+    path = directory / f"serve-{port}.token"
+    path.unlink(missing_ok=True)  # O_EXCL below refuses a file or link planted meanwhile
     handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     token = secrets.token_urlsafe(32)
     with os.fdopen(handle, "w", encoding="utf-8") as sink:
