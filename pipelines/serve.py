@@ -7,10 +7,11 @@
 Each replica loads the base model once and the capsules of ``capt-<model-slug>-<task>@<alias>`` into one
 `capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}`` and
 ``Authorization: Bearer <token>`` answers labels, per-label scores (rank evaluation) and the registry
-version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s`` seconds the replicas read
-the aliases again and load a moved alias's capsule without a restart. ``GET /tasks`` lists what is served,
-``GET /health`` answers without the token; the token comes from ``--token-file``, CAPT_SERVE_TOKEN or a new
-file whose path the start-up line prints (`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
+version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s``
+seconds the replicas read the aliases again and load a moved alias's capsule without a restart.
+``GET /tasks`` lists what is served, ``GET /health`` answers without the token; the token comes from
+``--token-file``, CAPT_SERVE_TOKEN or a new file whose path the start-up line prints
+(`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
