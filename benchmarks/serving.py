@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -23,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, Table, at_least, at_most
+
+TOKEN = secrets.token_urlsafe(32)
+"""The bearer token of the applications under load (checked on every request, as when served)."""
+HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +88,7 @@ def capsule_sets(results: dict[str, dict[str, Any]], counts: list[int], director
 
 def _post(url: str, body: dict[str, Any]) -> float:
     started = time.perf_counter()
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=HEADERS)
     with urllib.request.urlopen(request, timeout=120) as response:
         response.read()
     return time.perf_counter() - started
@@ -110,7 +115,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=30) as response:
+    with urllib.request.urlopen(urllib.request.Request(url + "/tasks", headers=HEADERS), timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -120,6 +125,7 @@ def measure(config: dict[str, Any], sets: dict[int, list], rows: dict[str, list]
 
     from pipelines.services import LOCALHOST, free_port
     from pipelines.serving.app import deployment
+    from pipelines.serving.auth import digest
     from pipelines.serving.settings import ServeSettings
 
     port = free_port(LOCALHOST)
@@ -127,6 +133,7 @@ def measure(config: dict[str, Any], sets: dict[int, list], rows: dict[str, list]
     urls = {}
     for count, capsules in sets.items():
         options = ServeSettings(model=config["model"], tasks=[c.name for c in capsules], tracking_uri="local capsules",
+                                token_sha256=digest(TOKEN),
                                 max_rows_per_request=config["rows_per_request"],
                                 max_batch_requests=config["max_batch_requests"], batch_wait_s=config["batch_wait_s"],
                                 num_cpus=0.5)

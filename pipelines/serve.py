@@ -2,12 +2,16 @@
 
     python -m pipelines.serve --model tiny-t5 [--tasks rte,cb | --all] [--alias champion]
                               [--tracking-uri http://127.0.0.1:5000] [--port 8000] [--poll-s 30]
+                              [--token-file PATH | --no-auth] [--max-body-bytes 1048576]
 
 Each replica loads the base model once and the capsules of ``capt-<model-slug>-<task>@<alias>`` into one
-`capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}``
-answers labels, per-label scores (rank evaluation) and the registry version that answered. Requests
-for different tasks are batched together (`serve.batch`). Every ``--poll-s`` seconds the replicas read
-the aliases again and load a moved alias's capsule without a restart.
+`capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}`` and
+``Authorization: Bearer <token>`` answers labels, per-label scores (rank evaluation) and the registry
+version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s``
+seconds the replicas read the aliases again and load a moved alias's capsule without a restart.
+``GET /tasks`` lists what is served, ``GET /health`` answers without the token; the token comes from
+``--token-file``, CAPT_SERVE_TOKEN or a new file whose path the start-up line prints
+(`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
@@ -24,12 +28,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, run_cli
 from pipelines.config.tracking import TrackingSection
+from pipelines.serving.auth import Token, find_token
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
@@ -73,7 +79,7 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
     return with_alias
 
 
-def serve_until_stopped(settings: ServeSettings, host: str, port: int) -> None:
+def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: Token | None) -> None:
     """Deploy on Ray Serve with HTTP on host:port, then wait for SIGINT/SIGTERM and shut Serve down."""
     from ray import serve
 
@@ -90,42 +96,90 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int) -> None:
             reason = [line for line in str(err).splitlines() if line.strip()][-1].strip()
             raise ServeError(f"The Serve application did not start: its replica failed with {reason} (--debug "
                              "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
+        guard = (f"bearer token required on POST / and GET /tasks, token {token.where}" if token else
+                 "AUTHENTICATION OFF (--no-auth): anyone who reaches this address can run inference")
         print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
-              f"{settings.poll_s:g} s) at http://{host}:{port}/ ; Ctrl-C stops.", flush=True)
+              f"{settings.poll_s:g} s) at http://{host}:{port}/ ; {guard}; Ctrl-C stops.", flush=True)
         stop.wait()
     finally:
         serve.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI; exit 0 after a clean shutdown, 2 for bad input or an unreachable service."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.serve", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
-    which = parser.add_mutually_exclusive_group(required=True)
+def _positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` above 0 (argparse then says which option and exits 2)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _positive(int)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its refusal as the one ``error:`` paragraph every entry point prints (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see {self.prog} --help.\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line; every number is range-checked here, before any service starts."""
+    p = _Parser(prog="python -m pipelines.serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
+    which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tasks", help="comma-separated tasks (rte,cb)")
     which.add_argument("--all", action="store_true", help="every task of the model with a version at --alias")
-    parser.add_argument("--alias", default="champion", help="registry alias to serve (default: champion)")
-    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the demo store")
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    parser.add_argument("--poll-s", type=float, default=30.0, help="seconds between alias reads (default 30)")
-    parser.add_argument("--max-rows", type=int, default=64, help="most rows per request (default 64)")
-    parser.add_argument("--max-batch", type=int, default=16, help="most requests per mixed batch (default 16)")
-    parser.add_argument("--replicas", type=int, default=1, help="replicas, one base model each (default 1)")
-    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
-    add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    p.add_argument("--alias", default="champion", help="registry alias to serve (default: champion)")
+    p.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the demo store")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--poll-s", type=_positive(float), default=30.0, help="seconds between alias reads (default 30)")
+    p.add_argument("--max-rows", type=_positive(int), default=64, help="most rows per request (default 64)")
+    p.add_argument("--max-body-bytes", type=_positive(int), default=2**20,
+                   help="most bytes per request body (default 1048576); more is 413")
+    p.add_argument("--max-chars", type=_positive(int), default=None,
+                   help="most characters per text field (default: 8 x the capsule's max_length)")
+    p.add_argument("--max-batch", type=_positive(int), default=16, help="most requests per mixed batch (default 16)")
+    p.add_argument("--replicas", type=_positive(int), default=1, help="replicas, one base model each (default 1)")
+    p.add_argument("--num-cpus", type=_positive(int), default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--token-file", default=None,
+                      help="file holding the bearer token (default: CAPT_SERVE_TOKEN, else a new 0600 file)")
+    auth.add_argument("--no-auth", action="store_true", help="serve without a bearer token (says so at start)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; exit 0 after a clean shutdown, 2 for bad input or an unreachable service."""
+    p = parser()
+    add_debug_flag(p)
+    args = p.parse_args(argv)
+    if args.max_body_bytes < 1024:
+        p.error(f"argument --max-body-bytes: {args.max_body_bytes} is below 1024 bytes, too small for one request")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_cli(lambda: _serve_from_cli(args), args.debug, expected=(TrackingError,))
 
 
 def _serve_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services import port_is_free
+    from pipelines.services.private import private_temp_dir
     from pipelines.services.ray_connect import ray_cluster
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
                          "pick another port.")
+    token = None if args.no_auth else find_token(args.token_file, private_temp_dir("capt-serve"), args.port)
     with tracking_uri(args.tracking_uri) as uri:
         source = RegistrySource(uri, args.model, args.alias, root=".")
         tasks = chosen_tasks(source, args.tasks, args.all)
@@ -133,9 +187,11 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
         settings = ServeSettings.from_args({
             "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
             "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,
-            "num_replicas": args.replicas})
+            "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_chars,
+            "num_replicas": args.replicas, "auth": token is not None,
+            "token_sha256": token.sha256 if token else None})
         with ray_cluster(args.num_cpus):
-            serve_until_stopped(settings, args.host, args.port)
+            serve_until_stopped(settings, args.host, args.port, token)
     return 0
 
 

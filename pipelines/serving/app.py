@@ -1,8 +1,8 @@
-"""The Ray Serve deployment: HTTP in, one mixed batch per `serve.batch`, hot reload from registry aliases.
+"""The Ray Serve deployment: HTTP in (`routes`), one mixed batch per `serve.batch`, hot reload from registry aliases.
 
 ``POST /`` with ``{"task": "rte", "inputs": [raw rows]}`` answers ``{"task", "labels", "scores",
-"label_names", "model", "version"}``; ``GET /`` lists the capsules served, their versions and the
-replica's memory. Bad requests get 400 (413 when too many rows) with one clear message.
+"label_names", "model", "version"}``; ``GET /tasks`` lists the capsules served, their versions and the
+replica's memory; ``GET /health`` answers without the token. Refusals: `pipelines.serving.routes`.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from capt.errors import CaptError
+from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import Answer, CapsuleEngine, ServedCapsule
+from pipelines.serving.limits import Limits
+from pipelines.serving.routes import Front
 from pipelines.serving.settings import ServeSettings
-from pipelines.serving.source import RegistrySource
+from pipelines.serving.source import RegistrySource, ServeError
 
 logger = logging.getLogger(__name__)
 
-
-class BadRequest(ValueError):
-    """A request the server refuses; `status` is its HTTP status."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+CHARS_PER_TOKEN_LIMIT = 8
+"""Default characters per text field: this many per token of the capsule's max_length (`ServeSettings`)."""
 
 
 class CapsuleServer:
@@ -51,6 +48,7 @@ class CapsuleServer:
         self.engine = CapsuleEngine(capsules)
         self.loaded_rss_mb = _rss_mb()
         """Resident memory once the base model and every capsule are loaded, before any request."""
+        self.front = Front(self, self.settings.token_sha256 if self.settings.auth else None)
         self.answer_batch.set_max_batch_size(self.settings.max_batch_requests)
         self.answer_batch.set_batch_wait_timeout_s(self.settings.batch_wait_s)
         if self.source is not None:
@@ -70,16 +68,7 @@ class CapsuleServer:
         self._stop.set()
 
     async def __call__(self, request: Request) -> JSONResponse:
-        if request.method == "GET":
-            return JSONResponse(self.status())
-        try:
-            name, examples = self._parse(await self._body(request))
-        except BadRequest as err:
-            return JSONResponse({"error": str(err)}, status_code=err.status)
-        answer: Answer = await self.answer_batch((name, examples))
-        return JSONResponse({"task": name, "labels": answer.labels, "scores": answer.scores,
-                             "label_names": answer.label_names, "model": answer.model_name,
-                             "version": answer.version})
+        return await self.front.respond(request)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
     async def answer_batch(self, requests: list[tuple[str, list[Any]]]) -> list[Answer]:
@@ -87,38 +76,38 @@ class CapsuleServer:
         accepting the next batch's requests meanwhile)."""
         return await asyncio.to_thread(self.engine.answer, requests)
 
-    async def _body(self, request: Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError as err:
-            raise BadRequest(f"The request body is not JSON ({err}); send {{\"task\": ..., \"inputs\": [...]}}.") \
-                from err
+    # What `routes.Front` asks of a replica (`routes.Served`).
+    def names(self) -> list[str]:
+        """The capsules served, by name."""
+        return self.engine.names
 
-    def _parse(self, body: Any) -> tuple[str, list[Any]]:
-        """(capsule name, validated examples) of a request body; BadRequest says what is wrong."""
-        names = self.engine.names
-        if not isinstance(body, dict) or "task" not in body or "inputs" not in body:
-            raise BadRequest(f"The request must be a JSON object with the fields 'task' (one of {names}) and "
-                             "'inputs' (a list of raw task rows).")
-        name, rows = body["task"], body["inputs"]
-        if name not in names:
-            raise BadRequest(f"task={name!r} is not served here; tasks served: {', '.join(names)}.")
-        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-            raise BadRequest("'inputs' must be a non-empty list of JSON objects, one raw task row each (the "
-                             "task's official jsonl fields).")
-        limit = self.settings.max_rows_per_request
-        if len(rows) > limit:
-            raise BadRequest(f"'inputs' holds {len(rows)} rows; at most {limit} per request (split the request, "
-                             "or raise max_rows_per_request).", status=413)
-        try:
-            return name, self.engine.examples(name, rows)
-        except CaptError as err:
-            raise BadRequest(str(err)) from err
+    def max_chars(self, name: str) -> int:
+        """Most characters per string in a row for capsule `name`."""
+        return self.settings.max_text_chars or CHARS_PER_TOKEN_LIMIT * self.engine.max_length(name)
 
-    def status(self) -> dict[str, Any]:
-        """What this replica serves: capsule versions, base model, resident memory."""
-        return {"base_model": self.engine.base_name, "alias": self.settings.alias, "versions": self.engine.versions(),
-                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": _rss_mb()}
+    def limits(self) -> Limits:
+        """The request limits (characters: the largest of the capsules', each task's own checked after parsing)."""
+        s = self.settings
+        return Limits(s.max_body_bytes, s.max_rows_per_request, s.max_json_depth,
+                      max(self.max_chars(name) for name in self.engine.names))
+
+    def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]:
+        """Validated examples (the registry pyfunc's checks; CaptError names the row and field)."""
+        return self.engine.examples(name, rows)
+
+    async def answer(self, name: str, examples: list[Any]) -> dict[str, Any]:
+        """The answer to one checked request, batched with the requests of other tasks."""
+        answer: Answer = await self.answer_batch((name, examples))
+        return {"task": name, "labels": answer.labels, "scores": answer.scores, "label_names": answer.label_names,
+                "model": answer.model_name, "version": answer.version}
+
+    def describe(self) -> dict[str, Any]:
+        """What this replica serves: each capsule's registry model, version and digest; base model; memory."""
+        served = {name: self.engine.served(name) for name in self.engine.names}
+        return {"base_model": self.engine.base_name, "alias": self.settings.alias,
+                "tasks": {name: {"task": c.task, "model": c.model_name, "version": c.version, "digest": c.digest}
+                          for name, c in served.items()},
+                "versions": self.engine.versions(), "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": _rss_mb()}
 
 
 def _rss_mb() -> float:
@@ -139,7 +128,18 @@ def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None
 def build(args: dict[str, Any]) -> serve.Application:
     """The application builder a Serve config file names (``import_path: pipelines.serving.app:build``).
 
-    ``tracking_uri`` defaults to MLFLOW_TRACKING_URI of the process that builds it (on a cluster, the head).
+    ``tracking_uri`` defaults to MLFLOW_TRACKING_URI of the process that builds it (on a cluster, the head);
+    the bearer token is read there too: ``token_file`` in `args`, else CAPT_SERVE_TOKEN (`auth.find_token`);
+    ``auth: false`` turns it off.
     """
+    args = dict(args)
+    token_file = args.pop("token_file", None)
     uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if args.get("auth", True) and "token_sha256" not in args:
+        token = given_token(token_file)
+        if token is None:
+            raise ServeError(f"The Serve config needs a bearer token: set {TOKEN_ENV} in the environment of "
+                             "`serve deploy` (the head), or args.token_file to a file holding it; or args.auth: "
+                             "false to serve without one.")
+        args["token_sha256"] = token.sha256
     return deployment(ServeSettings.from_args({**({"tracking_uri": uri} if uri else {}), **args}))

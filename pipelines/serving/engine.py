@@ -49,6 +49,9 @@ class ServedCapsule:
     """Capsule artifact folder (safetensors + JSON)."""
     result: Mapping[str, Any] = field(repr=False)
     """The job's result.json (base model, method options, evaluation mode)."""
+    digest: str | None = None
+    """SHA-256 of the artifact's digest manifest once the source verified it (GET /tasks shows it); None until the
+    registry source records one."""
 
 
 @dataclass
@@ -108,6 +111,14 @@ class CapsuleEngine:
     def names(self) -> list[str]:
         """The capsules served, by name."""
         return list(self.settings)
+
+    def served(self, name: str) -> ServedCapsule:
+        """The capsule answering under `name` now."""
+        return self.settings[name].served
+
+    def max_length(self, name: str) -> int:
+        """Most tokens capsule `name` reads (its collator's max_length)."""
+        return int(self.settings[name].served.result["config"]["model"]["max_length"])
 
     def versions(self) -> dict[str, int]:
         """The registry version each capsule name serves now."""

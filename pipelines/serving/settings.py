@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
 from pipelines.config.schema import STRICT
@@ -27,6 +27,17 @@ class ServeSettings:
     """Seconds between two reads of the aliases."""
     max_rows_per_request: PositiveInt = 64
     """Most task rows in one request; larger requests get HTTP 413."""
+    max_body_bytes: int = Field(2**20, ge=1024)
+    """Most bytes in one request body (1 MiB: 64 rows of long SuperGLUE passages fit several times); more is 413."""
+    max_text_chars: PositiveInt | None = None
+    """Most characters in one string of a row; None: 8 x the capsule's max_length in tokens (English text
+    averages about 4 characters a token: 8x refuses nothing the model would have read, however the text splits)."""
+    max_json_depth: int = Field(16, ge=8)
+    """Deepest nesting of objects and lists in a body (a MultiRC row in its request needs 8)."""
+    auth: bool = True
+    """Require a bearer token on every route but /health; false only when asked for (--no-auth)."""
+    token_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
+    """SHA-256 (hex) of the bearer token; the token itself never enters the settings (pipelines.serving.auth)."""
     max_batch_requests: PositiveInt = 16
     """Most requests Serve batches together into one mixed batch (`serve.batch` max_batch_size)."""
     batch_wait_s: float = Field(0.01, ge=0.0)
@@ -37,6 +48,13 @@ class ServeSettings:
     """CPUs each replica reserves."""
     num_gpus: float = Field(0.0, ge=0.0)
     """GPUs each replica reserves (0: CPU)."""
+
+    @model_validator(mode="after")
+    def _token_when_auth(self) -> ServeSettings:
+        if self.auth and self.token_sha256 is None:
+            raise ValueError("auth is on but no token_sha256 is given: give the token's SHA-256 (the CLI and a Serve "
+                             "config's CAPT_SERVE_TOKEN / token_file do it), or set auth: false explicitly")
+        return self
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> ServeSettings:

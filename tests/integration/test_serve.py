@@ -1,17 +1,22 @@
 """`python -m pipelines.serve` on a real local Ray + Serve and a real MLflow server: mixed-task requests answer
-what each task's registry pyfunc answers, a moved alias is served after a poll, bad requests get 4xx, and
-the entry point refuses a bad command line with one paragraph."""
+what each task's registry pyfunc answers, a moved alias is served after a poll, bad requests get 4xx, the
+start-up line names the generated token file (mode 600) and requests need that token, and the entry point
+refuses a bad command line with one paragraph."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -51,9 +56,17 @@ def registry(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPath
     return {"uri": mlflow_server.uri, "jobs": jobs}
 
 
+TOKEN: dict[str, str] = {}
+"""The bearer token the server generated (read from the file its start-up line names)."""
+
+
+def _headers() -> dict[str, str]:
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN.get('token', '')}"}
+
+
 def _post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
     data = json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers=_headers())
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -63,7 +76,7 @@ def _post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
 
 def _get(url: str) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_headers()), timeout=5) as response:
             return json.loads(response.read())
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
@@ -72,24 +85,30 @@ def _get(url: str) -> dict[str, Any] | None:
 @pytest.fixture(scope="module")
 def server(registry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
     """The entry point as a real process serving every task with a champion (rte, cb) on a local Ray, Serve on
-    127.0.0.1:<free port>; SIGINT at the end."""
+    127.0.0.1:<free port>, with a token it generates (read into TOKEN); SIGINT at the end."""
     port = free_port(LOCALHOST)
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     command = [sys.executable, "-m", "pipelines.serve", "--model", MODEL, "--all", "--tracking-uri",
                registry["uri"], "--port", str(port), "--poll-s", str(POLL_S), "--max-rows", str(MAX_ROWS),
                "--num-cpus", "2"]
+    env = {k: v for k, v in entry_env().items() if k != "CAPT_SERVE_TOKEN"}
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(command, cwd=ROOT, env=entry_env(), stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://{LOCALHOST}:{port}/"
     deadline = time.monotonic() + 240
-    while _get(url) is None:
+    while not (line := re.search(r"^Serving .*$", log.read_text(errors="replace"), re.M)):
         assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"the server did not answer: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
         time.sleep(1)
+    token_file = re.search(r"token in (\S+) \(mode 600, generated now\)", line.group(0))
+    assert token_file, line.group(0)
+    assert stat.S_IMODE(os.stat(token_file.group(1)).st_mode) == 0o600
+    TOKEN["token"] = Path(token_file.group(1)).read_text().strip()
+    assert _get(url + "health") == {"status": "ok"}
     yield url
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
-    assert _get(url) is None
+    assert _get(url + "health") is None
 
 
 def _pyfunc_labels(uri: str, name: str, rows: list[dict[str, Any]], ref: str = "champion") -> list[str]:
@@ -116,12 +135,20 @@ def test_mixed_task_requests_answer_as_each_task_pyfunc(registry: dict[str, Any]
 @pytest.mark.parametrize(("body", "status", "phrase"), [
     ({"task": "boolq", "inputs": [{"question": "q", "passage": "p"}]}, 400, "task='boolq' is not served here"),
     ({"task": "rte", "inputs": [{"premise": "A cat sat."}]}, 400, "field 'hypothesis': missing field"),
-    ({"inputs": [{"premise": "a", "hypothesis": "b"}]}, 400, "fields 'task'"),
+    ({"inputs": [{"premise": "a", "hypothesis": "b"}]}, 400, "The field 'task' is missing"),
     ({"task": "rte", "inputs": [{"premise": "a", "hypothesis": "b"}] * (MAX_ROWS + 1)}, 413, f"at most {MAX_ROWS}"),
 ], ids=["unknown-task", "missing-field", "no-task", "oversized"])
 def test_bad_requests_get_4xx_with_a_clear_message(server: str, body: Any, status: int, phrase: str) -> None:
     got, answer = _post(server, body)
     assert (got, phrase in answer["error"]) == (status, True), answer
+
+
+def test_requests_without_the_generated_token_get_401(server: str) -> None:
+    request = urllib.request.Request(server, data=b'{"task": "rte", "inputs": []}',
+                                     headers={"Authorization": "Bearer x"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401 and json.loads(refused.value.read())["field"] == "Authorization"
 
 
 def test_a_moved_alias_is_served_without_a_restart(registry: dict[str, Any], server: str) -> None:
@@ -139,7 +166,7 @@ def test_a_moved_alias_is_served_without_a_restart(registry: dict[str, Any], ser
         time.sleep(POLL_S / 4)
     assert versions[-1] == 2 and set(versions) <= {1, 2}, versions
     assert body["labels"] == _pyfunc_labels(uri, name, rows)
-    assert _get(server)["versions"] == {"rte": 2, "cb": 1}
+    assert _get(server + "tasks")["versions"] == {"rte": 2, "cb": 1}
 
 
 @pytest.mark.parametrize(("args", "phrase"), [

@@ -16,8 +16,10 @@ from capt.tasks import TaskDataError
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.config.sources import JobConfigError
 from pipelines.serving.app import build
+from pipelines.serving.auth import TOKEN_ENV, digest
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.serving.settings import ServeSettings
+from pipelines.serving.source import ServeError
 
 SERVE_CONFIG = Path(__file__).resolve().parents[3] / "infra" / "serve.yaml"
 
@@ -80,13 +82,22 @@ def test_the_serve_config_file_is_valid_and_builds_the_app(monkeypatch: pytest.M
     (app,) = config["applications"]
     assert app["import_path"] == "pipelines.serving.app:build"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.internal.example")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(ServeError, match=f"needs a bearer token: set {TOKEN_ENV}"):
+        build(app["args"])
+    monkeypatch.setenv(TOKEN_ENV, "a-token-of-the-cluster-0123456789")
     assert build(app["args"]) is not None
-    settings = ServeSettings.from_args({**app["args"], "tracking_uri": "https://mlflow.internal.example"})
-    assert settings.num_gpus == 1 and settings.alias == "champion"
+    assert build({**app["args"], "auth": False}) is not None
+    settings = ServeSettings.from_args({**app["args"], "tracking_uri": "https://mlflow.internal.example",
+                                        "token_sha256": digest("a-token-of-the-cluster-0123456789")})
+    assert settings.num_gpus == 1 and settings.alias == "champion" and settings.max_body_bytes == 2**20
 
 
 def test_bad_serve_settings_name_the_key() -> None:
+    with pytest.raises(JobConfigError, match="auth is on but no token_sha256"):
+        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x"})
     with pytest.raises(JobConfigError, match=r"poll_s: .*greater than 0 \(given -1\)"):
-        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "poll_s": -1})
+        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "poll_s": -1,
+                                 "auth": False})
     with pytest.raises(JobConfigError, match="Allowed keys: model, tasks"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "polls": 3})

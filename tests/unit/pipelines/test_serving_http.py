@@ -1,0 +1,189 @@
+"""The Serve app's HTTP surface without Ray: routes, the bearer token, limits enforced on the raw bytes before any
+JSON is built, and every client error a 4xx naming the field and the rule; the CLI refuses bad values at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from pipelines import serve
+from pipelines.capsule_predictor import validated_examples
+from pipelines.serving import limits as limits_module
+from pipelines.serving.auth import TOKEN_ENV, authorized, digest, find_token
+from pipelines.serving.limits import ClientError, Limits, parse
+from pipelines.serving.routes import Front
+from pipelines.serving.source import ServeError
+
+TOKEN = "s3cret-token-for-tests-0123456789"
+LIMITS = Limits(max_body_bytes=4096, max_rows=4, max_depth=16, max_chars=100)
+ROW = {"premise": "A cat sat.", "hypothesis": "A cat."}
+
+
+class FakeServed:
+    """Serves 'rte' and answers every row 'entailment'."""
+
+    def names(self) -> list[str]:
+        return ["rte"]
+
+    def limits(self) -> Limits:
+        return LIMITS
+
+    def max_chars(self, name: str) -> int:
+        return 50
+
+    def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]:
+        return validated_examples("rte", rows)
+
+    async def answer(self, name: str, examples: list[Any]) -> dict[str, Any]:
+        return {"task": name, "labels": ["entailment"] * len(examples), "version": 1}
+
+    def describe(self) -> dict[str, Any]:
+        return {"tasks": {"rte": {"version": 1, "digest": None}}}
+
+
+def _call(method: str, path: str, body: bytes = b"", token: str | None = TOKEN,
+          headers: dict[str, str] | None = None, chunked: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
+    given = {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {}),
+             **({} if chunked else {"content-length": str(len(body))}), **(headers or {})}
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+             "headers": [(k.encode(), v.encode()) for k, v in given.items()]}
+    pieces = [body[i:i + 1000] for i in range(0, len(body), 1000)] or [b""]
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)} if pieces \
+            else {"type": "http.disconnect"}
+
+    response = asyncio.run(Front(FakeServed(), digest(TOKEN)).respond(Request(scope, receive)))
+    return response.status_code, json.loads(response.body), dict(response.headers)
+
+
+def _post(body: Any, **kw: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return _call("POST", "/", body if isinstance(body, bytes) else json.dumps(body).encode(), **kw)
+
+
+def test_the_routes_answer_and_everything_else_is_404_or_405() -> None:
+    status, body, _ = _post({"task": "rte", "inputs": [ROW]})
+    assert (status, body["labels"]) == (200, ["entailment"])
+    assert _call("GET", "/health", token=None)[:2] == (200, {"status": "ok"})
+    assert _call("GET", "/tasks")[1]["tasks"]["rte"] == {"version": 1, "digest": None}
+    for method in ("GET", "PUT", "DELETE", "OPTIONS", "PATCH"):
+        status, body, headers = _call(method, "/")
+        assert (status, body["rule"], headers["allow"]) == (405, "method", "POST"), method
+    assert _call("POST", "/tasks")[0] == 405 and _call("POST", "/health")[0] == 405
+    for path in ("/nope", "/../../etc/passwd", "/tasks/rte", "//"):
+        assert _call("GET", path)[:2][0] == 404 and _call("POST", path)[1]["rule"] == "route", path
+
+
+def test_every_route_but_health_needs_the_bearer_token() -> None:
+    for token in (None, "wrong-token-0123456789", TOKEN + "x"):
+        for method, path in (("POST", "/"), ("GET", "/tasks")):
+            status, body, headers = _call(method, path, json.dumps({"task": "rte", "inputs": [ROW]}).encode(),
+                                          token=token)
+            assert (status, body["field"], headers["www-authenticate"]) == (401, "Authorization", "Bearer")
+    assert _call("GET", "/tasks", headers={"authorization": f"Basic {TOKEN}"})[0] == 401
+    assert _call("GET", "/tasks", headers={"authorization": f"bearer  {TOKEN} "})[0] == 200
+    assert authorized(f"Bearer {TOKEN}", digest(TOKEN)) and not authorized(None, digest(TOKEN))
+
+
+@pytest.mark.parametrize(("body", "status", "field", "rule"), [
+    (b"\xff\xfe{}", 400, "body", "utf-8"),
+    (b'{"task": "rte", "inputs": [{"premise": "\\ud800", "hypothesis": "b"}]}', 400, "inputs[0].premise", "unicode"),
+    (b'{"task": "rte", "inputs": [{"premise": NaN, "hypothesis": "b"}]}', 400, "body", "finite_numbers"),
+    (b'{"task": "rte", "inputs": [{"premise": -Infinity, "hypothesis": "b"}]}', 400, "body", "finite_numbers"),
+    (b'{"task": "rte", "inputs": [{"premise": 5, "hypothesis": "b"}]}', 400, "inputs[0].premise",
+     "expected a string, got int 5"),
+    (b'{"task": "rte", "inputs": [{"premise": "", "hypothesis": "b"}]}', 400, "inputs[0].premise", "empty string"),
+    (b'{"task": "rte", "inputs": [{"premise": "a"}]}', 400, "inputs[0].hypothesis", "missing field"),
+    (b'{"task": "boolq", "inputs": [{"question": "q"}]}', 400, "task", "served_task"),
+    (b'{"task": 3, "inputs": [{}]}', 400, "task", "served_task"),
+    (b'{"task": "rte", "inputs": []}', 400, "inputs", "non_empty_list"),
+    (b'{"task": "rte", "inputs": "premise"}', 400, "inputs", "non_empty_list"),
+    (b'{"task": "rte", "inputs": [3]}', 400, "inputs[0]", "type"),
+    (b'{"task": "rte"}', 400, "inputs", "required"),
+    (b'{"task": "rte", "inputs": [{}], "extra": 1}', 400, "extra", "known_fields"),
+    (b'[1, 2]', 400, "body", "type"),
+    (b'', 400, "body", "json"),
+    (b'{"task": "rte", "inputs": [', 400, "body", "json"),
+    (b'{"task": "rte", "inputs": [{"premise": "' + b"x" * 60 + b'", "hypothesis": "b"}]}', 400,
+     "inputs[0].premise", "max_chars"),
+    (json.dumps({"task": "rte", "inputs": [ROW] * 5}).encode(), 413, "inputs", "max_rows"),
+    (b'{"task": "rte", "inputs": [{"premise": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 413, "body",
+     "max_body_bytes"),
+    (b'{"task": "rte", "inputs": [{"premise": ' + b"[" * 1000 + b"]" * 1000 + b"}]}", 400, "body", "max_depth"),
+], ids=["bad-utf8", "lone-surrogate", "nan", "infinity", "wrong-type", "empty-text", "missing-field", "unknown-task",
+        "task-not-a-string", "no-rows", "rows-not-a-list", "row-not-an-object", "no-inputs", "unknown-field",
+        "not-an-object", "empty-body", "truncated", "text-too-long", "too-many-rows", "too-big", "too-deep"])
+def test_every_client_error_is_a_4xx_naming_the_field_and_the_rule(body: bytes, status: int, field: str,
+                                                                   rule: str) -> None:
+    got, answer, _ = _post(body)
+    assert (got, answer["field"], answer["rule"]) == (status, field, rule), answer
+    assert answer["error"] and set(answer) == {"error", "field", "rule"}
+
+
+def test_the_size_cap_holds_without_content_length_and_before_reading_with_one() -> None:
+    big = json.dumps({"task": "rte", "inputs": [{"premise": "x" * 5000, "hypothesis": "b"}]}).encode()
+    assert _post(big, chunked=True)[:2][0] == 413
+    status, body, _ = _call("POST", "/", b"", headers={"content-length": str(50 * 2**20)})
+    assert (status, body["rule"]) == (413, "max_body_bytes")
+    assert _call("POST", "/", b"", headers={"content-length": "12x"})[1]["rule"] == "integer"
+
+
+def test_the_scan_refuses_before_parsing_and_is_cheap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits_module.json, "loads", lambda *a, **k: pytest.fail("parsed an over-limit body"))
+    wide = Limits(max_body_bytes=2**21, max_rows=64, max_depth=16, max_chars=4096)
+    for body, rule in [(b"[" * 2**20 + b"]" * 2**20, "max_depth"), (b'{"inputs": [' + b"{}," * 300_000 + b"{}]}",
+                       "max_rows"), (b'{"a": "' + b"y" * 30_000 + b'"}', "max_chars")]:
+        started = time.perf_counter()
+        with pytest.raises(ClientError) as err:
+            parse(body, wide)
+        assert err.value.rule == rule and time.perf_counter() - started < 1.0
+    monkeypatch.undo()
+    text = '{"a": "br[ace\\" {\\\\", "b": [[1, 2], {"c": "]]]]"}]}'  # brackets and quotes inside strings
+    assert parse(text.encode(), Limits(4096, 2, 3, 100)) == json.loads(text)  # "b" holds 2 items at depth 2
+
+
+def test_the_token_comes_from_a_file_the_environment_or_a_new_private_file(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    made = find_token(None, tmp_path, 8123)
+    path = tmp_path / "serve-8123.token"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and str(path) in made.where
+    assert made.sha256 == digest(path.read_text().strip()) and find_token(None, tmp_path, 8123) != made
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert find_token(None, tmp_path, 1).sha256 == digest(TOKEN)
+    (tmp_path / "given").write_text(TOKEN + "\n")
+    assert find_token(str(tmp_path / "given"), tmp_path, 1).sha256 == digest(TOKEN)
+    monkeypatch.setenv(TOKEN_ENV, "short")
+    with pytest.raises(ServeError, match="at least 16 characters"):
+        find_token(None, tmp_path, 1)
+    with pytest.raises(ServeError, match="cannot read it"):
+        find_token(str(tmp_path / "missing"), tmp_path, 1)
+
+
+@pytest.mark.parametrize(("args", "phrase"), [
+    (["--port", "70000"], "argument --port: '70000' is not a TCP port"),
+    (["--port", "http"], "argument --port: 'http' is not a int"),
+    (["--poll-s", "-1"], "argument --poll-s: '-1' must be a finite number above 0"),
+    (["--poll-s", "inf"], "must be a finite number above 0"),
+    (["--max-rows", "0"], "argument --max-rows"),
+    (["--max-body-bytes", "100"], "below 1024 bytes"),
+    (["--no-auth", "--token-file", "t"], "not allowed with argument"),
+], ids=["port-range", "port-text", "poll-negative", "poll-inf", "rows-zero", "body-tiny", "auth-both"])
+def test_bad_cli_values_exit_2_in_one_paragraph_before_any_service(args: list[str], phrase: str,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "_serve_from_cli", lambda _: pytest.fail("started services on a bad command line"))
+    with pytest.raises(SystemExit) as done:
+        serve.main(["--model", "tiny-t5", "--tasks", "rte", *args])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and phrase in err, err
+    assert "Traceback" not in err and err.count("\n") == 1
+
