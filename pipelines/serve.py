@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_body_bytes < 1024:
         p.error(f"argument --max-body-bytes: {args.max_body_bytes} is below 1024 bytes, too small for one request")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_cli(lambda: _serve_from_cli(args), args.debug, expected=(TrackingError,))
+    from pipelines.services.reaper import reap_on_death
+
+    with reap_on_death():  # a killed serve takes its MLflow server and its local Ray with it
+        return run_cli(lambda: _serve_from_cli(args), args.debug, expected=(TrackingError,))
 
 
 def _serve_from_cli(args: argparse.Namespace) -> int:
