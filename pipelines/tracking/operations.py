@@ -10,7 +10,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
-from mlflow.exceptions import RestException
+from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient, mlflow_client
 from pipelines.tracking.finish import apply_finish
@@ -173,5 +173,6 @@ def _access_refused(exc: BaseException) -> bool:
 
 def dead_letter(state_dir: Path, op: dict, exc: BaseException) -> None:
     logger.error("MLflow %s operation of %s failed (%s: %s); kept in %s", op.get("op"), state_dir,
-                 type(exc).__name__, exc, state_dir / FAILED_FILE, exc_info=exc)
+                 type(exc).__name__, exc, state_dir / FAILED_FILE,
+                 exc_info=None if isinstance(exc, TrackingError | MlflowException) else exc)  # a bug shows its stack
     Spool(state_dir / FAILED_FILE).append({**op, "error": f"{type(exc).__name__}: {exc}"})

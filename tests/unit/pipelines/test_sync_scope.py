@@ -139,3 +139,17 @@ def test_uris_compare_by_server_and_bad_options_exit_2(capsys: pytest.CaptureFix
     assert _error_line(capsys).startswith("error: --retry-s nan: not a finite number")
     assert main(["sync", "--root", str(tmp_path), "--moved-from", "http://127.0.0.1:1"]) == 2
     assert "--moved-from needs --tracking-uri" in _error_line(capsys)
+
+
+def test_torn_lines_and_operations_without_a_run_are_set_aside_without_a_traceback(tmp_path: Path,
+                                                                                    capsys: pytest.CaptureFixture[str],
+                                                                                    caplog) -> None:
+    job = tmp_path / "sweep" / "jobs" / "rte-x"
+    job.mkdir(parents=True)
+    (job / CLAIM_FILE).write_text('{"config": {}}')
+    (job / PENDING_FILE).write_bytes(b'{"op": "metrics", "run_id": "r", "tracking_uri": "http://127.0.0.1:1"}\n'
+                                     b'{"op": "metr\n')
+    assert main(["sync", "--root", str(tmp_path / "sweep")]) == 1, "dead letters are left for the user"
+    out, err = capsys.readouterr()
+    assert "dead-lettered 2" in out and "Traceback" not in out + err + caplog.text
+    assert "has no MLflow run record: cannot apply a 'metrics' operation" in caplog.text
