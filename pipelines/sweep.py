@@ -62,11 +62,13 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         stop.install()  # ray.init's core replaced the SIGTERM handler
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)
+        if run_context is not None:
+            run_context["moved_from"] = endpoint.moved_from
         grid = run_sweep(sweep, uri, args.resume, run_context)
         if stop.signum is not None and uri:
             from pipelines.tracking.stopped import end_stopped_runs
 
-            ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri)
+            ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri, endpoint.moved_from)
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
         stop.raise_if_stopped()
         table, rows = results_table(grid, data_kinds(sweep))

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 STORE_LOCK_FILE = "mlflow-server.lock"
 """In the store folder: held while a `LocalMlflowServer` runs on it."""
+ADDRESSES_FILE = "mlflow-server.addresses"
+"""In the store folder: every address a `LocalMlflowServer` served it at, one a line."""
+"""In the store folder: held while a `LocalMlflowServer` runs on it."""
 
 
 class LocalMlflowServer(ManagedService):
@@ -76,6 +79,15 @@ class LocalMlflowServer(ManagedService):
         """The server's main process (the leader of its process group) while it runs."""
         return self._proc.pid if self.running else None
 
+    def former_uris(self) -> tuple[str, ...]:
+        """The other addresses this store was served at by earlier servers: operations that trials spooled for
+        those are for this store, and go to this server (`pipelines.tracking.scope.ServerScope.moved_from`)."""
+        try:
+            lines = (self.root_dir / ADDRESSES_FILE).read_text(encoding="utf-8").split()
+        except OSError:
+            return ()
+        return tuple(dict.fromkeys(uri for uri in lines if uri != self.uri))
+
     @property
     def running(self) -> bool:
         """True while the server process started by :meth:`start` is alive."""
@@ -115,6 +127,8 @@ class LocalMlflowServer(ManagedService):
             )
         self._store_lock.enter_context(held_folder(self.root_dir / STORE_LOCK_FILE, refusal=self._store_in_use))
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        with (self.root_dir / ADDRESSES_FILE).open("a", encoding="utf-8") as addresses:
+            addresses.write(self.uri + "\n")
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self._auth_env()}
         self._log = self.log_path.open("ab")

@@ -182,6 +182,11 @@ class TrackingEndpoint:
         if self.local_server is not None:
             self.local_server.terminate()
 
+    @property
+    def moved_from(self) -> tuple[str, ...]:
+        """Earlier addresses of a local store (a resumed sweep's trials spooled operations for them)."""
+        return self.local_server.former_uris() if self.local_server is not None else ()
+
     def ready(self) -> str | None:
         """The URI, once the server answers (a local server still starting is waited for)."""
         if self.local_server is not None:

@@ -58,6 +58,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     context = run_context or {}
     tracking["tags"] = {**context.get("tags", {}), **tracking["tags"]}
     tracking["ui_uri"] = context.get("ui_uri")
+    tracking["moved_from"] = tuple(context.get("moved_from", ()))
     loop_config = {"job": job, "tracking": tracking}
     if runs_in_trial_process(config.resources):
         _run_in_trial_process(loop_config, config.resources.cpus_per_worker)
@@ -188,7 +189,7 @@ def _start_tracker(tracking: dict[str, Any], config):
                            {**tracking["tags"], **path_tags}, state_dir=Path(config.resolved_output_dir()),
                            retry=RetryPolicy(budget_s=tracking["retry_s"]),
                            system_metrics_interval_s=tracking.get("system_metrics_interval_s", 10.0),
-                           ui_uri=tracking.get("ui_uri"))
+                           ui_uri=tracking.get("ui_uri"), moved_from=tuple(tracking.get("moved_from", ())))
     tracker.start()
     tracker.log_params(params)
     return tracker

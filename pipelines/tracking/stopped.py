@@ -10,13 +10,15 @@ import logging
 from pathlib import Path
 
 from pipelines.tracking.client import mlflow_client, own_http_retries
+from pipelines.tracking.scope import same_server
 from pipelines.tracking.spool import RUN_FILE, read_run_record
 
 logger = logging.getLogger(__name__)
 
 
-def end_stopped_runs(jobs: Path, tracking_uri: str) -> list[str]:
-    """End as KILLED every RUNNING run recorded in a trial folder under `jobs`; the folders whose run was ended.
+def end_stopped_runs(jobs: Path, tracking_uri: str, moved_from: tuple[str, ...] = ()) -> list[str]:
+    """End as KILLED every RUNNING run recorded in a trial folder under `jobs` for this server (at `tracking_uri`
+    or, before, at an address of `moved_from`); the folders whose run was ended.
 
     A server that cannot be reached is logged and left: the runs stay RUNNING until a resumed sweep ends them.
     """
@@ -24,7 +26,8 @@ def end_stopped_runs(jobs: Path, tracking_uri: str) -> list[str]:
     client, ended = mlflow_client(tracking_uri), []
     for record_file in sorted(jobs.glob(f"*/{RUN_FILE}")):
         record = read_run_record(record_file.parent) or {}
-        if record.get("tracking_uri") != tracking_uri or "run_id" not in record:
+        recorded = str(record.get("tracking_uri", ""))
+        if "run_id" not in record or not any(same_server(recorded, uri) for uri in (tracking_uri, *moved_from)):
             continue
         try:
             if client.get_run(record["run_id"]).info.status == "RUNNING":

@@ -45,12 +45,14 @@ class TrialTracker:
     so even a run shorter than one interval has its point. Metric names are the project's (``test_score``)
     and logged under MLflow's grouped names (``test/score``, `pipelines.tracking.run_content`).
     ``ui_uri``: the server a registered version's loading snippet names (default: `tracking_uri`).
+    ``moved_from``: earlier addresses of the same server, whose spooled operations go to `tracking_uri`.
     """
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, Any],
                  state_dir: str | os.PathLike[str], *, retry: RetryPolicy | None = None,
                  reconnect_s: float = 60.0, system_metrics: bool = True,
-                 system_metrics_interval_s: float = 10.0, ui_uri: str | None = None) -> None:
+                 system_metrics_interval_s: float = 10.0, ui_uri: str | None = None,
+                 moved_from: tuple[str, ...] = ()) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
@@ -67,7 +69,11 @@ class TrialTracker:
         self.model_version: str | None = None
         self._failed_at = 0.0
         self._monitor: Any = None
-        self._replayer = Replayer(self.state_dir, ServerScope(unrecorded=tracking_uri))  # its own folder
+        # Its own folder: each spooled operation goes to the server it was recorded for, or, when that is an
+        # earlier address of this server (`moved_from`: a local store served again at a new port), here.
+        scope = (ServerScope(tracking_uri, moved_from, tracking_uri) if moved_from
+                 else ServerScope(unrecorded=tracking_uri))
+        self._replayer = Replayer(self.state_dir, scope)
         self._lock = threading.Lock()  # one upload at a time: the training thread's or the uploader's
         self._uploader = BackgroundUploader(self._upload_spooled, f"mlflow-upload-{run_name}")
         self._refused_in_background = 0

@@ -93,8 +93,11 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
     finally:
         server.stop()
 
-    resumed = subprocess.run(_command(tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=900)
+    try:
+        resumed = subprocess.run(_command(tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True,
+                                 timeout=300)
+    except subprocess.TimeoutExpired as late:
+        pytest.fail(f"the resumed sweep did not end within 300 s: {(late.stderr or b'')[-4000:]!r}")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert len(list(jobs.glob("*/result.json"))) == 1
     server = LocalMlflowServer(tmp_path / "mlflow").start()

@@ -75,3 +75,13 @@ def test_a_second_driver_of_one_sweep_is_refused_before_ray_or_mlflow_start(tmp_
     assert f"error: The sweep 'busy' in {folder} is being run by another driver ({HOLDER}" in done.stderr
     assert "--resume" in done.stderr and not (tmp_path / "mlflow").exists()
     assert sorted(p.name for p in folder.iterdir()) == [SWEEP_LOCK_FILE]
+
+
+def test_a_local_store_remembers_the_addresses_it_was_served_at(tmp_path):
+    from pipelines.services.mlflow_server import ADDRESSES_FILE
+
+    server = LocalMlflowServer(tmp_path, port=23456)
+    assert server.former_uris() == ()
+    (tmp_path / ADDRESSES_FILE).write_text("http://127.0.0.1:21000\nhttp://127.0.0.1:23456\nhttp://127.0.0.1:21000\n"
+                                           "http://127.0.0.1:22000\n")
+    assert server.former_uris() == ("http://127.0.0.1:21000", "http://127.0.0.1:22000")
