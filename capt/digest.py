@@ -35,7 +35,7 @@ SEALED_SUFFIXES = (".safetensors", ".json")
 """The files of an artifact that readers read: every one of them is in the manifest."""
 _CHUNK = 1 << 20
 _MAX_MANIFEST_BYTES = 1 << 20
-_REFUSAL = ("It is not loaded: the files were changed after they were written (edited, re-saved, damaged or "
+REFUSAL = ("It is not loaded: the files were changed after they were written (edited, re-saved, damaged or "
             "replaced), and no option loads an artifact whose digest does not match. Restore the original files, "
             "or train (and register) it again.")
 
@@ -142,7 +142,7 @@ def _read_manifest(path: Path, label: str, error: type[ArtifactIntegrityError] =
                        "files: {file name: sha256}, digest)")
     if problem is not None:
         raise error(f"{label} failed its integrity check: its {MANIFEST_NAME} is {problem}. "
-                                     + _REFUSAL)
+                                     + REFUSAL)
     return data
 
 
@@ -150,4 +150,4 @@ def _refuse(error: type[ArtifactIntegrityError], label: str, name: str, expected
             expected_from: str) -> None:
     raise error(
         f"{label} failed its integrity check: file {name} was expected to have SHA-256 {expected} "
-        f"({expected_from}) but has {found}. " + _REFUSAL)
+        f"({expected_from}) but has {found}. " + REFUSAL)
