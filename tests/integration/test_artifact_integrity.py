@@ -31,7 +31,7 @@ from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError
 from pipelines.serving.source import RegistrySource
 from pipelines.services import LocalMlflowServer
-from pipelines.tracking import TrialTracker
+from pipelines.sweeps.trial import tracked_job
 from pipelines.train import run
 from pipelines.training.cached import CachedResultError, result_digest
 
@@ -150,21 +150,24 @@ def test_a_forged_version_tag_is_refused(registered) -> None:
 
 
 def test_a_reused_result_is_compared_with_its_run(registered) -> None:
-    """The job of version 1 is finished and tracked: reused as it stands it passes; with its scores edited and its
-    own digest recomputed (so that only the tracking database can tell), it is refused."""
+    """The job of version 1 is finished and tracked: a restarted trial (`tracked_job`, as the sweep runs it) reuses
+    it as it stands; with its scores edited and its own digest recomputed (so that only the tracking database can
+    tell), the trial is refused and reports nothing."""
     uri, folder = registered["uri"], registered["root"] / "forged"
     shutil.copytree(registered["root"] / "1", folder, ignore=shutil.ignore_patterns("job.lock"))
     result = {**registered["versions"]["1"], "artifact_dir": str(folder / "artifact")}
     result["metrics"] = {**result["metrics"], "test_score": 99.9}
     result["result_digest"] = result_digest(result)
     (folder / "result.json").write_text(json.dumps(result, indent=2))
+    tracking = {"uri": uri, "experiment": EXPERIMENT, "run_name": "reuse", "retry_s": 5.0, "register": True,
+                "tags": {}, "system_metrics_interval_s": 10.0}
     for job, refused in ((registered["root"] / "1", False), (folder, True)):
-        tracker = TrialTracker(uri, EXPERIMENT, "reuse", {}, job, system_metrics=False)
-        assert tracker.finished
-        reused = run(_config(job))  # its own digests and its artifact's hold: only the run can tell
-        assert reused["metrics"]["test_score"] == (99.9 if refused else registered["result"]["metrics"]["test_score"])
+        reported: list[dict[str, float]] = []
+        loop_config = {"job": _config(job).to_dict(), "tracking": tracking}
         if not refused:
-            tracker.verify_reused(reused, job / "result.json")
+            tracked_job(loop_config, reported.append, is_main=True)
+            assert reported[-1]["test_score"] == registered["result"]["metrics"]["test_score"]
             continue
         with pytest.raises(CachedResultError, match=r"test_score: result.json 99.9, run .*train.overwrite=true"):
-            tracker.verify_reused(reused, job / "result.json")
+            tracked_job(loop_config, reported.append, is_main=True)
+        assert reported == [], "a refused trial reports no score"
