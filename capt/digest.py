@@ -73,12 +73,6 @@ def seal(directory: str | os.PathLike[str], names: Iterable[str] | None = None) 
     return digest
 
 
-def recorded_digest(directory: str | os.PathLike[str]) -> str | None:
-    """The artifact digest `directory`'s manifest records (None without a manifest), not checked against files."""
-    path = Path(directory) / MANIFEST_NAME
-    return _read_manifest(path, f"The artifact at {directory}")["digest"] if path.is_file() else None
-
-
 def verify(directory: str | os.PathLike[str], label: str | None = None, expected: str | None = None,
            expected_files: Mapping[str, str] | None = None, expected_from: str = "the digest recorded for it",
            error: type[ArtifactIntegrityError] = ArtifactIntegrityError) -> str | None:
@@ -95,7 +89,9 @@ def verify(directory: str | os.PathLike[str], label: str | None = None, expected
     path = folder / MANIFEST_NAME
     if not path.is_file():
         if expected or expected_files:
-            _refuse(error, label, MANIFEST_NAME, "a manifest", "no file (it is missing)", expected_from)
+            recorded = expected or artifact_digest(expected_files or {})
+            raise error(f"{label} failed its integrity check: its {MANIFEST_NAME} is missing, but {expected_from} "
+                        f"records artifact digest {recorded} for it. " + REFUSAL)
         logger.warning("%s has no %s (written before artifacts carried digests): it cannot be verified.",
                        label, MANIFEST_NAME)
         return None
