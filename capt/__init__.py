@@ -12,6 +12,7 @@ from typing import Any
 from capt.errors import (
     AdapterError,
     ArtifactError,
+    ArtifactIntegrityError,
     CapsuleArtifactError,
     CapsuleConfigError,
     CaptError,
@@ -43,6 +44,7 @@ __all__ = [
     "METHODS",
     "AdapterError",
     "ArtifactError",
+    "ArtifactIntegrityError",
     "CaptError",
     "CapsuleBank",
     "CapsuleMetadata",

@@ -1,7 +1,9 @@
 """Method artifacts on disk, for capsules and adapters alike: one safetensors file and one JSON description.
 
-Writing goes through temporary files (a crash never leaves half an artifact) and refuses to replace an
-existing artifact unless asked. Reading checks the description's size, keys and value types before any
+Writing goes through temporary files (a crash never leaves half an artifact), refuses to replace an
+existing artifact unless asked, writes the safetensors header in one canonical order (so the same tensors
+give the same bytes) and seals the files in a digest manifest (`capt.digest`). Reading first verifies
+the files against that manifest (`verify_artifact`), then checks the description's size, keys and value types before any
 model is touched, reads tensors with safetensors only (nothing is ever unpickled), and checks every
 tensor's name and shape against the description and its values for NaN or infinity.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +22,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from capt import digest
 from capt.atomic import write_atomically
-from capt.errors import ArtifactError
+from capt.errors import ArtifactError, ArtifactIntegrityError
 
 MAX_METADATA_BYTES = 1 << 20
 """Largest JSON description read (a real one is a few kilobytes)."""
@@ -46,6 +50,8 @@ class ArtifactKind:
     """Raised when saving would replace an artifact without `overwrite=True`."""
     value_problems: Callable[[dict[str, Any]], list[str]] = lambda data: []
     """Problems of values beyond their JSON type (e.g. a format newer than this package reads)."""
+    integrity_error: type[ArtifactIntegrityError] = ArtifactIntegrityError
+    """Raised when the files do not match their digest manifest."""
 
 
 def write_artifact(kind: ArtifactKind, directory: str | os.PathLike, tensors: dict[str, torch.Tensor],
@@ -57,9 +63,37 @@ def write_artifact(kind: ArtifactKind, directory: str | os.PathLike, tensors: di
         raise kind.exists_error(f"{directory} already holds a {kind.name} ({', '.join(existing)}); pass "
                                 "overwrite=True to replace it.")
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / kind.weights_name, lambda path: save_file(tensors, path, metadata=header))
+    write_atomically(directory / kind.weights_name, lambda path: _save_canonical(tensors, path, header))
     write_atomically(directory / kind.metadata_name, json.dumps(metadata, indent=2, sort_keys=True))
+    digest.seal(directory, (kind.weights_name, kind.metadata_name))
     return directory
+
+
+def verify_artifact(kind: ArtifactKind, directory: str | os.PathLike) -> str | None:
+    """`capt.digest.verify` of the artifact in `directory`: its files must match its manifest (if it has one)."""
+    if not Path(directory).is_dir():
+        return None  # `read_metadata` says what is wrong with the path
+    return digest.verify(directory, f"The {kind.name} artifact at {directory}", error=kind.integrity_error)
+
+
+def _save_canonical(tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> None:
+    """`save_file`, then its JSON header rewritten with the string metadata in sorted key order.
+
+    safetensors writes `__metadata__` from a Rust HashMap, so its key order (and the file's bytes) changes
+    from one save to the next; sorted, the same tensors and header always give the same bytes, hence the
+    same digest. Tensor entries keep their (already deterministic) order and offsets; the rewritten header
+    has the same length (same keys and values, same compact JSON), padded with spaces as safetensors pads.
+    """
+    save_file(tensors, path, metadata=header)
+    with open(path, "r+b") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        written = json.loads(handle.read(length))
+        ordered = {"__metadata__": dict(sorted(written.pop("__metadata__", {}).items())), **written}
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:  # cannot happen for the same content; never leave a wrong header behind
+            raise RuntimeError(f"canonical safetensors header of {path} is longer than the written one")
+        handle.seek(8)
+        handle.write(text + b" " * (length - len(text)))
 
 
 def read_metadata(kind: ArtifactKind, directory: str | os.PathLike) -> dict[str, Any]:

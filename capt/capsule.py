@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from capt.config import CapsuleConfig
-from capt.io import CapsuleMetadata, read_config, read_tensors
+from capt.io import CapsuleMetadata, read_config, read_tensors, verify
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -107,13 +107,17 @@ def read_capsule(base_model: nn.Module, directory: str | os.PathLike, strict: bo
                  ) -> tuple[Capsule, CapsuleMetadata]:
     """The capsule saved in `directory`, checked against `base_model`, on its device (not yet attached).
 
-    `strict=False` accepts a base model whose weights differ (same architecture) with a warning.
+    `strict=False` accepts a base model whose weights differ (same architecture) with a warning. Before any
+    value is used, the files are verified against their digest manifest (`capt.digest`); no option skips that.
+    The structural checks run first (they parse without using anything) so that a damaged file is named
+    for what is wrong with it.
     """
     config, metadata = read_config(base_model, directory, strict)
     device = next(base_model.parameters()).device
     capsule = Capsule(config, tuple(metadata.layers), metadata.hidden_size, device=device)
     shapes = {name: tuple(t.shape) for name, t in capsule.state_dict().items()}
     tensors = read_tensors(directory, shapes)
+    verify(directory)
     with torch.no_grad():
         for name, param in capsule.named_parameters():
             param.copy_(tensors[name])

@@ -52,6 +52,18 @@ class AdapterError(ArtifactError):
     """A baseline adapter artifact is missing, corrupt, or does not fit the base model it is loaded onto."""
 
 
+class ArtifactIntegrityError(ArtifactError):
+    """An artifact's files do not match their digest manifest, or the digest recorded for the artifact."""
+
+
+class CapsuleIntegrityError(ArtifactIntegrityError, CapsuleArtifactError):
+    """A capsule artifact's files do not match their digests (`capt.digest`)."""
+
+
+class AdapterIntegrityError(ArtifactIntegrityError, AdapterError):
+    """An adapter artifact's files do not match their digests (`capt.digest`)."""
+
+
 class CapsuleExistsError(CapsuleArtifactError, FileExistsError):
     """Saving would replace an existing capsule artifact without `overwrite=True`."""
 

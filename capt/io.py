@@ -20,7 +20,7 @@ from torch import nn
 from capt import artifact
 from capt.arch import spec_for
 from capt.config import CapsuleConfig
-from capt.errors import CapsuleArtifactError, CapsuleConfigError, CapsuleExistsError
+from capt.errors import CapsuleArtifactError, CapsuleConfigError, CapsuleExistsError, CapsuleIntegrityError
 from capt.fingerprint import fingerprint
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ CAPSULE = artifact.ArtifactKind(
     required=frozenset(f.name for f in fields(CapsuleMetadata)
                        if f.default is MISSING and f.default_factory is MISSING),
     error=CapsuleArtifactError, exists_error=CapsuleExistsError, value_problems=_value_problems,
+    integrity_error=CapsuleIntegrityError,
 )
 """The capsule artifact: `capsule.safetensors` + `capsule.json`."""
 
@@ -147,6 +148,12 @@ def read_config(base_model: nn.Module, directory: str | os.PathLike, strict: boo
             f"{config.to_dict()['layers']!r} on a {metadata.num_layers}-layer model gives {list(expected)}); "
             "the artifact is corrupt.")
     return config, metadata
+
+
+def verify(directory: str | os.PathLike) -> str | None:
+    """Verify the capsule's files against its digest manifest (`capt.digest`); its artifact digest, or None
+    (with a warning) for a capsule written before manifests."""
+    return artifact.verify_artifact(CAPSULE, directory)
 
 
 def read_tensors(directory: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from capt.tasks.normalise import examples_from_rows
 from pipelines.evaluation import predict
 from pipelines.methods import HEAD_WEIGHTS, load_artifact, sequence_overhead
 from pipelines.models.loading import load_model
+from pipelines.provenance import verify_job_artifact
 
 logger = logging.getLogger(__name__)
 
@@ -106,10 +107,19 @@ def _quiet_when_head_follows(artifact_dir: Path) -> Iterator[None]:
 
 
 class CapsulePredictor:
-    """A base model with a trained artifact loaded, predicting label names for raw task rows."""
+    """A base model with a trained artifact loaded, predicting label names for raw task rows.
+
+    Before anything is loaded, the artifact is verified (`pipelines.provenance.verify_job_artifact`): its files
+    against their manifest and the digest recorded for them (`expected_digest`, else result.json's), and its
+    task, base model and method against `registered_name` when it is loaded as a registered model.
+    """
 
     def __init__(self, artifact_dir: str | os.PathLike[str], result: Mapping[str, Any],
-                 device: str | None = None) -> None:
+                 device: str | None = None, *, registered_name: str | None = None,
+                 expected_digest: str | None = None, label: str | None = None) -> None:
+        label = label or f"The artifact at {artifact_dir}"
+        verify_job_artifact(artifact_dir, result, label, registered_name, expected_digest,
+                            expected_from="the digest recorded for it")
         config = result["config"]
         self.task = result["task"]
         self.label_names = tasks.get(self.task).label_names
@@ -131,10 +141,10 @@ class CapsulePredictor:
 
     @classmethod
     def from_paths(cls, artifact_dir: str | os.PathLike[str], result_path: str | os.PathLike[str],
-                   device: str | None = None) -> CapsulePredictor:
-        """Build from an artifact directory and the job's `result.json`."""
+                   device: str | None = None, **verification: Any) -> CapsulePredictor:
+        """Build from an artifact directory and the job's `result.json` (`verification`: as `__init__`)."""
         result = json.loads(Path(result_path).read_text(encoding="utf-8"))
-        return cls(artifact_dir, result, device)
+        return cls(artifact_dir, result, device, **verification)
 
     def predict_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         """Label names for raw rows (one per row; one per answer for MultiRC)."""

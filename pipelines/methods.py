@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capt
+from capt import digest
 from capt.arch import head_parameters, spec_for
 from capt.arch.readout import ReadoutError, install_readout, installed_readout
 from capt.methods import MethodModel, apply_method, get_method
@@ -59,13 +60,21 @@ def save_artifact(adapted: MethodModel, model: nn.Module, method: str, directory
     readout = readout or (installed_readout(model) if head else "lm_head")
     info = {"method": method, "task": task, "metrics": metrics, "readout": readout}
     (directory / METHOD_FILE).write_text(json.dumps(info, indent=2))
+    digest.seal(directory)  # the method's own manifest, re-written to cover the head and method.json too
     return directory
 
 
-def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str | None = None) -> MethodModel:
+def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str | None = None,
+                  label: str | None = None, expected_digest: str | None = None,
+                  expected_from: str = "result.json") -> MethodModel:
     """Rebuild the adapted model saved by `save_artifact` on a fresh copy of its base model, its head reading
-    what it was trained to read; `readout`, when given, must be that readout (a mismatch is refused)."""
+    what it was trained to read; `readout`, when given, must be that readout (a mismatch is refused).
+
+    Every file is first verified against the artifact's digest manifest and, when given, `expected_digest`
+    (recorded in `expected_from`); `label` names the artifact in a refusal (`capt.digest.verify`).
+    """
     directory = Path(directory)
+    digest.verify(directory, label, expected_digest, expected_from=expected_from)
     info = json.loads((directory / METHOD_FILE).read_text())
     trained = artifact_readout(info, model)
     if readout is not None and readout != trained:

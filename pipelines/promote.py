@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -32,10 +33,12 @@ from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import cli_main
 from pipelines.config.schema import model_slug
+from pipelines.provenance import verify_version
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
 from pipelines.tracking.run_content import project_metric_name
+from pipelines.tracking.serving import download_version, recorded_digests
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -183,6 +186,7 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
         worse = "below" if higher else "above"
         raise PromotionRefused(f"Refused: the best version of {name} is {best.version} with {metric}={value:.4g}, "
                                f"{worse} --min {min_value:g}. Nothing was changed.")
+    _verify_artifact(registry, name, best)
     previous = next((v for v in versions if CHAMPION in v.aliases), None)
     changed = previous is None or previous.version != best.version
     changes = _move_aliases(registry, name, versions, best, previous)
@@ -191,6 +195,19 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
         changes += _set_stage(registry, name, best, stage)
     return Promotion(name, best.version, value, metric, previous.version if previous and changed else None, changed,
                      changes)
+
+
+def _verify_artifact(registry: Registry, name: str, best: VersionInfo) -> None:
+    """Download the chosen version and verify it (digests recorded by the tracking database, result.json and its
+    manifest; task and base model against `name`) before any alias moves; PromotionError when it fails."""
+    with tempfile.TemporaryDirectory(prefix="capt-promote-") as tmp:
+        try:
+            found = download_version(registry.uri, name, best.version, tmp)
+            verify_version(found.capsule_dir, found.result, name, best.version,
+                           recorded_digests(registry.uri, name, best.version))
+        except (CaptError, TrackingError) as err:
+            raise PromotionError(f"Refused: version {best.version} of {name}, the best by its run's metrics, "
+                                 f"cannot be promoted. {err} Nothing was changed.") from err
 
 
 def _version(version: VersionInfo | None) -> str:

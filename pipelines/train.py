@@ -30,6 +30,7 @@ from pipelines.config.schema import JobConfig, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.models.cache import BaseModelCache
+from pipelines.training.cached import seal_result
 from pipelines.training.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -240,6 +241,7 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
                       job.output_dir / "artifact", job.config.task.name, result["metrics"], job.config.model.readout)
+        seal_result(result, job.output_dir / "artifact")  # the artifact's digests, then result.json's own
         write_atomically(job.output_dir / "result.json", json.dumps(result, indent=2, default=str))
     accelerator.wait_for_everyone()
     return result

@@ -197,7 +197,11 @@ class AdaptedModel(SinglePhase, nn.Module):
 
 
 def load_adapter(base_model: nn.Module, directory: str | os.PathLike) -> AdaptedModel:
-    """Rebuild the saved method on ``base_model`` and load its weights; raise ``AdapterError`` on mismatch."""
+    """Rebuild the saved method on ``base_model`` and load its weights; raise ``AdapterError`` on mismatch.
+
+    Before any value is used, the files are verified against their digest manifest (``capt.digest``), after the
+    structural checks (which parse without using anything, and name what is wrong with a damaged file).
+    """
     meta = adapter_io.read_metadata(directory)
     entry = METHODS.get(meta["method"])
     if entry is None or not issubclass(entry.model_class, AdaptedModel):
@@ -206,6 +210,7 @@ def load_adapter(base_model: nn.Module, directory: str | os.PathLike) -> Adapted
     adapter_io.check_compatible(meta, base_model, directory)
     config = adapter_io.read_config(meta, entry.config_class, directory)
     state = adapter_io.read_tensors(directory, meta)
+    adapter_io.verify(directory)
     adapted = apply_method(base_model, config)
     try:
         adapted.load_adapter_state_dict(state)

@@ -23,7 +23,7 @@ from torch import nn
 
 from capt import artifact
 from capt.baselines.info import ModelInfo, model_info
-from capt.errors import AdapterError, AdapterExistsError, CaptError
+from capt.errors import AdapterError, AdapterExistsError, AdapterIntegrityError, CaptError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ ADAPTER = artifact.ArtifactKind(
                  "tensors": (dict,)},
     required=frozenset({"format", "format_version", "method", "config", *BASE_KEYS, "tensors"}),
     error=AdapterError, exists_error=AdapterExistsError, value_problems=_value_problems,
+    integrity_error=AdapterIntegrityError,
 )
 """The adapter artifact of every baseline method."""
 
@@ -78,6 +79,12 @@ def write_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], metad
                             {"format": FORMAT, "method": metadata["method"]}, overwrite)
     logger.info("saved %s adapter (%d tensors) to %s", metadata["method"], len(tensors), directory)
     return Path(directory)
+
+
+def verify(directory: str | Path) -> str | None:
+    """Verify the adapter's files against its digest manifest (`capt.digest`); its artifact digest, or None
+    (with a warning) for an adapter written before manifests."""
+    return artifact.verify_artifact(ADAPTER, directory)
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:

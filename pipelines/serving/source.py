@@ -9,8 +9,15 @@ from dataclasses import dataclass
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
+from pipelines.provenance import verify_version
 from pipelines.serving.engine import ServedCapsule
-from pipelines.tracking.serving import alias_version, download_version, registered_names, version_tags
+from pipelines.tracking.serving import (
+    alias_version,
+    download_version,
+    recorded_digests,
+    registered_names,
+    version_tags,
+)
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -82,8 +89,13 @@ class RegistrySource:
                              f"({listed}); one server holds one base model. Serve them separately.")
 
     def fetch(self, task: str, version: int) -> ServedCapsule:
-        """Download `version` of the task's registered model and describe it for the engine."""
+        """Download `version` of the task's registered model, verify it (`verify_version`), describe it for the engine.
+
+        Called at start and at every hot reload: a version that fails verification is never served (at a reload,
+        the version being served keeps answering)."""
         found = download_version(self.uri, self.name(task), version, self.root)
+        verify_version(found.capsule_dir, found.result, found.name, version, recorded_digests(self.uri, found.name,
+                                                                                              version))
         return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result)
 
     def moved(self, serving: dict[str, int]) -> dict[str, int]:
@@ -99,3 +111,4 @@ class RegistrySource:
             if version is not None and version != current:
                 changed[task] = version
         return changed
+

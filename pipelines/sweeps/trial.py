@@ -162,8 +162,11 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
     # group or trial can start while the previous attempt's process is still exiting, hence the wait.
     with claim_job_folder(config, wait_s=CLAIM_WAIT_S):
         tracker = _start_tracker(loop_config["tracking"], config) if is_main else None
+        reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
         try:
             result = run(config, report, base_models=base_models)
+            if reusing:  # believed only when its scores are those its run logged
+                tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
         except BaseException:
             if tracker is not None:
                 tracker.fail()  # the run ends FAILED; a retried trial reopens the same run

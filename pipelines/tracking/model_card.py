@@ -24,6 +24,15 @@ def _size(raw: Any) -> str:
     return f"{size / 1024:.1f} KiB" if size < 2**20 else f"{size / 2**20:.1f} MiB"
 
 
+def _digest_lines(result: Mapping[str, Any]) -> list[str]:
+    """The artifact's SHA-256 digests (every reader verifies them before use), when the job recorded them."""
+    if not result.get("artifact_digest"):
+        return []
+    files = ", ".join(f"`{name}` {sha}" for name, sha in sorted((result.get("artifact_files") or {}).items()))
+    return [f"Artifact digest (SHA-256 of its files' digests, verified on every load): `{result['artifact_digest']}`"
+            + (f"; files: {files}." if files else "."), ""]
+
+
 def loading_snippet(model_uri: str, tracking_uri: str, rows: list[dict[str, Any]]) -> str:
     """Python that loads `model_uri` from `tracking_uri` and predicts label names for `rows`."""
     return (f"import mlflow\nimport pandas as pd\n\nmlflow.set_tracking_uri({tracking_uri!r})\n"
@@ -46,6 +55,7 @@ def version_description(name: str, version: str, result: Mapping[str, Any], trac
         f"{_size(result.get('capsule_bytes'))} | {result.get('trainable_parameters', '-')} | "
         f"{result.get('steps', '-')} |",
         "",
+        *_digest_lines(result),
         "Load it and predict label names for raw task rows (needs this project's requirements; the base model is "
         "rebuilt by name and the capsule loaded onto it):",
         "",

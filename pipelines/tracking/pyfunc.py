@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 _REQUIREMENTS = ("mlflow", "torch", "transformers", "safetensors", "tokenizers", "numpy", "pandas", "pydantic")
 PROJECT_DISTRIBUTION = "capt"
 """The distribution that ships the `capt` and `pipelines` packages (pyproject.toml)."""
+REGISTERED_MODEL_KEY = "registered_model"
+"""The key of a version's result.json that names the registered model it was logged for."""
 MODEL_CODE = Path(__file__).with_name("capsule_model.py")
 """The models-from-code file of every registered version."""
 
@@ -48,10 +50,14 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
-        """Rebuild the base model and load the trained capsule onto it."""
+        """Verify the capsule (its digests, and its task, base model and method against the registered model its
+        result.json says it was logged for), rebuild the base model and load the capsule onto it."""
         from pipelines.capsule_predictor import CapsulePredictor
 
-        self._predictor = CapsulePredictor.from_paths(context.artifacts["capsule"], context.artifacts["result"])
+        result = json.loads(Path(context.artifacts["result"]).read_text(encoding="utf-8"))
+        name = result.get(REGISTERED_MODEL_KEY)
+        label = f"The capsule of {name} ({context.artifacts['capsule']})" if name else None
+        self._predictor = CapsulePredictor(context.artifacts["capsule"], result, registered_name=name, label=label)
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> list[str]:
@@ -155,6 +161,7 @@ def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:
     return {"task": result["task"], "method": result["method"], "base_model": result["model"],
             "model_slug": result["model_slug"], "seed": str(result.get("seed")), "validation_status": "pending",
             "config_hash": str(result.get("config_hash")),
+            **({"artifact_digest": str(result["artifact_digest"])} if result.get("artifact_digest") else {}),
             **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
 
 
@@ -177,7 +184,9 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
     with tempfile.TemporaryDirectory() as tmp, fluent_uri(uri), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         result_path = Path(tmp) / "result.json"
-        result_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+        # The version's result.json names the registered model it belongs under: the pyfunc checks it on load.
+        result_path.write_text(json.dumps({**result, REGISTERED_MODEL_KEY: name}, indent=2, default=str),
+                               encoding="utf-8")
         with mlflow.start_run(run_id=run_id):
             info = log_pyfunc(signature, example, {"capsule": str(artifact_dir), "result": str(result_path)},
                                capsule_model_name(result["model_slug"], result["task"]),

@@ -80,6 +80,8 @@ def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 def summary_tags(result: Mapping[str, Any], artifact_dir: Path) -> dict[str, str]:
     """The per-run summary as tags: steps, best step, trainable parameters, capsule bytes, ..."""
     tags = {key: str(result[key]) for key in SUMMARY_KEYS if key in result}
+    if result.get("artifact_digest"):  # what a reused result and a registered version are verified against
+        tags["artifact_digest"] = str(result["artifact_digest"])
     if artifact_dir.is_dir():
         tags["capsule_bytes"] = str(sum(p.stat().st_size for p in artifact_dir.rglob("*") if p.is_file()))
     return tags

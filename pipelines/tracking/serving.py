@@ -91,3 +91,24 @@ def _pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
 def version_tags(uri: str, name: str, version: int) -> dict[str, str]:
     """The tags of one version (``base_model`` says which base model its capsule was trained on)."""
     return dict(mlflow_client(uri).get_model_version(name, str(version)).tags or {})
+
+
+def recorded_digests(uri: str, name: str, version: int) -> dict[str, str]:
+    """The artifact digests the tracking database records for a version: {where: digest}.
+
+    Its ``artifact_digest`` tag and its source run's; empty for a version registered before digests. Both
+    are read, so a version whose tag was edited (or whose run's was) disagrees with the other and is refused.
+    """
+    client = mlflow_client(uri)
+    found = client.get_model_version(name, str(version))
+    digests = {}
+    if (tag := (found.tags or {}).get("artifact_digest")):
+        digests[f"the artifact_digest tag of version {version} of {name}"] = tag
+    if found.run_id:
+        try:
+            run_tag = client.get_run(found.run_id).data.tags.get("artifact_digest")
+        except MlflowException:
+            run_tag = None  # a deleted source run: the version's tag still stands
+        if run_tag:
+            digests[f"the artifact_digest tag of its source run {found.run_id}"] = run_tag
+    return digests

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from capt.atomic import write_atomically
 from pipelines.config.schema import flatten
+from pipelines.provenance import registered_model_name  # noqa: F401 - its home before provenance checks
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +264,6 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def registered_model_name(model_slug: str, task: str) -> str:
-    """The registry name of the capsules of one (base model, task): `capt-<model-slug>-<task>`."""
-    return f"capt-{model_slug}-{task}"
 
 
 def chunks(items: list[T], size: int) -> Iterator[list[T]]:

@@ -154,6 +154,15 @@ class TrialTracker:
                      force=True)
         return self.model_version
 
+    def verify_reused(self, result: Mapping[str, Any], result_path: str | os.PathLike[str]) -> None:
+        """Refuse a result reused from an earlier attempt whose scores differ from those its finished run logged
+        (`pipelines.tracking.reuse`); nothing to compare while its finish is only spooled."""
+        from pipelines.tracking.reuse import verify_against_run
+
+        record = read_run_record(self.state_dir)
+        if record is not None and record.get("status") == "FINISHED" and record.get("run_id"):
+            verify_against_run(self.tracking_uri, record["run_id"], result, str(result_path))
+
     def fail(self) -> None:
         """End the run FAILED (the trial raised), unless it already finished."""
         self._uploader.close()

@@ -25,6 +25,7 @@ from capt.errors import CaptError
 from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig, flatten
 from pipelines.services.folder_lock import held_folder
+from pipelines.training.cached import CachedResultError, verify_result
 from pipelines.training.folder_checks import check_job_folder
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,13 @@ def config_hash(config: JobConfig | Mapping[str, Any]) -> str:
 
 
 def finished_result(config: JobConfig) -> dict[str, Any] | None:
-    """The stored result.json of this exact config with its artifact, or None (missing, partial or other config)."""
+    """The stored result.json of this exact config with its artifact, verified; None when missing, partial or of
+    another config.
+
+    A result that fails verification (`pipelines.training.cached.verify_result`: edited, or its artifact changed)
+    is never reused: `CachedResultError` with the way out, or, with `train.overwrite`, its outputs are deleted
+    (logged) and None returned, so the job trains afresh.
+    """
     output_dir = config.resolved_output_dir()
     try:
         result = json.loads((output_dir / RESULT_FILE).read_text())
@@ -84,6 +91,14 @@ def finished_result(config: JobConfig) -> dict[str, Any] | None:
         return None
     artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
     if _result_hash(result) != config_hash(config) or not artifact.is_dir() or not any(artifact.iterdir()):
+        return None
+    try:
+        verify_result(result, output_dir / RESULT_FILE)
+    except CachedResultError as err:
+        if not config.train.overwrite:
+            raise
+        logger.warning("%s Training afresh because train.overwrite=true.", err)
+        _remove_outputs(output_dir, _outputs(output_dir))
         return None
     return result
 
@@ -139,6 +154,10 @@ def _make_room(folder: Path, config: JobConfig) -> None:
         return
     if not same and not config.train.overwrite:
         raise JobFolderError(_other_config_message(folder, present, recorded, config))
+    _remove_outputs(folder, present)
+
+
+def _remove_outputs(folder: Path, present: list[Path]) -> None:
     logger.info("Removing the old outputs of %s (%s) before training afresh", folder,
                 ", ".join(p.name for p in present))
     for path in present:

@@ -12,6 +12,7 @@ import torch
 from tiny_models import BUILDERS, random_batch
 
 import capt
+from capt.digest import MANIFEST_NAME
 from capt.io import METADATA_NAME, WEIGHTS_NAME
 
 
@@ -45,7 +46,7 @@ def test_round_trip_is_exact(kind, tmp_path, config):
     assert meta.model_type == base.config.model_type and meta.hidden_size == 32 and meta.num_layers == 2
     assert capt.CapsuleConfig.from_dict(meta.config) == model.capsules[0].config
     assert meta.capt_version == capt.__version__
-    assert {p.name for p in tmp_path.iterdir()} == {WEIGHTS_NAME, METADATA_NAME}
+    assert {p.name for p in tmp_path.iterdir()} == {WEIGHTS_NAME, METADATA_NAME, MANIFEST_NAME}
 
 
 def test_saving_never_overwrites_silently(tmp_path):
@@ -148,7 +149,7 @@ def test_project_rank_above_the_hidden_size_in_an_artifact_is_refused(saved):
 ARTIFACT_MODULES = ("capt/artifact.py", "capt/io.py", "capt/baselines/io.py")
 """The modules that read, write and check artifact files and return plain data."""
 ARTIFACT_IMPORTS = {"capt", "capt.arch", "capt.artifact", "capt.atomic", "capt.baselines.info", "capt.config",
-                    "capt.errors", "capt.fingerprint"}
+                    "capt.errors", "capt.fingerprint", "capt.digest"}
 """What they may import from capt: no capsule, model class or method registry (those build from their data)."""
 
 

@@ -1,0 +1,173 @@
+"""Integrity and provenance from the job to the server, on a real MLflow server (issue 30).
+
+One tiny capsule is trained once and registered three times under ``capt-tiny-t5-integrity-rte`` (module
+fixture): version 1 stays untouched, version 2's weights are then multiplied by -100 in the artifact store,
+version 3 is a consistent forgery (its capsule.json says task cb, its manifest and result.json re-sealed to
+match). Every reader (the pyfunc, the Serve source, promote) loads version 1 byte-identically and refuses 2
+and 3; a forged version tag is refused; a reused result whose scores were edited (and re-sealed) is refused
+by comparison with its MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+import pytest
+from helpers.jobs import tiny_job
+from helpers.registry import track
+from mlflow import MlflowClient
+from safetensors.torch import load_file, save_file
+
+from capt import digest
+from capt.errors import ArtifactIntegrityError
+from capt.tasks import generate_rows
+from pipelines import promote
+from pipelines.capsule_predictor import CapsulePredictor
+from pipelines.provenance import ProvenanceError
+from pipelines.services import LocalMlflowServer
+from pipelines.serving.source import RegistrySource
+from pipelines.sweeps.trial import tracked_job
+from pipelines.train import run
+from pipelines.training.cached import CachedResultError, result_digest
+
+pytestmark = pytest.mark.integration
+
+SLUG = "tiny-t5-integrity"
+NAME = f"capt-{SLUG}-rte"
+EXPERIMENT = "test-artifact-integrity"
+TRAIN = {"max_epochs": 3, "eval_every_steps": 3, "resume": True}
+
+
+def _config(folder: Path):
+    return tiny_job(folder, "tiny-t5", "capt", "seed=0", task={"name": "rte"}, train=TRAIN)
+
+
+def _register_copy(uri: str, result: dict[str, Any], folder: Path, validation: float, edit=None) -> dict[str, Any]:
+    """Track (and register) a copy of `result`'s job in `folder`, its run logging best validation score
+    `validation`; `edit(artifact_dir, result)` forges it first."""
+    shutil.copytree(result["artifact_dir"], folder / "artifact")
+    copy = {**result, "model_slug": SLUG, "artifact_dir": str(folder / "artifact"),
+            "history": [{**record, "best_validation_score": validation} for record in result["history"]],
+            "metrics": {**result["metrics"], "best_validation_score": validation}}
+    if edit is not None:
+        edit(folder / "artifact", copy)
+    copy["result_digest"] = result_digest(copy)
+    (folder / "result.json").write_text(json.dumps(copy, indent=2))
+    track(uri, copy, EXPERIMENT)
+    return copy
+
+
+def _forge_task(artifact: Path, result: dict[str, Any]) -> None:
+    """capsule.json says cb; the manifest and result.json's digests re-sealed to match (a consistent forgery)."""
+    data = json.loads((artifact / "capsule.json").read_text())
+    (artifact / "capsule.json").write_text(json.dumps({**data, "task": "cb"}, indent=2, sort_keys=True))
+    result["artifact_digest"] = digest.seal(artifact)
+    result["artifact_files"] = json.loads((artifact / digest.MANIFEST_NAME).read_text())["files"]
+
+
+def _store_files(server: LocalMlflowServer, version: str, name: str) -> Path:
+    """The version's capsule folder inside the server's artifact store."""
+    source = MlflowClient(server.uri).get_model_version_download_uri(NAME, version)
+    where = source.split(":", 1)[1].lstrip("/")  # mlflow-artifacts:/<experiment>/models/<model id>/artifacts
+    [found] = (server.artifacts_dir / where).rglob(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def registered(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("integrity")
+    result = run(_config(root / "job"))
+    uri = mlflow_server.uri
+    # by validation score, version 2 (whose weights are then tampered with) is the best
+    versions = {key: _register_copy(uri, result, root / key, validation, edit) for key, validation, edit in
+                (("1", 50.0, None), ("2", 90.0, None), ("3", 10.0, _forge_task))}
+    weights = _store_files(mlflow_server, "2", "capsule.safetensors")
+    save_file({k: t * -100 for k, t in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    return {"uri": uri, "job": root / "job", "result": result, "versions": versions, "tampered": weights,
+            "root": root}
+
+
+def _rows() -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "generated"} for row in generate_rows("rte", "val", 4, seed=5)]
+
+
+def test_an_untouched_version_records_its_digest_and_loads_byte_identically_everywhere(registered) -> None:
+    uri, result = registered["uri"], registered["result"]
+    client = MlflowClient(uri)
+    version = client.get_model_version(NAME, "1")
+    assert version.tags["artifact_digest"] == result["artifact_digest"]
+    assert result["artifact_digest"] in version.description
+    assert client.get_run(version.run_id).data.tags["artifact_digest"] == result["artifact_digest"]
+    served = RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 1)
+    local = Path(result["artifact_dir"])
+    assert {p.name: digest.file_sha256(p) for p in served.capsule_dir.iterdir()} == \
+        {p.name: digest.file_sha256(p) for p in local.iterdir()}
+    mlflow.set_tracking_uri(uri)
+    predicted = mlflow.pyfunc.load_model(f"models:/{NAME}/1").predict(pd.DataFrame(_rows()))
+    assert list(predicted) == CapsulePredictor(local, result).predict_rows(_rows())
+
+
+def test_weights_tampered_in_the_artifact_store_are_refused_by_every_reader(registered) -> None:
+    uri, tampered = registered["uri"], registered["tampered"]
+    found, expected = digest.file_sha256(tampered), registered["result"]["artifact_files"]["capsule.safetensors"]
+    mlflow.set_tracking_uri(uri)
+    with pytest.raises(Exception) as loading:  # MLflow may wrap what load_context raised
+        mlflow.pyfunc.load_model(f"models:/{NAME}/2")
+    with pytest.raises(ArtifactIntegrityError) as serving:
+        RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 2)
+    for message in (str(loading.value), str(serving.value)):
+        assert "capsule.safetensors" in message and found in message and expected in message, message
+    assert f"Version 2 of {NAME}" in str(serving.value)
+    client = MlflowClient(uri)
+    client.set_registered_model_alias(NAME, "champion", "1")
+    with pytest.raises(promote.PromotionError, match="Version 2 of .*capsule.safetensors"):  # the best on validation
+        promote.promote(SLUG, "rte", tracking_uri=uri)
+    assert dict(client.get_registered_model(NAME).aliases) == {"champion": "1"}, "nothing changed"
+
+
+def test_a_capsule_registered_under_another_task_is_refused(registered) -> None:
+    uri = registered["uri"]
+    with pytest.raises(ProvenanceError, match="capsule.json records task 'cb', result.json 'rte'"):
+        RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 3)
+    mlflow.set_tracking_uri(uri)
+    with pytest.raises(Exception, match="capsule.json records task 'cb'"):
+        mlflow.pyfunc.load_model(f"models:/{NAME}/3")
+
+
+def test_a_forged_version_tag_is_refused(registered) -> None:
+    uri, client = registered["uri"], MlflowClient(registered["uri"])
+    client.set_model_version_tag(NAME, "1", "artifact_digest", "0" * 64)
+    try:
+        with pytest.raises(ArtifactIntegrityError, match="disagree"):
+            RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 1)
+    finally:
+        client.set_model_version_tag(NAME, "1", "artifact_digest", registered["result"]["artifact_digest"])
+
+
+def test_a_reused_result_is_compared_with_its_run(registered) -> None:
+    """The job of version 1 is finished and tracked: a restarted trial (`tracked_job`, as the sweep runs it) reuses
+    it as it stands; with its scores edited and its own digest recomputed (so that only the tracking database can
+    tell), the trial is refused and reports nothing."""
+    uri, folder = registered["uri"], registered["root"] / "forged"
+    shutil.copytree(registered["root"] / "1", folder, ignore=shutil.ignore_patterns("job.lock"))
+    result = {**registered["versions"]["1"], "artifact_dir": str(folder / "artifact")}
+    result["metrics"] = {**result["metrics"], "test_score": 99.9}
+    result["result_digest"] = result_digest(result)
+    (folder / "result.json").write_text(json.dumps(result, indent=2))
+    tracking = {"uri": uri, "experiment": EXPERIMENT, "run_name": "reuse", "retry_s": 5.0, "register": True,
+                "tags": {}, "system_metrics_interval_s": 10.0}
+    for job, refused in ((registered["root"] / "1", False), (folder, True)):
+        reported: list[dict[str, float]] = []
+        loop_config = {"job": _config(job).to_dict(), "tracking": tracking}
+        if not refused:
+            tracked_job(loop_config, reported.append, is_main=True)
+            assert reported[-1]["test_score"] == registered["result"]["metrics"]["test_score"]
+            continue
+        with pytest.raises(CachedResultError, match=r"test_score: result.json 99.9, run .*train.overwrite=true"):
+            tracked_job(loop_config, reported.append, is_main=True)
+        assert reported == [], "a refused trial reports no score"
