@@ -24,7 +24,13 @@ from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
-from pipelines.sweeps.run import check_sweep_folders, hold_sweep_folder, promote_champions, run_sweep, tracking_server  # noqa: E402
+from pipelines.sweeps.run import (  # noqa: E402
+    check_sweep_folders,
+    hold_sweep_folder,
+    promote_champions,
+    run_sweep,
+    tracking_server,
+)
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
 logger = logging.getLogger("pipelines.sweep")
