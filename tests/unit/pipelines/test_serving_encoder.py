@@ -95,3 +95,20 @@ def test_a_head_that_is_not_one_linear_layer_is_named() -> None:
     assert linear_head_problem(model) is None
     model.classifier = nn.Sequential(nn.Linear(model.config.hidden_size, 4), nn.Tanh(), nn.Linear(4, 2))
     assert "not one linear layer over the pooled vector" in linear_head_problem(model)
+
+
+def test_the_driver_names_an_unservable_base_model_before_deploying(tmp_path: Path) -> None:
+    from transformers import RobertaConfig
+
+    from pipelines.serve import refuse_unservable
+    from pipelines.serving.source import RegistrySource, ServeError
+    from pipelines.serving.support import servable_problem
+
+    assert servable_problem("tiny-bert") is None and servable_problem("tiny-t5") is None
+    roberta = tmp_path / "tiny-roberta"
+    RobertaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=32).save_pretrained(roberta)
+    assert "RobertaForSequenceClassification" in servable_problem(str(roberta))
+    source = RegistrySource("http://127.0.0.1:9", str(roberta), "champion", tmp_path)
+    with pytest.raises(ServeError, match=r"cannot be served: RobertaForSequenceClassification .* not one linear"):
+        refuse_unservable(source, {})
