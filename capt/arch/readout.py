@@ -18,8 +18,8 @@ base model must leave a job exactly as it came).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
