@@ -23,7 +23,7 @@ from capt.inject import CapsuleModel
 from capt.methods import METHODS
 from capt.tasks import Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
-from pipelines.capsule_predictor import INVALID_LABEL, validated_examples
+from pipelines.capsule_predictor import INVALID_LABEL, _quiet_when_head_follows, validated_examples
 from pipelines.evaluation import sequence_log_likelihood
 from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
@@ -86,7 +86,11 @@ class CapsuleEngine:
         _check_same_base(capsules, self.base_name)
         self.spec = model_shape(self.base_name).spec
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels, first["config"]["model"]["dtype"])
+        # encoder classifiers: transformers' "newly initialized head, consider training" report is wrong here, the
+        # capsules' trained heads answer (the registry pyfunc silences it the same way)
+        with _quiet_when_head_follows(Path(capsules[0].capsule_dir)):
+            loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels,
+                                first["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         base = loaded.model.to(self.device).eval()
         for served in capsules:
