@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import torch
 from torch import nn
 
+from capt.arch.readout import bare_encoder
 from capt.capsule import Capsule, read_capsule
-from capt.errors import CapsuleArtifactError
+from capt.errors import CapsuleArtifactError, CaptError
+from capt.heads import TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
 
@@ -18,23 +21,55 @@ class CapsuleBank(CapsuleModel):
 
     `bank(input_ids, attention_mask, capsule=["rte", "cb", "rte"])` runs each row with its own capsule;
     every row's output equals what that row gets with its capsule alone.
+
+    Encoder-only classifiers (BERT family) train a head per task: give `heads` (capsule name -> `TaskHead`) and
+    `bank.classify(input_ids, attention_mask, capsule=[...])` gives each row its own task's logits.
     """
 
-    def __init__(self, base_model: nn.Module, capsules: Mapping[str, str | os.PathLike], strict: bool = True) -> None:
+    def __init__(self, base_model: nn.Module, capsules: Mapping[str, str | os.PathLike], strict: bool = True,
+                 heads: Mapping[str, TaskHead] | None = None) -> None:
         if not capsules:
             raise CapsuleArtifactError("CapsuleBank needs at least one capsule directory.")
-        loaded = [read_capsule(base_model, directory, strict) for directory in capsules.values()]
+        loaded = [read_with_head(base_model, directory, (heads or {}).get(name), strict)
+                  for name, directory in capsules.items()]
         super().__init__(base_model, [capsule for capsule, _ in loaded], names=list(capsules))
         self.metadata: dict[str, CapsuleMetadata] = {
             name: meta for name, (_, meta) in zip(capsules, loaded, strict=True)
         }
+        self.heads: TaskHeads | None = None
+        if heads is not None:
+            missing = [name for name in capsules if name not in heads]
+            if missing:
+                raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
+            device = next(base_model.parameters()).device
+            self.heads = TaskHeads([heads[name] for name in capsules], self.spec.hidden_size(base_model)).to(device)
 
     @property
     def names(self) -> list[str]:
         """Capsule names, in index order."""
         return list(self.selector.names)
 
-    def replace(self, name: str, capsule: Capsule, metadata: CapsuleMetadata) -> None:
+    def classify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None, capsule=None) -> torch.Tensor:
+        """(B, C_max) logits, each row through its own capsule and its own task's head and readout; C_max is the
+        largest label count, and a task's classes beyond its own count are -inf.
+
+        The encoder runs once for the whole batch; the heads are applied in one batched matmul (`TaskHeads`).
+        """
+        if self.heads is None:
+            raise CaptError("This bank holds no task heads: build it with heads={name: TaskHead} to classify.")
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        model_kwargs, ctx = self._prepare(input_ids, attention_mask, None, None, None, capsule, extra)
+        with self._active(ctx):
+            # the bare encoder, not the model's own head; its states keep the slots, which "capsule" reads
+            output = bare_encoder(self.base_model)(**model_kwargs)  # last_hidden_state (B, S, D)
+        rows = ctx.row_capsule
+        if rows is None:
+            rows = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        return self.heads(output.last_hidden_state, output.pooler_output, model_kwargs["attention_mask"], rows,
+                          self.slot_span)
+
+    def replace(self, name: str, capsule: Capsule, metadata: CapsuleMetadata, head: TaskHead | None = None) -> None:
         """Swap capsule `name` for `capsule` (from `capt.capsule.read_capsule`, so already checked against the base).
 
         Hot reload without rebuilding the bank: the other capsules stay as they are. The caller must not
@@ -47,8 +82,21 @@ class CapsuleBank(CapsuleModel):
             raise CapsuleArtifactError(
                 f"The new capsule for {name!r} occupies {capsule.config.num_slots} slots; this bank's capsules occupy "
                 f"{self.num_slots}. Capsules sharing one model must occupy the same number of slots.")
+        if (head is None) != (self.heads is None):
+            raise CapsuleArtifactError(f"The new capsule for {name!r} must come with its task head exactly when this "
+                                       f"bank's capsules do ({'with' if self.heads else 'without'} heads).")
+        if self.heads is not None and head is not None:
+            self.heads.replace(index, head)  # checked before anything changes
         self.capsules[index] = capsule
         self.metadata[name] = metadata
         for handle in self._handles:  # the set of capsule layers may have changed
             handle.remove()
         self._handles = self._register_hooks()
+
+
+def read_with_head(base_model: nn.Module, directory: str | os.PathLike, head: TaskHead | None = None,
+                   strict: bool = True) -> tuple[Capsule, CapsuleMetadata]:
+    """`capt.capsule.read_capsule`, checked against `base_model` with the capsule's own task head in place (an
+    encoder classifier's fingerprint covers the head it was trained with); `head=None` for models without one."""
+    with head_installed(base_model, head):
+        return read_capsule(base_model, directory, strict)

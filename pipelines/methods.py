@@ -15,6 +15,7 @@ import capt
 from capt import digest
 from capt.arch import head_parameters, spec_for
 from capt.arch.readout import ReadoutError, install_readout, installed_readout
+from capt.heads import TaskHead, head_from_weights
 from capt.methods import MethodModel, apply_method, get_method
 from pipelines.config.readout import LM_HEAD
 
@@ -92,6 +93,17 @@ def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str |
     adapted = get_method(info["method"]).model_class.load(model, directory)
     install_job_readout(adapted, model, trained)
     return adapted
+
+
+def load_task_head(model: nn.Module, directory: str | os.PathLike) -> TaskHead:
+    """The trained head of the encoder-classifier artifact in `directory` and the readout it was trained to read,
+    for a bank that applies many tasks' heads in one batch (`capt.CapsuleBank(heads=...)`); `model` is the base."""
+    directory = Path(directory)
+    info = json.loads((directory / METHOD_FILE).read_text())
+    if not (directory / HEAD_WEIGHTS).is_file():
+        raise capt.CapsuleArtifactError(f"{directory} holds no {HEAD_WEIGHTS}: an encoder classifier's capsule "
+                                        "needs the head it was trained with.")
+    return head_from_weights(model, load_file(str(directory / HEAD_WEIGHTS)), artifact_readout(info, model))
 
 
 def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:

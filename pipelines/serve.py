@@ -79,6 +79,21 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
     return with_alias
 
 
+def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
+    """ServeError naming the reason when the base model of the versions to serve cannot be served (before Ray
+    starts: a replica would fail the same way a minute later)."""
+    from pipelines.serving.support import servable_problem
+    from pipelines.tracking.serving import version_tags
+
+    tagged = {version_tags(source.uri, source.name(t), v).get("base_model") for t, v in versions.items()} - {None}
+    for base in sorted(tagged) or [source.model]:
+        problem = servable_problem(base)
+        if problem is not None:
+            raise ServeError(f"--model {source.model!r}: its capsules (trained on {base!r}) cannot be served: "
+                             f"{problem}. Use the task's own predictor instead: mlflow.pyfunc.load_model("
+                             f"'models:/{source.name('<task>')}@{source.alias}').predict(rows).")
+
+
 def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: Token | None) -> None:
     """Deploy on Ray Serve with HTTP on host:port, then wait for SIGINT/SIGTERM and shut Serve down."""
     from ray import serve
@@ -186,7 +201,7 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
     with tracking_uri(args.tracking_uri) as uri:
         source = RegistrySource(uri, args.model, args.alias, root=".")
         tasks = chosen_tasks(source, args.tasks, args.all)
-        source.check(tasks)
+        refuse_unservable(source, source.check(tasks))
         settings = ServeSettings.from_args({
             "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
             "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,

@@ -18,6 +18,7 @@ base model must leave a job exactly as it came).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ def install_readout(model: nn.Module, readout: str, inserted: tuple[int, int] = 
     if readout == "capsule" and not 0 <= start < stop:
         raise ReadoutError(f"readout='capsule' needs the capsule slot's positions; got inserted={inserted} "
                            "(only CaPT has a capsule slot: use pooler, cls or mean for other methods).")
-    bare = _bare_encoder(model)
+    bare = bare_encoder(model)
     handle = bare.register_forward_hook(_hook(readout, start, stop), with_kwargs=True)
     setattr(model, _INSTALLED, _Readout(readout, (start, stop), handle))
 
@@ -77,7 +78,7 @@ def installed_readout(model: nn.Module) -> str:
     return installed.name if installed is not None else "pooler"
 
 
-def _bare_encoder(model: nn.Module) -> nn.Module:
+def bare_encoder(model: nn.Module) -> nn.Module:
     """The bare encoder whose `pooler_output` the head classifies; an error when the head reads anything else."""
     bare = getattr(model, "base_model", None)
     if bare is None or bare is model or getattr(bare, "pooler", None) is None:
@@ -110,3 +111,23 @@ def readout_vector(readout: str, states: torch.Tensor, attention_mask: torch.Ten
     mask = mask.clone()
     mask[:, start:stop] = 0  # capsule slots and soft-prompt tokens are not input tokens
     return masked_mean(states, mask).to(states.dtype)
+
+
+def row_readout_vectors(readouts: Sequence[str], rows: torch.Tensor, states: torch.Tensor,
+                        pooled: torch.Tensor | None, attention_mask: torch.Tensor | None, start: int,
+                        stop: int) -> torch.Tensor:
+    """(B, D): each row's readout of the final `states` (B, S, D), when rows read differently (a batch mixing
+    tasks). `readouts[i]` is what capsule i's head reads, `rows` (B,) each row's capsule index, `pooled` (B, D)
+    the bare encoder's own `pooler_output` (what "pooler" reads)."""
+    out = torch.empty(states.shape[0], states.shape[2], dtype=states.dtype, device=states.device)  # (B, D)
+    wanted = [readouts[i] for i in rows.tolist()]
+    for name in dict.fromkeys(wanted):  # each readout once, over the rows that read it
+        chosen = torch.tensor([i for i, w in enumerate(wanted) if w == name], dtype=torch.long, device=states.device)
+        if name == "pooler":
+            if pooled is None:
+                raise ReadoutError("readout='pooler' needs the encoder's pooler output; this encoder has no pooler.")
+            out[chosen] = pooled.index_select(0, chosen).to(states.dtype)
+            continue
+        mask = None if attention_mask is None else attention_mask.index_select(0, chosen)
+        out[chosen] = readout_vector(name, states.index_select(0, chosen), mask, start, stop)
+    return out

@@ -12,8 +12,8 @@ from capt.arch import ArchSpec
 from capt.tasks import IGNORE_INDEX, Example
 from capt.tasks.collate import pad
 
-_PAD_VALUES = {"attention_mask": 0, "prompt_mask": 0, "labels": IGNORE_INDEX}
-_MODEL_KEYS = ("input_ids", "attention_mask", "prompt_mask", "labels")
+_PAD_VALUES = {"attention_mask": 0, "prompt_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}
+_MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids", "prompt_mask", "labels")
 
 
 @dataclass
@@ -55,3 +55,11 @@ def generation_batch(parts: Sequence[Part], pad_id: int, spec: ArchSpec) -> tupl
     batches = [part.collator.generation_batch(part.examples, padding_side=side) for part in parts]
     capsules = [part.capsule for part in parts for _ in part.examples]
     return concatenate(batches, pad_id, side), capsules
+
+
+def head_batch(parts: Sequence[Part], pad_id: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(model inputs, capsule per row) for encoder classifiers, whose task heads answer every part at once."""
+    batches = [part.collator(part.examples) for part in parts]
+    inputs = [{k: v for k, v in b.items() if k != "labels"} for b in batches]  # (B,) placeholder labels: unused
+    capsules = [part.capsule for part in parts for _ in part.examples]
+    return concatenate(inputs, pad_id), capsules

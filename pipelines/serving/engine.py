@@ -17,15 +17,15 @@ from typing import Any
 import torch
 
 from capt import CapsuleBank
-from capt.capsule import read_capsule
+from capt.bank import read_with_head
 from capt.errors import CapsuleArtifactError
 from capt.inject import CapsuleModel
 from capt.methods import METHODS
 from capt.tasks import Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
-from pipelines.capsule_predictor import INVALID_LABEL, validated_examples
+from pipelines.capsule_predictor import INVALID_LABEL, _quiet_when_head_follows, validated_examples
 from pipelines.evaluation import sequence_log_likelihood
-from pipelines.methods import METHOD_FILE, sequence_overhead
+from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
@@ -60,7 +60,8 @@ class Answer:
 
     labels: list[str]
     scores: list[list[float]] | None
-    """Per row, the log-likelihood of each label (rank mode); None when generated."""
+    """Per row, the log-likelihood of each label (rank mode; encoder classifiers: the head's log-softmax); None
+    when generated."""
     label_names: list[str]
     model_name: str
     version: int
@@ -84,18 +85,19 @@ class CapsuleEngine:
         self.base_name, self.family = first["model"], first["family"]
         _check_same_base(capsules, self.base_name)
         self.spec = model_shape(self.base_name).spec
-        if self.spec.classifier_head:
-            raise CapsuleArtifactError(
-                f"{self.base_name!r} is an encoder-only model: each of its capsules comes with its own task's "
-                "classification head, so tasks cannot share one base model in a batch. Serve a text-to-text "
-                "model (T5 or decoder-only), whose capsules answer with words.")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels, first["config"]["model"]["dtype"])
+        # encoder classifiers: transformers' "newly initialized head, consider training" report is wrong here, the
+        # capsules' trained heads answer (the registry pyfunc silences it the same way)
+        with _quiet_when_head_follows(Path(capsules[0].capsule_dir)):
+            loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels,
+                                first["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         base = loaded.model.to(self.device).eval()
         for served in capsules:
             _check_method(served)
-        self.bank = CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}).eval()
+        # encoder classifiers (BERT family): each capsule's own task head, in the bank beside it
+        heads = {c.name: load_task_head(base, c.capsule_dir) for c in capsules} if self.spec.classifier_head else None
+        self.bank = CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}, heads=heads).eval()
         self.settings = {c.name: self._settings(c) for c in capsules}
         self.lock = threading.Lock()
         """Held around every batch and every capsule swap: a swap waits for the batch in flight."""
@@ -104,7 +106,8 @@ class CapsuleEngine:
         config = served.result["config"]
         method = config["method"]
         collator = Collator(self.tokenizer, self.family, max_length=config["model"]["max_length"],
-                            capsule_slots=sequence_overhead(method["name"], method["options"]))
+                            capsule_slots=sequence_overhead(method["name"], method["options"]),
+                            input_format=config["task"].get("input_format", "capt"))
         return _Settings(served, collator, config["train"]["eval_mode"], config["model"]["max_new_tokens"])
 
     @property
@@ -132,11 +135,12 @@ class CapsuleEngine:
         """Serve `served` under its name from the next batch on (checked against the base model first)."""
         _check_same_base([served], self.base_name)
         _check_method(served)
-        capsule, metadata = read_capsule(self.bank.base_model, served.capsule_dir)
+        head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
+        capsule, metadata = read_with_head(self.bank.base_model, served.capsule_dir, head)
         capsule = capsule.to(self.device).eval()
         settings = self._settings(served)
         with self.lock:
-            self.bank.replace(served.name, capsule, metadata)
+            self.bank.replace(served.name, capsule, metadata, head)
             self.settings[served.name] = settings
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
 
@@ -145,6 +149,8 @@ class CapsuleEngine:
         """Answers to (capsule name, examples) requests, all of them in one mixed batch per evaluation mode."""
         answers: list[Answer | None] = [None] * len(requests)
         with self.lock:
+            if self.spec.classifier_head:  # a task head answers every row, whatever the eval mode says
+                return self._classify([self._part(*request) for request in requests])
             for mode in ("rank", "generate"):
                 chosen = [i for i, (name, _) in enumerate(requests) if self.settings[name].mode == mode]
                 if chosen:
@@ -175,6 +181,20 @@ class CapsuleEngine:
             block = scores[start:start + count * len(part.examples)].view(len(part.examples), count)
             start += count * len(part.examples)
             answers.append(self._answer(part.capsule, rank_classify(block), block.tolist()))
+        return answers
+
+    def _classify(self, parts: list[mixed.Part]) -> list[Answer]:
+        """Encoder classifiers: one encoder pass, each row through its own task's head (`CapsuleBank.classify`)."""
+        inputs, capsules = mixed.head_batch(parts, self.pad_id)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        logits = self.bank.classify(**inputs, capsule=capsules).float()  # (B, C_max); -inf past a task's labels
+        scores = torch.log_softmax(logits, dim=-1).cpu()  # log-probability of each label, as the task's head gives
+        answers, row = [], 0
+        for part in parts:
+            count = task_spec(self.settings[part.capsule].served.task).num_labels
+            block = scores[row:row + len(part.examples), :count]  # (n, C) this task's own labels
+            row += len(part.examples)
+            answers.append(self._answer(part.capsule, block.argmax(-1).tolist(), block.tolist()))
         return answers
 
     def _generate(self, parts: list[mixed.Part]) -> list[Answer]:

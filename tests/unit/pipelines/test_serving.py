@@ -1,5 +1,6 @@
 """The serving engine without Ray: one mixed batch answers as each task's pyfunc predictor, a capsule swaps
-in place, capsules of another base model or of an encoder are refused; the Serve config file and settings."""
+in place, capsules of another base model are refused; the Serve config file and settings (encoder-only capsules:
+test_serving_encoder.py)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_rows_are_checked_with_the_pyfunc_errors(jobs: dict[str, Any]) -> None:
         engine.examples("rte", [{"premise": "A cat sat."}])
 
 
-def test_capsules_of_another_base_model_or_an_encoder_are_refused(jobs: dict[str, Any]) -> None:
+def test_capsules_of_another_base_model_are_refused(jobs: dict[str, Any]) -> None:
     other = {**jobs["cb0"], "model": "tiny-llama"}
     with pytest.raises(CapsuleArtifactError, match="trained on base model 'tiny-llama', not on 'tiny-t5'"):
         CapsuleEngine([_served(jobs["rte0"]), _served(other)])
@@ -71,9 +72,6 @@ def test_capsules_of_another_base_model_or_an_encoder_are_refused(jobs: dict[str
     with pytest.raises(CapsuleArtifactError, match="trained on base model 'tiny-llama'"):
         engine.replace(_served(other, name="rte"))
     assert engine.versions() == {"rte": 1}
-    encoder = {**jobs["rte0"], "model": "tiny-bert", "family": "encoder"}
-    with pytest.raises(CapsuleArtifactError, match="encoder-only model"):
-        CapsuleEngine([_served(encoder)])
 
 
 def test_the_serve_config_file_is_valid_and_builds_the_app(monkeypatch: pytest.MonkeyPatch) -> None:

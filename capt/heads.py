@@ -1,0 +1,155 @@
+"""`TaskHeads`: the linear classifier heads of many encoder-only capsules, applied row by row in one batch.
+
+An encoder-only (BERT-family) capsule comes with its own task's linear head and the readout that head was
+trained to read (`capt.arch.readout`). In a batch that mixes tasks the encoder runs once; each row's readout
+vector then goes through its own task's head: the heads are stacked, padded to the largest label count,
+gathered per row and applied with one batched matmul. A task's padded classes get -inf logits, so a softmax
+over a row gives exactly that task's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from capt.arch import head_parameters
+from capt.arch.readout import READOUTS, ReadoutError, bare_encoder, row_readout_vectors
+from capt.errors import CapsuleArtifactError
+
+
+@dataclass(frozen=True)
+class TaskHead:
+    """One task's trained linear head and the readout it reads."""
+
+    weight: torch.Tensor
+    """(C, D): C labels of the task, D the encoder's hidden size."""
+    bias: torch.Tensor | None
+    """(C,), or None for a head without bias."""
+    readout: str
+    """What the head reads (`capt.arch.readout.READOUTS`)."""
+
+    @property
+    def num_labels(self) -> int:
+        """C, the task's label count."""
+        return int(self.weight.shape[0])
+
+
+def linear_head_problem(model: nn.Module) -> str | None:
+    """Why `model`'s task heads cannot share one batch (None when they can): the head must be one `nn.Linear`
+    over the bare encoder's pooled vector, the vector a readout replaces."""
+    name = _linear_head_name(model)
+    if name is None:
+        return (f"{type(model).__name__} (model_type={getattr(model.config, 'model_type', None)!r}) classifies "
+                "with a head that is not one linear layer over the pooled vector; a batch mixing tasks gathers "
+                "each row's linear head, so its capsules can only be served one task per model")
+    try:
+        bare_encoder(model)
+    except ReadoutError as err:
+        return str(err)
+    return None
+
+
+def _linear_head_name(model: nn.Module) -> str | None:
+    """The module path of the `nn.Linear` that holds every head parameter, or None."""
+    head = {id(p) for p in head_parameters(model)}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and head and {id(p) for p in module.parameters()} == head:
+            return name
+    return None
+
+
+def head_from_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], readout: str) -> TaskHead:
+    """The `TaskHead` in `weights` (the head's parameters by their names in `model`, as a trained job saves them)."""
+    problem = linear_head_problem(model)
+    if problem is not None:
+        raise CapsuleArtifactError(problem + ".")
+    name = _linear_head_name(model)
+    weight, bias = weights.get(f"{name}.weight"), weights.get(f"{name}.bias")
+    expected = {f"{name}.weight"} | ({f"{name}.bias"} if bias is not None else set())
+    if weight is None or set(weights) != expected:
+        raise CapsuleArtifactError(f"The head weights hold {sorted(weights)}; this model's head is "
+                                   f"{name}.weight and {name}.bias.")
+    return TaskHead(weight, bias, readout)
+
+
+@contextmanager
+def head_installed(model: nn.Module, head: TaskHead | None) -> Iterator[None]:
+    """`model` with `head` as its classifier head meanwhile (nothing when None), then its own head again.
+
+    A capsule artifact's fingerprint covers the whole model it was trained in, its trained head included: it is
+    checked against the base model with that capsule's head in place.
+    """
+    if head is None:
+        yield
+        return
+    linear = model.get_submodule(_linear_head_name(model) or "")
+    if not isinstance(linear, nn.Linear):
+        raise CapsuleArtifactError(linear_head_problem(model) + ".")
+    own = linear.weight, linear.bias
+    linear.weight = nn.Parameter(head.weight.to(own[0].device, own[0].dtype), requires_grad=False)
+    linear.bias = None if head.bias is None else nn.Parameter(head.bias.to(own[0].device, own[0].dtype),
+                                                              requires_grad=False)
+    try:
+        yield
+    finally:
+        linear.weight, linear.bias = own
+
+
+class TaskHeads(nn.Module):
+    """The heads of a bank's capsules, by capsule index, stacked as (N, C_max, D) for a per-row gather."""
+
+    def __init__(self, heads: Sequence[TaskHead], hidden_size: int) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.heads = [self._checked(head) for head in heads]
+        self._stack()
+
+    def _checked(self, head: TaskHead) -> TaskHead:
+        if head.readout not in READOUTS:
+            raise CapsuleArtifactError(f"readout={head.readout!r} is not a readout (allowed: {', '.join(READOUTS)}).")
+        width = head.weight.shape[-1] if head.weight.dim() == 2 else None
+        if width != self.hidden_size or (head.bias is not None and head.bias.shape != (head.weight.shape[0],)):
+            raise CapsuleArtifactError(
+                f"A task head of shape {tuple(head.weight.shape)} (bias "
+                f"{None if head.bias is None else tuple(head.bias.shape)}) does not fit this encoder: it needs "
+                f"(labels, {self.hidden_size}) and (labels,).")
+        return head
+
+    def _stack(self) -> None:
+        """Rebuild the stacked buffers; padded classes have zero weights and a -inf bias."""
+        count, width = len(self.heads), max(head.num_labels for head in self.heads)
+        like = self.heads[0].weight
+        weight = torch.zeros(count, width, self.hidden_size, dtype=like.dtype)  # (N, C_max, D)
+        bias = torch.full((count, width), float("-inf"), dtype=like.dtype)  # (N, C_max)
+        for i, head in enumerate(self.heads):
+            weight[i, :head.num_labels] = head.weight.detach()
+            bias[i, :head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
+        device = getattr(self, "weight", like).device
+        self.register_buffer("weight", weight.to(device), persistent=False)
+        self.register_buffer("bias", bias.to(device), persistent=False)
+
+    def replace(self, index: int, head: TaskHead) -> None:
+        """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head)."""
+        self.heads[index] = self._checked(head)
+        self._stack()
+
+    @property
+    def label_counts(self) -> list[int]:
+        """C per capsule index."""
+        return [head.num_labels for head in self.heads]
+
+    def forward(self, states: torch.Tensor, pooled: torch.Tensor | None, attention_mask: torch.Tensor,
+                rows: torch.Tensor, inserted: tuple[int, int]) -> torch.Tensor:
+        """(B, C_max) logits: each row's readout of the final `states` (B, S, D), through its own task's head.
+
+        `rows` (B,) is each row's capsule index; `inserted` the [start, stop) positions of the slots.
+        """
+        readouts = [self.heads[i].readout for i in range(len(self.heads))]
+        features = row_readout_vectors(readouts, rows, states, pooled, attention_mask, *inserted)  # (B, D)
+        weight = self.weight.index_select(0, rows).to(features.dtype)  # (B, C_max, D)
+        logits = torch.bmm(weight, features.unsqueeze(2)).squeeze(2)  # (B, C_max)
+        return logits + self.bias.index_select(0, rows).to(logits.dtype)
