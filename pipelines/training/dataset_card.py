@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from capt import tasks
+from capt.tasks.loading import single_label_warning
 from pipelines.config.schema import TaskSection
 
 SAMPLE_ROWS = 3
@@ -41,4 +42,5 @@ def dataset_card(section: TaskSection, splits: tasks.Splits) -> dict[str, Any]:
             "origin": origin, "sizes": splits.sizes(), "digest": content_digest(splits),
             "label_counts": {split: {label_names[k]: n for k, n in counts.items()}
                              for split, counts in splits.label_counts().items()},
-            "sample_rows": [_sample(e, label_names) for e in splits.train[:SAMPLE_ROWS]]}
+            "sample_rows": [_sample(e, label_names) for e in splits.train[:SAMPLE_ROWS]],
+            "warnings": [warning] if (warning := single_label_warning(splits.train, origin)) else []}

@@ -25,3 +25,13 @@ def test_a_card_says_generated_sizes_digest_and_sample_rows_and_becomes_an_mlflo
     assert (dataset.name, dataset.digest, dataset.source_type) == ("rte-generated", card["digest"], "code")
     assert json.loads(dataset.profile)["sizes"] == splits.sizes()
     assert {c["name"] for c in json.loads(dataset.schema)["mlflow_colspec"]} >= {"premise", "hypothesis"}
+    assert card["warnings"] == []
+
+
+def test_a_training_split_of_one_label_is_a_warning_on_the_card() -> None:
+    splits = _splits(0)
+    one_label = tasks.Splits(train=[e for e in splits.train if e.label == 0], validation=splits.validation,
+                             test=splits.test)
+    card = dataset_card(TaskSection(name="rte", source="generated"), one_label)
+    assert len(card["warnings"]) == 1 and "has label 0: the model can only learn to give that answer" in \
+        card["warnings"][0]
