@@ -1,7 +1,8 @@
 """Session-wide real services for integration tests: an MLflow server and Ray heads.
 
 As soon as collection ends, every service that some selected test needs is launched in the
-background, so they boot while earlier tests run; a fixture then only waits for its own service.
+background, so they boot while earlier tests run; a fixture then only waits for its own service. Each
+pytest-xdist worker has services of its own (free ports, folders of their own).
 All of them stop at the end of the session, also when tests fail. A test that stops a service (to
 simulate an outage) must start it again before it returns, in a ``finally``.
 
@@ -77,6 +78,15 @@ class _ServicePool:
 
 POOL = pytest.StashKey[_ServicePool]()
 
+SERVED_TO_MANY = frozenset({"mlflow_server", "ray_head"})
+"""Under pytest-xdist a worker cannot know which tests it will get: it launches early only the services that
+many tests use (so most workers need them); the others start when a test of this worker first asks."""
+
+
+def _launched_early(session: pytest.Session) -> set[str]:
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    return needed & SERVED_TO_MANY if os.environ.get("PYTEST_XDIST_WORKER") else needed
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Launch the services the selected tests need, so that they boot while other tests run."""
@@ -84,7 +94,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[POOL] = pool
     if session.config.option.collectonly:
         return
-    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    needed = _launched_early(session)
     for name in FACTORIES:
         if name in needed:
             try:
