@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-PER_WORKER = frozenset({"_service_pool", "mlflow_server", "ray_head", "ray_head_token"})
+PER_WORKER = frozenset({"_service_pool", "mlflow_server", "ray_head"})
 """Session fixtures each worker builds for itself on purpose: the servers the integration tests share."""
 
 

@@ -7,8 +7,8 @@ All of them stop at the end of the session, also when tests fail. A test that st
 simulate an outage) must start it again before it returns, in a ``finally``.
 
 Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
-(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth; give clients
-``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
+(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth, per module, outside the pool; give
+clients ``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
 MLflow UI tests).
 """
 
@@ -45,7 +45,6 @@ FACTORIES: dict[str, Callable[[], Service]] = {
     # registry names other tests create and count versions of.
     "smoke_mlflow_server": _new_mlflow_server,
     "ray_head": lambda: LocalRayHead(num_cpus=2),
-    "ray_head_token": lambda: LocalRayHead(num_cpus=1, auth_mode="token"),
 }
 
 
@@ -143,12 +142,17 @@ def ray_head(_service_pool: _ServicePool) -> LocalRayHead:
     return head
 
 
-@pytest.fixture(scope="session")
-def ray_head_token(_service_pool: _ServicePool) -> LocalRayHead:
-    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``."""
-    head = _ready(_service_pool, "ray_head_token")
-    assert isinstance(head, LocalRayHead)
-    return head
+@pytest.fixture(scope="module")
+def ray_head_token() -> Iterator[LocalRayHead]:
+    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``. It lives only while the module
+    that uses it runs (one test does): an idle Ray head costs about a tenth of a CPU for the rest of the session."""
+    head = LocalRayHead(num_cpus=1, auth_mode="token").start()
+    try:
+        yield head
+    finally:
+        head.stop()
+        pids = ray_cluster_stragglers(head.port)
+        assert not pids and not head.running, f"token-auth Ray head not fully stopped: {head.running}, {pids}"
 
 
 SMOKE_SWEEP_ARGS = ["--config", "pipelines/configs/smoke.yaml", "name=it-ui", "tasks=[rte]", "job.train.max_steps=6",
