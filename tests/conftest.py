@@ -13,10 +13,11 @@ from helpers.xdist_groups import assign_xdist_groups  # noqa: E402
 from tiny_models import BUILDERS  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """Group the tests that share a costly fixture for pytest-xdist; skip `gpu`-marked tests, with the reason,
     where torch sees no CUDA device."""
-    assign_xdist_groups(items)
+    assign_xdist_groups(items, config)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")

@@ -36,17 +36,33 @@ def _module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def assign_xdist_groups(items: list[pytest.Item]) -> None:
-    """Mark every test that uses a shared fixture with the `xdist_group` of that fixture (see the module doc)."""
+def _join_group(item: pytest.Item, group: str, config: pytest.Config) -> None:
+    """Mark ``item`` with ``group``; on an xdist worker under `--dist loadgroup`, also give it the group suffix.
+
+    pytest-xdist 3.8 tells the scheduler an item's group by appending ``@group`` to ``item._nodeid``, which pytest 9.2
+    no longer reads (its node ids are structured, ``item._id``): every group would silently be split over the workers
+    (pytest-xdist issue 1386). Until xdist writes the structured id itself, this does; where it does, its own suffix
+    repeats the group and the scheduler (which reads the text after the last ``@``) sees the same group.
+    """
+    item.add_marker(pytest.mark.xdist_group(group))
+    if config.getvalue("loadgroup") and hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def assign_xdist_groups(items: list[pytest.Item], config: pytest.Config) -> None:
+    """Put every test that uses a shared fixture in the `xdist_group` of that fixture (see the module doc)."""
     session_group_of_module: dict[str, str] = {}
     for item in items:
         if session_fixtures := _shared_fixtures(item, "session"):
             session_group_of_module.setdefault(_module_of(item), session_fixtures[0])
     for item in items:
         if session_fixtures := _shared_fixtures(item, "session"):
-            group = session_fixtures[0]
+            _join_group(item, session_fixtures[0], config)
         elif _shared_fixtures(item, "module"):
-            group = session_group_of_module.get(_module_of(item), _module_of(item))
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+            _join_group(item, session_group_of_module.get(_module_of(item), _module_of(item)), config)

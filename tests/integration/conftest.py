@@ -123,7 +123,13 @@ def _service_pool(pytestconfig: pytest.Config) -> Iterator[_ServicePool]:
 
 
 def _ready(pool: _ServicePool, name: str) -> Service:
-    return pool.get(name).wait_ready()
+    """The service, ready; one that failed to start leaves the pool, so the next test asking for it tries anew (a
+    start can time out on a busy machine: without this, every later test would fail on the dead one)."""
+    try:
+        return pool.get(name).wait_ready()
+    except ServiceError:
+        pool.services.pop(name, None)
+        raise
 
 
 @pytest.fixture(scope="session")
