@@ -45,7 +45,7 @@ def _join_group(item: pytest.Item, group: str, config: pytest.Config) -> None:
     repeats the group and the scheduler (which reads the text after the last ``@``) sees the same group.
     """
     item.add_marker(pytest.mark.xdist_group(group))
-    if config.getvalue("loadgroup") and hasattr(item, "_id"):
+    if getattr(config.option, "loadgroup", False) and hasattr(item, "_id"):  # set on xdist workers only
         from _pytest.nodeid import NodeId
 
         item._id = NodeId.parse(f"{item.nodeid}@{group}")
