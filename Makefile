@@ -44,7 +44,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) tests/unit -m "not slow"
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest $(XDIST) tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check capt pipelines tests
