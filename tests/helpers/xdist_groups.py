@@ -1,4 +1,4 @@
-"""Keep the tests that share a costly fixture on one pytest-xdist worker (`make test TEST_WORKERS=2`: `--dist loadgroup`).
+"""Keep the tests that share a costly fixture on one pytest-xdist worker (under `--dist loadgroup`).
 
 Each xdist worker is a pytest session of its own: a module- or session-scoped fixture is built once per worker that
 runs a test needing it. A module fixture that trains jobs, or the session's smoke sweep, would run again on every
