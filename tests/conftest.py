@@ -9,11 +9,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers.xdist_groups import assign_xdist_groups  # noqa: E402
 from tiny_models import BUILDERS  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
-    """Skip `gpu`-marked tests, with the reason, where torch sees no CUDA device."""
+    """Group the tests that share a costly fixture for pytest-xdist; skip `gpu`-marked tests, with the reason,
+    where torch sees no CUDA device."""
+    assign_xdist_groups(items, config)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")

@@ -1,13 +1,14 @@
 """Session-wide real services for integration tests: an MLflow server and Ray heads.
 
 As soon as collection ends, every service that some selected test needs is launched in the
-background, so they boot while earlier tests run; a fixture then only waits for its own service.
+background, so they boot while earlier tests run; a fixture then only waits for its own service. Each
+pytest-xdist worker has services of its own (free ports, folders of their own).
 All of them stop at the end of the session, also when tests fail. A test that stops a service (to
 simulate an outage) must start it again before it returns, in a ``finally``.
 
 Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
-(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth; give clients
-``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
+(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth, per module, outside the pool; give
+clients ``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, cut short, run once on them for the
 MLflow UI tests).
 """
 
@@ -44,7 +45,6 @@ FACTORIES: dict[str, Callable[[], Service]] = {
     # registry names other tests create and count versions of.
     "smoke_mlflow_server": _new_mlflow_server,
     "ray_head": lambda: LocalRayHead(num_cpus=2),
-    "ray_head_token": lambda: LocalRayHead(num_cpus=1, auth_mode="token"),
 }
 
 
@@ -77,6 +77,15 @@ class _ServicePool:
 
 POOL = pytest.StashKey[_ServicePool]()
 
+SERVED_TO_MANY = frozenset({"mlflow_server", "ray_head"})
+"""Under pytest-xdist a worker cannot know which tests it will get: it launches early only the services that
+many tests use (so most workers need them); the others start when a test of this worker first asks."""
+
+
+def _launched_early(session: pytest.Session) -> set[str]:
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    return needed & SERVED_TO_MANY if os.environ.get("PYTEST_XDIST_WORKER") else needed
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Launch the services the selected tests need, so that they boot while other tests run."""
@@ -84,7 +93,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[POOL] = pool
     if session.config.option.collectonly:
         return
-    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    needed = _launched_early(session)
     for name in FACTORIES:
         if name in needed:
             try:
@@ -114,7 +123,13 @@ def _service_pool(pytestconfig: pytest.Config) -> Iterator[_ServicePool]:
 
 
 def _ready(pool: _ServicePool, name: str) -> Service:
-    return pool.get(name).wait_ready()
+    """The service, ready; one that failed to start leaves the pool, so the next test asking for it tries anew (a
+    start can time out on a busy machine: without this, every later test would fail on the dead one)."""
+    try:
+        return pool.get(name).wait_ready()
+    except ServiceError:
+        pool.services.pop(name, None)
+        raise
 
 
 @pytest.fixture(scope="session")
@@ -133,12 +148,17 @@ def ray_head(_service_pool: _ServicePool) -> LocalRayHead:
     return head
 
 
-@pytest.fixture(scope="session")
-def ray_head_token(_service_pool: _ServicePool) -> LocalRayHead:
-    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``."""
-    head = _ready(_service_pool, "ray_head_token")
-    assert isinstance(head, LocalRayHead)
-    return head
+@pytest.fixture(scope="module")
+def ray_head_token() -> Iterator[LocalRayHead]:
+    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``. It lives only while the module
+    that uses it runs (one test does): an idle Ray head costs about a tenth of a CPU for the rest of the session."""
+    head = LocalRayHead(num_cpus=1, auth_mode="token").start()
+    try:
+        yield head
+    finally:
+        head.stop()
+        pids = ray_cluster_stragglers(head.port)
+        assert not pids and not head.running, f"token-auth Ray head not fully stopped: {head.running}, {pids}"
 
 
 SMOKE_SWEEP_ARGS = ["--config", "pipelines/configs/smoke.yaml", "name=it-ui", "tasks=[rte]", "job.train.max_steps=6",

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.services import LOCALHOST, free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 CLUSTER_SH = INFRA / "mlflow" / "cluster.sh"
@@ -122,8 +124,8 @@ def test_cpu_2proc_config_starts_two_gloo_processes(tmp_path: Path) -> None:
     )
     launcher = Path(sys.executable).with_name("accelerate")
     done = subprocess.run(
-        [str(launcher), "launch", "--config_file", str(INFRA / "accelerate" / "cpu_2proc.yaml"), str(script),
-         str(tmp_path)],
+        [str(launcher), "launch", "--config_file", str(INFRA / "accelerate" / "cpu_2proc.yaml"),
+         "--main_process_port", str(free_port(LOCALHOST)), str(script), str(tmp_path)],  # 29500 may be taken
         env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipelines.services import LOCALHOST, free_port
 from pipelines.training.setup import LaunchMismatchError, check_launch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,7 +62,9 @@ def _accelerate_launch(target: list[str], output_dir: Path, use_cpu: bool) -> su
     env.pop("ACCELERATE_USE_CPU", None)
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "1"
-    command = [str(ACCELERATE), "launch", "--config_file", str(CPU_2PROC), *target,
+    # A free rendezvous port: the config's default (29500) would collide with a launch in another test process.
+    command = [str(ACCELERATE), "launch", "--config_file", str(CPU_2PROC),
+               "--main_process_port", str(free_port(LOCALHOST)), *target,
                "--config", str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml"), f"output_dir={output_dir}",
                *JOB]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
