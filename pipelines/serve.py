@@ -193,6 +193,7 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services import port_is_free
     from pipelines.services.private import private_temp_dir
     from pipelines.services.ray_connect import ray_cluster
+    from pipelines.serving.preflight import check_capsules
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
@@ -201,7 +202,9 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
     with tracking_uri(args.tracking_uri) as uri:
         source = RegistrySource(uri, args.model, args.alias, root=".")
         tasks = chosen_tasks(source, args.tasks, args.all)
-        refuse_unservable(source, source.check(tasks))
+        versions = source.check(tasks)
+        refuse_unservable(source, versions)
+        check_capsules(source, versions)  # every capsule fetched and verified before Ray starts
         settings = ServeSettings.from_args({
             "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
             "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,

@@ -18,6 +18,7 @@ from typing import Any
 import mlflow
 import pandas as pd
 import pytest
+import torch
 from helpers.jobs import tiny_job
 from helpers.registry import track
 from mlflow import MlflowClient
@@ -70,6 +71,17 @@ def _forge_task(artifact: Path, result: dict[str, Any]) -> None:
     result["artifact_files"] = json.loads((artifact / digest.MANIFEST_NAME).read_text())["files"]
 
 
+def _infinite_value(artifact: Path, result: dict[str, Any]) -> None:
+    """One capsule value infinite, consistently sealed (as a faulty writer would leave it)."""
+    tensors = load_file(str(artifact / "capsule.safetensors"))
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first].clone().flatten().index_fill(0, torch.tensor([0]), float("inf")).view_as(
+        tensors[first])
+    save_file(tensors, str(artifact / "capsule.safetensors"), metadata={"format": "pt"})
+    result["artifact_digest"] = digest.seal(artifact)
+    result["artifact_files"] = json.loads((artifact / digest.MANIFEST_NAME).read_text())["files"]
+
+
 def _store_files(server: LocalMlflowServer, version: str, name: str) -> Path:
     """The version's capsule folder inside the server's artifact store."""
     source = MlflowClient(server.uri).get_model_version_download_uri(NAME, version)
@@ -85,7 +97,7 @@ def registered(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPa
     uri = mlflow_server.uri
     # by validation score, version 2 (whose weights are then tampered with) is the best
     versions = {key: _register_copy(uri, result, root / key, validation, edit) for key, validation, edit in
-                (("1", 50.0, None), ("2", 90.0, None), ("3", 10.0, _forge_task))}
+                (("1", 50.0, None), ("2", 90.0, None), ("3", 10.0, _forge_task), ("4", 5.0, _infinite_value))}
     weights = _store_files(mlflow_server, "2", "capsule.safetensors")
     save_file({k: t * -100 for k, t in load_file(weights).items()}, weights, metadata={"format": "pt"})
     return {"uri": uri, "job": root / "job", "result": result, "versions": versions, "tampered": weights,
@@ -171,3 +183,19 @@ def test_a_reused_result_is_compared_with_its_run(registered) -> None:
         with pytest.raises(CachedResultError, match=r"test_score: result.json 99.9, run .*train.overwrite=true"):
             tracked_job(loop_config, reported.append, is_main=True)
         assert reported == [], "a refused trial reports no score"
+
+
+@pytest.mark.parametrize(("version", "reason"), [("2", "capsule.safetensors was expected to have SHA-256"),
+                                                 ("4", "capsule.safetensors holds NaN or infinite values")])
+def test_serve_refuses_a_bad_capsule_in_one_paragraph_before_ray_starts(registered, version, reason, capsys,
+                                                                        monkeypatch) -> None:
+    from pipelines import serve
+    from pipelines.services import free_port
+
+    MlflowClient(registered["uri"]).set_registered_model_alias(NAME, "suspect", version)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # a serve that went past the check would fail on Ray instead
+    code = serve.main(["--model", SLUG, "--tasks", "rte", "--tracking-uri", registered["uri"], "--alias", "suspect",
+                       "--no-auth", "--port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and f"Version {version} of {NAME}" in err and reason in err, err
+    assert "Ray" not in err.split("error:", 1)[1], "refused before Ray was reached"
