@@ -269,14 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min", dest="min_value", type=float, default=None,
                         help="refuse when the best is worse than this value (a finite number)")
     parser.add_argument("--stage", choices=STAGES, default=None, help="also set this legacy stage (deprecated)")
-    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="default: MLFLOW_TRACKING_URI, else the local store outputs/mlflow that `make demo` wrote")
     return cli_main(parser, argv, _promote_from_cli, expected=(TrackingError,))
 
 
 def _promote_from_cli(args: argparse.Namespace) -> int:
+    from pipelines.services.tracking_store import tracking_store
+
     try:
-        done = promote(args.model, args.task, args.metric, args.min_value, args.stage, args.tracking_uri,
-                       args.higher_is_better)
+        with tracking_store(args.tracking_uri) as store:
+            print(f"Tracking store: {store.origin}", file=sys.stderr)
+            done = promote(args.model, args.task, args.metric, args.min_value, args.stage, store.uri,
+                           args.higher_is_better)
     except PromotionRefused as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

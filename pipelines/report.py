@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: print the Markdown tables; exit 2 with a clear message when no report can be built."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.report", description=__doc__.split("\n")[0])
     parser.add_argument("--experiment", required=True, help="MLflow experiment name")
-    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="default: MLFLOW_TRACKING_URI, else the local store outputs/mlflow that `make demo` wrote")
     parser.add_argument("--out", default="reports", help="output directory (default: reports)")
     parser.add_argument("--metric", default="test_score", help="run metric to tabulate (default: test_score)")
     parser.add_argument("--sweep", default=None, help="only runs tagged with this sweep")
@@ -226,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_from_cli(args: argparse.Namespace) -> int:
-    text, md_path, png_path = build_report(args.experiment, args.tracking_uri, args.out, args.metric, args.sweep)
+    from pipelines.services.tracking_store import tracking_store
+
+    with tracking_store(args.tracking_uri) as store:
+        print(f"Tracking store: {store.origin}", file=sys.stderr)
+        text, md_path, png_path = build_report(args.experiment, store.uri, args.out, args.metric, args.sweep)
     print(text)
     print(f"Wrote {md_path} and {png_path}.")
     return 0

@@ -22,51 +22,21 @@ infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, run_cli
-from pipelines.config.tracking import TrackingSection
 from pipelines.serving.auth import Token, find_token
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
 
 logger = logging.getLogger(__name__)
-
-DEMO_STORE = Path(TrackingSection().local_dir)
-"""The local MLflow store `make demo` writes (a sweep's default tracking.local_dir)."""
-
-
-@contextlib.contextmanager
-def tracking_uri(given: str | None) -> Iterator[str]:
-    """The registry's URI: `given`, MLFLOW_TRACKING_URI (both checked now), or a local server on the demo store."""
-    from pipelines.services import LocalMlflowServer
-    from pipelines.services.mlflow_probe import check_mlflow_server
-
-    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
-        yield uri
-        return
-    if not (DEMO_STORE / "mlflow.db").is_file():
-        raise ServeError(f"No registry to serve from: no --tracking-uri, no MLFLOW_TRACKING_URI, and no local store "
-                         f"at {DEMO_STORE.resolve()}/mlflow.db. Run `make demo` first (it trains and promotes "
-                         "capsules there), or pass --tracking-uri.")
-    server = LocalMlflowServer(DEMO_STORE).start()
-    try:
-        yield server.uri
-    finally:
-        server.stop()
-
 
 def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list[str]:
     """--tasks as a list, or with --all every task of the model whose registered model has the alias."""
@@ -193,13 +163,16 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services import port_is_free
     from pipelines.services.private import private_temp_dir
     from pipelines.services.ray_connect import ray_cluster
+    from pipelines.services.tracking_store import tracking_store
     from pipelines.serving.preflight import check_capsules
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
                          "pick another port.")
     token = None if args.no_auth else find_token(args.token_file, private_temp_dir("capt-serve"), args.port)
-    with tracking_uri(args.tracking_uri) as uri:
+    with tracking_store(args.tracking_uri, check=True) as store:
+        uri = store.uri
+        print(f"Tracking store: {store.origin}", file=sys.stderr)
         source = RegistrySource(uri, args.model, args.alias, root=".")
         tasks = chosen_tasks(source, args.tasks, args.all)
         versions = source.check(tasks)

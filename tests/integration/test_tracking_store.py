@@ -1,0 +1,37 @@
+"""promote, report and serve find the tracking store by one rule: the flag, MLFLOW_TRACKING_URI, or the local store
+`make demo` wrote (outputs/mlflow under the current directory), which they serve for the command and name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlflow
+import pytest
+from helpers.bad_inputs import call_entry
+
+from pipelines.services import LocalMlflowServer
+from pipelines.services.folder_lock import held_folder
+from pipelines.services.mlflow_server import STORE_LOCK_FILE
+from pipelines.services.tracking_store import LOCAL_STORE
+
+pytestmark = pytest.mark.integration
+
+
+def test_promote_and_report_use_the_demo_store_of_the_folder_they_run_in(tmp_path: Path, capsys) -> None:
+    store = tmp_path / LOCAL_STORE
+    server = LocalMlflowServer(store).start()
+    try:
+        mlflow.MlflowClient(server.uri).create_experiment("capt-demo-store")
+    finally:
+        server.stop()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    promoted = call_entry("promote", ["--model", "tiny-t5", "--task", "rte"], env, tmp_path, capsys)
+    assert f"Tracking store: the local store {store} (served at http://127.0.0.1:" in promoted.stderr
+    assert promoted.returncode == 2 and "There is no registered model 'capt-tiny-t5-rte'" in promoted.stderr
+    reported = call_entry("report", ["--experiment", "capt-demo-store", "--out", str(tmp_path / "reports")], env,
+                          tmp_path, capsys)
+    assert f"Tracking store: the local store {store}" in reported.stderr
+    assert "No experiment 'capt-demo-store'" not in reported.stderr, "the report read the local store"
+    with held_folder(store / STORE_LOCK_FILE):  # each command's server stopped and let go of the store
+        pass
