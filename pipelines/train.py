@@ -4,6 +4,8 @@
     torchrun --standalone --nproc_per_node 2 -m pipelines.train --config FILE      # 2 processes (gloo on CPU)
 
 `run(config, report=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
+A single job is not tracked in MLflow (MLFLOW_TRACKING_URI is not read here): a sweep of one trial is
+(`python pipelines/sweep.py --config FILE`, a job's keys under `job:`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ from pipelines.training.setup import Job, build_job, num_labels
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
+
+
+NOT_TRACKED = ("Not tracked in MLflow: a single job logs no run, with or without MLFLOW_TRACKING_URI. To track it, "
+               "run it as a sweep of one trial: python pipelines/sweep.py --config FILE (its job keys under `job:`).")
 
 
 class TrainingDivergedError(RuntimeError):
@@ -249,7 +255,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: validate the config (every problem at once), then run the job; exit 2 on bad input."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0],
+                                     epilog=NOT_TRACKED)
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
     return cli_main(parser, argv, _train_from_cli, expected=(TrainingDivergedError,))
@@ -261,6 +268,7 @@ def _train_from_cli(args: argparse.Namespace) -> int:
     check_job_folder("output_dir", folder)
     print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
           f" (output_dir {str(folder)!r} taken against the current directory)"), file=sys.stderr)
+    print(NOT_TRACKED, file=sys.stderr)
     try:
         result = run(config)
     finally:

@@ -134,7 +134,8 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
         total_steps, scheduler = 0, None
         model, loader = accelerator.prepare(model, loader)
     else:
-        total_steps = _total_steps(config, len(loader))
+        total_steps, budget, cut = step_budget(config, len(loader))
+        logger.log(logging.WARNING if cut else logging.INFO, "%s/%s: %s", config.task.name, config.method.name, budget)
         scheduler = _schedule(config, optimizer, total_steps)
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
@@ -188,6 +189,20 @@ def _total_steps(config: JobConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, math.ceil(batches_per_epoch / config.train.grad_accum_steps))
     total = per_epoch * config.train.max_epochs
     return min(total, config.train.max_steps) if config.train.max_steps else total
+
+
+def step_budget(config: JobConfig, batches_per_epoch: int) -> tuple[int, str, bool]:
+    """(optimiser steps, the sentence that says which limit sets them, whether a given `max_steps` was cut)."""
+    train = config.train
+    per_epoch = max(1, math.ceil(batches_per_epoch / train.grad_accum_steps))
+    total = _total_steps(config, batches_per_epoch)
+    epochs = f"max_epochs={train.max_epochs} ({per_epoch} steps per epoch)"
+    if not train.max_steps:
+        return total, f"training {total} steps: {epochs}", False
+    if total < train.max_steps:
+        return total, (f"training {total} steps, not max_steps={train.max_steps}: {epochs} is reached first; raise "
+                       "train.max_epochs to train longer"), True
+    return total, f"training {total} steps: max_steps={train.max_steps}, before {epochs} is reached", False
 
 
 def warmup_steps(config: JobConfig, total_steps: int) -> int:
