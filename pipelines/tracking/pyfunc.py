@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 import capt
 import pipelines
 from pipelines.tracking.client import fluent_uri
-from pipelines.tracking.model_card import version_description
+from pipelines.tracking.model_card import registered_model_description, version_description
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -198,5 +198,8 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):
             client.set_registered_model_tag(name, key, tags[key])
+        if not client.get_registered_model(name).description:
+            client.update_registered_model(name, description=registered_model_description(
+                name, result["task"], result["model"]))
     logger.info("Registered %s version %s (run %s)", name, version.version, run_id)
     return str(version.version), info.model_id

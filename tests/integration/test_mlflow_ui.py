@@ -101,6 +101,10 @@ def test_a_registered_version_describes_itself_and_its_loading_snippet_runs(smok
                       params={"filter": f"run_id='{run['info']['run_id']}'"})["model_versions"]
     description = version["description"]
     assert "**rte** on base model **minilm**" in description and "KiB" in description, description
+    assert "What the test score has to beat, on the same test split: the majority class " in description
+    [model] = _rest(uri, "GET", "registered-models/search",
+                    params={"filter": "name='capt-minilm-rte'"})["registered_models"]
+    assert "CaPT capsules for task **rte** on base model **minilm**" in model.get("description", ""), model
     [snippet] = SNIPPET_FENCE.findall(description)
     assert f"models:/capt-minilm-rte/{version['version']}" in snippet
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PYTHONPATH")}
