@@ -179,7 +179,8 @@ def test_the_entry_point_refuses_bad_input_in_one_paragraph(registry: dict[str, 
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert serve.main([*args, "--tracking-uri", registry["uri"], "--port", str(free_port(LOCALHOST))]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and phrase in err and "Traceback" not in err, err
+    assert err.startswith(f"Tracking store: {registry['uri']} (from --tracking-uri)\nerror: "), err
+    assert phrase in err and "Traceback" not in err, err
 
 
 def test_an_unreachable_mlflow_is_one_paragraph(capsys: pytest.CaptureFixture[str]) -> None:
