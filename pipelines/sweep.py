@@ -28,6 +28,7 @@ from pipelines.sweeps.run import (  # noqa: E402
     check_sweep_folders,
     hold_sweep_folder,
     promote_champions,
+    refuse_a_running_sweep,
     run_sweep,
     tracking_server,
 )
@@ -64,7 +65,8 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
 
 def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequest) -> int:
     # The local MLflow server boots while Ray starts; both are up before the first trial.
-    with hold_sweep_folder(sweep), tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus):
+    refuse_a_running_sweep(sweep)  # at once; the lock itself is taken once the services answered
+    with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus), hold_sweep_folder(sweep):
         stop.install()  # ray.init's core replaced the SIGTERM handler
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)

@@ -54,6 +54,22 @@ def held_folder(lock_file: Path, wait_s: float = 0.0,
         os.close(fd)  # releases the lock
 
 
+def current_holder(lock_file: Path) -> str | None:
+    """Who holds `lock_file` now, or None; creates nothing (a check before a run that may fail early, which must
+    leave no file behind)."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR)
+    except OSError:  # no lock file (or none we may open): nobody holds it
+        return None
+    try:
+        if _try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return lock_holder(lock_file)
+    finally:
+        os.close(fd)
+
+
 def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from capt.errors import CaptError
 from pipelines.config.schema import model_slug
 from pipelines.config.sources import JobConfigError
-from pipelines.services.folder_lock import held_folder
+from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
@@ -132,14 +132,25 @@ def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[N
     would restore and write the same Tune experiment and trial folders."""
     if "://" in sweep.storage_path:  # remote storage: no folder here to lock; Tune owns the experiment there
         return contextlib.nullcontext()
-    folder = sweep.storage_root() / sweep.name
+    return held_folder(_sweep_lock(sweep), refusal=lambda holder: _in_use(sweep, holder))
 
-    def refusal(holder: str) -> SweepInUseError:
-        return SweepInUseError(
-            f"The sweep {sweep.name!r} in {folder} is being run by another driver ({holder}); one driver runs a "
-            "sweep at a time. Wait for it to end or stop it (then `--resume` finishes the sweep), or give this "
-            "one another name or storage_path.")
-    return held_folder(folder / SWEEP_LOCK_FILE, refusal=refusal)
+
+def refuse_a_running_sweep(sweep: SweepConfig) -> None:
+    """`hold_sweep_folder`'s refusal, checked before Ray or MLflow start and without writing anything (a run that
+    then fails to reach them leaves the storage as it was)."""
+    if "://" not in sweep.storage_path and (holder := current_holder(_sweep_lock(sweep))):
+        raise _in_use(sweep, holder)
+
+
+def _sweep_lock(sweep: SweepConfig) -> Path:
+    return sweep.storage_root() / sweep.name / SWEEP_LOCK_FILE
+
+
+def _in_use(sweep: SweepConfig, holder: str) -> SweepInUseError:
+    return SweepInUseError(
+        f"The sweep {sweep.name!r} in {sweep.storage_root() / sweep.name} is being run by another driver ({holder}); "
+        "one driver runs a sweep at a time. Wait for it to end or stop it (then `--resume` finishes the sweep), or "
+        "give this one another name or storage_path.")
 
 
 @contextlib.contextmanager
