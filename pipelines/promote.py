@@ -33,12 +33,11 @@ from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import cli_main
 from pipelines.config.schema import model_slug
-from pipelines.provenance import verify_version
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
 from pipelines.tracking.run_content import project_metric_name
-from pipelines.tracking.serving import download_version, recorded_digests
+from pipelines.tracking.serving import download_verified_version
 from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
@@ -202,9 +201,7 @@ def _verify_artifact(registry: Registry, name: str, best: VersionInfo) -> None:
     manifest; task and base model against `name`) before any alias moves; PromotionError when it fails."""
     with tempfile.TemporaryDirectory(prefix="capt-promote-") as tmp:
         try:
-            found = download_version(registry.uri, name, best.version, tmp)
-            verify_version(found.capsule_dir, found.result, name, best.version,
-                           recorded_digests(registry.uri, name, best.version))
+            download_verified_version(registry.uri, name, best.version, tmp)
         except (CaptError, TrackingError) as err:
             raise PromotionError(f"Refused: version {best.version} of {name}, the best by its run's metrics, "
                                  f"cannot be promoted. {err} Nothing was changed.") from err

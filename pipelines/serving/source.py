@@ -9,12 +9,10 @@ from dataclasses import dataclass
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
-from pipelines.provenance import verify_version
 from pipelines.serving.engine import ServedCapsule
 from pipelines.tracking.serving import (
     alias_version,
-    download_version,
-    recorded_digests,
+    download_verified_version,
     registered_names,
     version_tags,
 )
@@ -93,9 +91,7 @@ class RegistrySource:
 
         Called at start and at every hot reload: a version that fails verification is never served (at a reload,
         the version being served keeps answering)."""
-        found = download_version(self.uri, self.name(task), version, self.root)
-        verify_version(found.capsule_dir, found.result, found.name, version, recorded_digests(self.uri, found.name,
-                                                                                              version))
+        found = download_verified_version(self.uri, self.name(task), version, self.root)
         return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result)
 
     def moved(self, serving: dict[str, int]) -> dict[str, int]:

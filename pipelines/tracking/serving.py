@@ -17,6 +17,7 @@ import mlflow
 import yaml
 from mlflow.exceptions import MlflowException, RestException
 
+from pipelines.provenance import verify_version
 from pipelines.tracking.client import TrackingError, mlflow_client
 
 
@@ -112,3 +113,11 @@ def recorded_digests(uri: str, name: str, version: int) -> dict[str, str]:
         if run_tag:
             digests[f"the artifact_digest tag of its source run {found.run_id}"] = run_tag
     return digests
+
+
+def download_verified_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
+    """`download_version`, then `pipelines.provenance.verify_version` against the digests the tracking database
+    records (`recorded_digests`): what the Serve source and promote read before they use a version."""
+    found = download_version(uri, name, version, root)
+    verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
+    return found
