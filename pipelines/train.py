@@ -42,7 +42,6 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.dataset_card import dataset_card
 from pipelines.training.disk_full import no_space_reported
-from pipelines.training.folder_checks import check_job_folder
 from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
 from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
@@ -265,7 +264,6 @@ def main(argv: list[str] | None = None) -> int:
 def _train_from_cli(args: argparse.Namespace) -> int:
     config = load_job_config(args.config, args.overrides)
     folder = config.resolved_output_dir()
-    check_job_folder("output_dir", folder)
     print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
           f" (output_dir {str(folder)!r} taken against the current directory)"), file=sys.stderr)
     print(NOT_TRACKED, file=sys.stderr)

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -45,8 +45,6 @@ class StopRequest:
     """The first stop signal received."""
     count: int = 0
     """Stop signals received so far."""
-    previous: dict[int, object] = field(default_factory=dict)
-    """The handlers that were in place before, put back when the block ends."""
 
     def handle(self, signum: int, frame) -> None:
         """First signal: ask Tune to stop when it runs, else unwind now; second: unwind now."""
@@ -74,14 +72,14 @@ class StopRequest:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopRequest]:
     """Route SIGINT and SIGTERM through one `StopRequest` for the block (main thread only)."""
-    request = StopRequest(previous={signum: signal.getsignal(signum) for signum in STOP_SIGNALS})
+    request, previous = StopRequest(), {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     request.install()
     try:
         yield request
     finally:
-        for signum, handler in request.previous.items():
+        for signum, handler in previous.items():
             signal.signal(signum, handler)
         if before is None:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
