@@ -56,6 +56,8 @@ def _jsonl_rows(handle: BinaryIO, path: str | Path) -> RawRows:
         line = _decode_line(raw, number, path)
         if not line.strip():
             continue
+        if _nests_too_deep(line):  # refused before the parser recurses to Python's limit
+            raise _too_deep(path, number)
         try:
             yield number, json.loads(line, object_pairs_hook=_distinct_keys)
         except json.JSONDecodeError as err:
@@ -65,8 +67,38 @@ def _jsonl_rows(handle: BinaryIO, path: str | Path) -> RawRows:
             raise TaskDataError(f"the key {err.args[0]!r} appears twice in one object; each field once",
                                 path=str(path), row=number) from None
         except RecursionError:
-            raise TaskDataError("the JSON nests deeper than Python can read; a row is a flat object of fields",
-                                path=str(path), row=number) from None
+            raise _too_deep(path, number) from None
+
+
+def _too_deep(path: str | Path, number: int) -> TaskDataError:
+    return TaskDataError("the JSON nests deeper than Python can read; a row is a flat object of fields",
+                         path=str(path), row=number)
+
+
+MAX_JSON_NESTING = 100
+"""Deepest nesting of lists and objects a data row may have (MultiRC's rows, the deepest, use 5)."""
+
+
+def _nests_too_deep(line: str) -> bool:
+    """Whether `line` nests lists and objects past `MAX_JSON_NESTING` (brackets inside strings not counted).
+
+    Parsing such a line would exhaust Python's recursion limit deep inside the decoder; a line with fewer
+    opening brackets than the limit is passed without a scan."""
+    if line.count("[") + line.count("{") <= MAX_JSON_NESTING:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for char in line:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_JSON_NESTING:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
 
 
 class _DuplicateKeyError(ValueError):
