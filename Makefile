@@ -9,12 +9,17 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 install: $(STAMP)
 
-# torch first, so the CPU build of 2.13.0 is taken and no other package pulls a different one.
+# torch first, so that no other package pulls a different build. pip's own download progress shows (no --quiet):
+# the whole install takes a few minutes on a fresh machine. The editable install uses setuptools' default mode.
 $(STAMP): pyproject.toml
+	@echo "[install 1/3] creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet --editable ".[pipeline,demo,dev]" --config-settings editable_mode=compat
+	@echo "[install 2/3] torch 2.13.0 (the largest download)"
+	$(PIP) install --progress-bar on torch==2.13.0
+	@echo "[install 3/3] the project with its extras pipeline, demo, dev (Ray, MLflow, transformers, ...)"
+	$(PIP) install --progress-bar on --editable ".[pipeline,demo,dev]"
+	@echo "[install] done: $(VENV) is ready"
 	touch $(STAMP)
 
 # The embedded default sweep on a local Ray and a local MLflow server; real data when CAPT_DATA_DIR is set.
@@ -38,7 +43,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 # Everything (CI): unit and integration tiers, slow tests included; a run that collects no test fails (exit 5).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST)
+	$(BIN)/python -m pytest $(XDIST) --durations=30
 
 # The unit tier without the tests marked slow: the quick check while working (under a minute on 2 CPUs).
 test-fast: $(STAMP)

@@ -51,10 +51,6 @@ def _join_group(item: pytest.Item, group: str, config: pytest.Config) -> None:
         item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
-def _module_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
 def assign_xdist_groups(items: list[pytest.Item], config: pytest.Config) -> None:
     """Put every test that uses a shared fixture in the `xdist_group` of that fixture (see the module doc)."""
     session_group_of_module: dict[str, str] = {}
