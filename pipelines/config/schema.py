@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import AfterValidator, ConfigDict, Field, PositiveInt
 from pydantic.dataclasses import dataclass
 
 from capt.methods import METHODS
@@ -25,6 +25,13 @@ MAX_SEED = 2**32 - 1
 """Largest seed every generator the job seeds accepts (numpy's takes 0 .. 2**32 - 1)."""
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 """A seed: checked when the config is read, not when Ray has started the trial that would fail on it."""
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A finite float above 0 (an infinite learning rate would pass `gt=0` and turn the first loss into nan)."""
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A finite float of at least 0."""
+MAX_GENERATED_ROWS = 1_000_000
+"""Most rows a generated train split may have: larger than any real task's (MultiRC's 27k) by far, small enough to
+generate in seconds (a size of 10**11 would run for days before the first step)."""
 
 
 @dataclass(config=STRICT)
@@ -61,7 +68,7 @@ class TaskSection:
     """Optional seeded subsample of the training split."""
     max_eval_examples: PositiveInt | None = None
     """Optional seeded subsample of the validation and test splits."""
-    generated_size: PositiveInt = 200
+    generated_size: int = Field(200, ge=1, le=MAX_GENERATED_ROWS)
     """Rows per generated train split (source=generated)."""
     input_format: Literal["capt", "t5_superglue"] = "capt"
     """How examples are rendered: this project's templates, or T5's own SuperGLUE format (T5 models only;

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import PositiveFloat
 from pydantic.dataclasses import dataclass
 
-from pipelines.config.schema import STRICT
+from pipelines.config.schema import STRICT, PositiveFloat
 
 
 @dataclass(config=STRICT)
