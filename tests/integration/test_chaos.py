@@ -1,7 +1,9 @@
-"""Chaos during a sweep: the process of a one-worker trial (it runs its job in the Tune trial process)
-SIGKILLed twice mid-training (Tune retries it each time, from its checkpoint) and the MLflow server stopped and
-restarted. The sweep must end with the capsules of a calm run of the same sweep, bit for bit, one MLflow run per
-trial and one registry version per capsule."""
+"""Chaos during a sweep, against a calm run of the same sweep. The process of a one-worker trial (it runs its job
+in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its checkpoint) while the
+MLflow server is stopped and restarted; a second sweep on the same storage is started and refused; the driver is
+stopped by SIGTERM and resumed, then SIGKILLed and resumed again. The sweep must end with the capsules of the calm
+run, bit for bit, one MLflow run per trial and one registry version per capsule, and no trial process outliving a
+killed driver by more than 10 s."""
 
 from __future__ import annotations
 
@@ -42,25 +44,32 @@ class Sweep:
     env: dict[str, str]
     driver: subprocess.Popen | None = None
     started: float = 0.0
+    first_started: float = 0.0
     killed: list[dict[str, Any]] = field(default_factory=list)
     outage_felt: bool = False
+    final_output: str = ""
+    stopped_at: int = 0
 
     @property
     def jobs(self) -> Path:
         return self.storage / NAME / "jobs"
 
-    def start(self) -> None:
-        command = [sys.executable, "pipelines/sweep.py", *SWEEP, f"storage_path={self.storage}",
-                   f"tracking.uri={self.server.uri}"]
+    def command(self, *extra: str) -> list[str]:
+        return [sys.executable, "pipelines/sweep.py", *SWEEP, f"storage_path={self.storage}",
+                f"tracking.uri={self.server.uri}", *extra]
+
+    def start(self, *extra: str) -> None:
         self.started = time.monotonic()
-        self.driver = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+        self.first_started = self.first_started or self.started
+        self.driver = subprocess.Popen(self.command(*extra), cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def finish(self) -> float:
         """Wait for the driver; its wall time. Fails the test with the driver's output on a non-zero exit."""
         output, _ = self.driver.communicate(timeout=TIMEOUT_S)
-        wall = time.monotonic() - self.started
+        wall = time.monotonic() - self.first_started
         assert self.driver.returncode == 0, output[-6000:]
+        self.final_output = output
         return wall
 
     def stop_driver(self) -> None:
@@ -185,15 +194,24 @@ def _calm_run(storage: Path, server: LocalMlflowServer, env: dict[str, str]) -> 
 
 def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], dashboard_url: str,
                ray_temp_dir: Path) -> tuple[Sweep, float, dict]:
-    """The same sweep with two kills of one trial's process and an MLflow stop/restart in between."""
+    """The same sweep with two kills of the first trial's process and an MLflow stop/restart in between, a second
+    sweep started on its storage, then the driver stopped by SIGTERM and by SIGKILL during the second trial, each
+    time followed by `--resume`."""
     sweep = Sweep(storage, server.start(), env)
     try:
         sweep.start()
+        second_sweep = _start_a_second_sweep(sweep)  # runs while the first trial is killed
         job_dir = sweep.wait_for("the first checkpoint", lambda: _first_checkpointed_job(sweep.jobs))
         first_step = _kill_trial(sweep, job_dir, dashboard_url, after_step=0)
         server.stop()  # MLflow goes down while Tune retries the trial
         _kill_trial(sweep, job_dir, dashboard_url, after_step=first_step)  # resumed, then killed again
         server.start()  # back before Tune's retry of the trial finishes it
+        _assert_refused(second_sweep, holder=sweep.driver.pid)
+        second = sweep.wait_for("the second trial training", lambda: _training_job_besides(sweep.jobs, job_dir))
+        _sigterm_stops_the_driver(sweep, second)
+        sweep.start("--resume")
+        _sigkill_leaves_no_trial_process(sweep, second, dashboard_url)
+        sweep.start("--resume")
         wall = sweep.finish()
         sweep.outage_felt = _spooled_during_outage(ray_temp_dir, job_dir)
         outcome = _outcome(sweep)
@@ -202,6 +220,51 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
         sweep.stop_driver()
         server.stop()
     return sweep, wall, outcome
+
+
+def _training_job_besides(jobs: Path, first: Path) -> Path | None:
+    """The trial other than `first` once it has a checkpoint and no result yet."""
+    found = [p.parents[2] for p in jobs.glob("*/checkpoints/latest/loop_state.json") if p.parents[2] != first]
+    return found[0] if len(found) == 1 and not (found[0] / "result.json").exists() else None
+
+
+def _start_a_second_sweep(sweep: Sweep) -> subprocess.Popen:
+    """The same sweep started again on the storage of the running one."""
+    return subprocess.Popen(sweep.command(), cwd=ROOT, env=sweep.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _assert_refused(second: subprocess.Popen, holder: int) -> None:
+    """The second sweep was refused before it started anything, naming the running driver, without a traceback."""
+    stdout, stderr = second.communicate(timeout=120)
+    assert second.returncode == 2, stdout[-2000:] + stderr[-3000:]
+    assert f"is being run by another driver (pid {holder} on " in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and not stdout.strip(), stdout[-2000:] + stderr[-3000:]
+
+
+def _sigterm_stops_the_driver(sweep: Sweep, job_dir: Path) -> None:
+    """SIGTERM mid-trial: exit 143, no stack dump, the last words name `--resume`; the trial has not finished."""
+    sweep.driver.send_signal(signal.SIGTERM)
+    output, _ = sweep.driver.communicate(timeout=180)
+    assert sweep.driver.returncode == 143, output[-3000:]
+    stop = output[output.index("stopped: SIGTERM received"):]  # earlier tracebacks are Ray's reports of the kills
+    assert "Traceback" not in stop and "*** SIGTERM received" not in output, output[-3000:]
+    assert output.rstrip().endswith("--resume"), output[-1500:]
+    assert not (job_dir / "result.json").exists()
+    sweep.stopped_at = _checkpoint_step(job_dir) or 0
+
+
+def _sigkill_leaves_no_trial_process(sweep: Sweep, job_dir: Path, dashboard_url: str) -> None:
+    """Once the resumed trial checkpointed past the step it stopped at, SIGKILL the driver: within 10 s no trial
+    process of the sweep is left on the cluster."""
+    sweep.wait_for("a checkpoint of the resumed trial", lambda: (_checkpoint_step(job_dir) or 0) > sweep.stopped_at)
+    assert not (job_dir / "result.json").exists(), "the trial must still be training when its driver is killed"
+    os.killpg(sweep.driver.pid, signal.SIGKILL)
+    sweep.driver.wait()
+    deadline = time.monotonic() + 10
+    while (left := _live_trial_processes(dashboard_url, set())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"trial processes {left} outlived the killed driver by 10 s"
 
 
 def _assert_same_capsules(calm: dict, chaos: dict) -> None:
@@ -219,13 +282,14 @@ def _assert_same_capsules(calm: dict, chaos: dict) -> None:
                 assert other[name].dtype == tensor.dtype and other[name].equal(tensor), f"{key} {file}:{name}"
 
 
-def test_trial_process_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, tmp_path, monkeypatch):
+def test_trial_and_driver_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, tmp_path,
+                                                                                          monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", ray_head.client_env()["RAY_AUTH_MODE"])  # for the state API calls
     env = _env(ray_head)
     calm_wall, calm = _calm_run(tmp_path / "calm", LocalMlflowServer(tmp_path / "mlflow-calm"), env)
     sweep, chaos_wall, chaos = _chaos_run(tmp_path / "chaos", LocalMlflowServer(tmp_path / "mlflow-chaos"), env,
                                           ray_head.dashboard_url, ray_head.temp_dir)
-    print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s; kills: {sweep.killed}")
+    print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s (three drivers); kills: {sweep.killed}")
     assert len(sweep.killed) == 2 and sweep.killed[0]["pid"] != sweep.killed[1]["pid"]
     assert sweep.outage_felt, "the retried trial spooled its MLflow calls while the server was down"
     assert _tune_failures(sweep.storage) == [0, 2], "Tune retried the killed trial twice"
@@ -233,4 +297,6 @@ def test_trial_process_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_
     assert len(errors) == 1 and errors[0].count("The actor died unexpectedly") == 2, errors
     assert errors[0].count("class_name: ImplicitFunc") == 2, "the trial processes died, not Ray Train workers"
     assert all(f"pid: {kill['pid']}" in errors[0] for kill in sweep.killed), errors
+    final_rows = [line.split() for line in sweep.final_output.splitlines() if line.startswith("rte ")]
+    assert len(final_rows) == len(SEEDS) and all(row[-1] == "done" for row in final_rows), sweep.final_output[-3000:]
     _assert_same_capsules(calm, chaos)
