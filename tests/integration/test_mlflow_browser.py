@@ -20,7 +20,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
-RUN_NAMES = ("rte/tiny-t5/capt/s0", "rte/minilm/capt/s0")
+RUN_NAMES = ("cb/tiny-t5/capt/s0", "cb/minilm/capt/s0", "rte/tiny-t5/capt/s0", "rte/minilm/capt/s0")
 WAIT_S = 30.0
 """Longest wait for one thing to appear (the UI loads runs and artifacts asynchronously)."""
 

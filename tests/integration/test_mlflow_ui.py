@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = "it-ui"
 MODELS = ("tiny-t5", "minilm")
+TASKS = ("cb", "rte")
+RUN_NAMES = sorted(f"{task}/{model}/capt/s0" for task in TASKS for model in MODELS)
 METRIC_GROUPS = ("train", "validation", "test", "perf", "system")
 
 
@@ -49,9 +51,9 @@ def test_the_experiment_says_what_the_sweep_is(smoke_sweep: dict[str, Any]) -> N
                        params={"experiment_id": smoke_sweep["experiment_id"]})["experiment"]
     tags = _pairs(experiment["tags"])
     description = tags["mlflow.note.content"]
-    assert f"CaPT sweep **{SWEEP}**: 2 trial(s)" in description
+    assert f"CaPT sweep **{SWEEP}**: 4 trial(s)" in description
     assert "config file: `pipelines/configs/smoke.yaml`" in description and "models: tiny-t5, minilm" in description
-    assert tags["sweep"] == SWEEP and tags["models"] == "tiny-t5,minilm" and tags["trials"] == "2"
+    assert tags["sweep"] == SWEEP and tags["models"] == "tiny-t5,minilm" and tags["trials"] == "4"
     runs_page = f"/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning"
     assert smoke_sweep["url"].endswith(runs_page)
 
@@ -59,26 +61,27 @@ def test_the_experiment_says_what_the_sweep_is(smoke_sweep: dict[str, Any]) -> N
 def test_runs_hold_resolved_params_grouped_metrics_system_metrics_and_their_dataset(
         smoke_sweep: dict[str, Any]) -> None:
     runs = _runs(smoke_sweep)
-    assert sorted(r["info"]["run_name"] for r in runs) == [f"rte/{m}/capt/s0" for m in sorted(MODELS)]
+    assert sorted(r["info"]["run_name"] for r in runs) == RUN_NAMES
     for run in runs:
         params, tags = _pairs(run["data"].get("params")), _pairs(run["data"].get("tags"))
         metrics = {m["key"] for m in run["data"]["metrics"]}
         name = run["info"]["run_name"]
+        task = name.split("/")[0]
         assert params and not [k for k, v in params.items() if v in ("None", "", "{}")], name
         assert not [k for k, v in params.items() if "/" in v or k in ("output_dir", "task.data_dir")], name
         assert params["optim.name"] in ("adafactor", "adamw") and float(params["optim.lr"]) > 0
         assert ("optim.head_lr" in params) == ("minilm" in name), "a head lr only for a model with a head"
         assert Path(tags["output_dir"]).is_dir() and tags["mlflow.source.name"] == "pipelines/sweep.py"
-        assert int(tags["steps"]) == 6 and int(tags["trainable_parameters"]) > 0 and int(tags["capsule_bytes"]) > 0
+        assert int(tags["steps"]) == 100 and int(tags["trainable_parameters"]) > 0 and int(tags["capsule_bytes"]) > 0
         assert {"train/loss", "validation/score", "validation/best_score", "test/score"} <= metrics, name
         assert all(key.split("/")[0] in METRIC_GROUPS for key in metrics), sorted(metrics)
         assert not metrics & {"steps", "best_step", "epochs", "trainable_parameters"}, "summaries are tags"
         assert any(key.startswith("system/") for key in metrics), f"{name} has no system metrics"
-        assert _steps(smoke_sweep["uri"], run, "validation/score") == [3, 6], "a curve over validation steps"
+        assert _steps(smoke_sweep["uri"], run, "validation/score") == [25, 50, 75, 100], "a curve over validation steps"
         assert _steps(smoke_sweep["uri"], run, "test/score") == [0], "a one-off at step 0: a bar across runs"
-        assert tags["mlflow.note.content"].startswith("capt on rte with base model"), tags["mlflow.note.content"]
+        assert tags["mlflow.note.content"].startswith(f"capt on {task} with base model"), tags["mlflow.note.content"]
         [dataset] = [d["dataset"] for d in run["inputs"]["dataset_inputs"]]
-        assert dataset["name"] == "rte-generated" and len(dataset["digest"]) == 16
+        assert dataset["name"] == f"{task}-generated" and len(dataset["digest"]) == 16
         assert '"sizes": {"train": ' in dataset["profile"] and '"sample_rows": [{' in dataset["profile"]
 
 
@@ -86,7 +89,7 @@ def test_logged_models_are_named_and_carry_their_metrics(smoke_sweep: dict[str, 
     uri = smoke_sweep["uri"]
     found = _rest(uri, "POST", "logged-models/search", json={"experiment_ids": [smoke_sweep["experiment_id"]]})
     models = {m["info"]["name"]: m for m in found["models"]}
-    assert sorted(models) == [f"capsule-{m}-rte" for m in sorted(MODELS)]
+    assert sorted(models) == sorted(f"capsule-{m}-{t}" for t in TASKS for m in MODELS)
     for model in models.values():
         linked = {m["key"] for m in model["data"]["metrics"]}
         assert {"test/score", "validation/best_score"} <= linked, linked
