@@ -146,7 +146,10 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,
                 base_models=None, final_extra: Callable[[], dict[str, float]] | None = None) -> None:
     """Run the job of `loop_config` in this process: every validation goes to `report_to` (and to MLflow from the
-    main process), then the final result, after the tracker finished (the capsule registered)."""
+    main process), then the final result, after the tracker finished (the capsule registered). MLflow's
+    ``train/loss`` is the loss curve's (`pipelines.training.loss_curve`): a point every `train.log_every_steps`
+    steps; a validation's own `train_loss` (the mean since the validation before) goes to Tune only, as two
+    different values at one step would draw a zigzag."""
     from pipelines.train import run
 
     config = validate_job_config(loop_config["job"])
@@ -155,8 +158,12 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
     def report(metrics: dict[str, Any]) -> None:
         numeric = _numeric(metrics)
         if tracker is not None:
-            tracker.log_metrics(numeric, step=int(metrics["step"]))
+            tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
         report_to(numeric)
+
+    def log(point: dict[str, Any]) -> None:
+        if tracker is not None:
+            tracker.log_metrics(_numeric(point), step=int(point["step"]))
 
     # The folder is claimed before the tracker reads or writes its run record there. A restarted worker
     # group or trial can start while the previous attempt's process is still exiting, hence the wait.
@@ -164,7 +171,7 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
         tracker = _start_tracker(loop_config["tracking"], config) if is_main else None
         reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
         try:
-            result = run(config, report, base_models=base_models)
+            result = run(config, report, base_models=base_models, log=log)
             if reusing:  # believed only when its scores are those its run logged
                 tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
         except BaseException:
