@@ -131,7 +131,9 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def _average_label(tasks: Iterable[str]) -> dict[str, str]:
     """The average's header when the table lacks some SuperGLUE tasks: how many of the six it averages."""
     covered = sum(t in SUPERGLUE_TASKS for t in tasks)
-    return {} if covered == len(SUPERGLUE_TASKS) else {AVERAGE: f"{AVERAGE} ({covered} of {len(SUPERGLUE_TASKS)} tasks)"}
+    if covered == len(SUPERGLUE_TASKS):
+        return {}
+    return {AVERAGE: f"{AVERAGE} ({covered} of {len(SUPERGLUE_TASKS)} tasks)"}
 
 
 def format_cell(mean: float, std: float) -> str:
