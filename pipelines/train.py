@@ -69,9 +69,10 @@ class _Meter:
 
 
 def run(config: JobConfig, report: Report | None = None, base_models: BaseModelCache | None = None,
-        log: Log | None = None) -> dict[str, Any]:
+        log: Log | None = None, progress_every_s: float = 0.1) -> dict[str, Any]:
     """Run the job described by `config`; `report(metrics)` is called on every rank at each validation, `log(point)`
     at each point of the training-loss curve (every `train.log_every_steps` steps, `pipelines.training.loss_curve`).
+    The progress bar redraws at most every `progress_every_s` seconds (a sweep's trials share one console).
 
     `base_models`: a cache to take the base model from and give it back to (the sweep's single-worker trials,
     whose process is reused between trials); None loads it afresh, as a one-off job should.
@@ -91,17 +92,18 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
                         config.resolved_output_dir())
             return finished
         if base_models is None:
-            return fit(build_job(config), report, log)
+            return fit(build_job(config), report, log, progress_every_s)
         with base_models.lease(config.model.name, num_labels(config), config.model.dtype,
                                config.method.name) as loaded:
             job = build_job(config, loaded)
-            result = fit(job, report, log)
+            result = fit(job, report, log, progress_every_s)
             remove_readout(job.base_model)
             job.accelerator.unwrap_model(job.model).detach()  # the cache keeps the bare base model
             return result
 
 
-def fit(job: Job, report: Report | None = None, log: Log | None = None) -> dict[str, Any]:
+def fit(job: Job, report: Report | None = None, log: Log | None = None,
+        progress_every_s: float = 0.1) -> dict[str, Any]:
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
     config = job.config
     accelerator = job.accelerator
@@ -111,7 +113,7 @@ def fit(job: Job, report: Report | None = None, log: Log | None = None) -> dict[
         job.model.train()
     meter = _Meter(started=time.perf_counter())
     progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
-                    desc=f"{config.task.name}/{config.method.name}")
+                    desc=f"{config.task.name}/{config.method.name}", mininterval=progress_every_s)
     if job.optimizer is None:  # training-free method: validate and test only
         stopped_early = _validate(job, loop, best, report)
     else:
@@ -236,7 +238,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
         "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
                     **{f"test_{k}": v for k, v in test.items()}, **reference_scores(job, loop)},
-        "history": loop.history, "curve": loop.curve, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
+        "history": loop.history, "curve": loop.curve, "steps": loop.step, "epochs": loop.epoch,
+        "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
         "peak_memory_mb": peak_memory_mb(accelerator.device),
         "trainable_parameters": sum(p.numel() for p in best.values()),
