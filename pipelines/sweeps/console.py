@@ -1,5 +1,5 @@
 """The sweep's console: one line per trial state change instead of Tune's tables, no TensorBoard logger, and trial
-processes that load models without transformers' per-load report.
+processes that load models without transformers' per-load report and track runs without MLflow's routine output.
 
 Tune's default reporter (verbosity 2) prints every report as a table and, in its status table, a "Current best
 trial" that quotes each trial's last validation score rather than its best; at verbosity 1 it still prints a
@@ -86,15 +86,19 @@ class _NoLoadReport(logging.Filter):
         return "LOAD REPORT" not in str(record.msg)
 
 
-def quiet_model_loads() -> None:
+def quiet_trial_process() -> None:
     """In a trial process: no "LOAD REPORT" table per model load (for MiniLM it lists the classifier head that every
-    classification job adds, a known and expected difference; a load that is wrong still raises) and no
-    weight-loading progress bar; transformers' other warnings stay.
+    classification job adds, a known and expected difference; a load that is wrong still raises), no
+    weight-loading progress bar (transformers' other warnings stay), and MLflow's routine output off
+    (`pipelines.tracking.quiet`).
 
     A filter, not a level: transformers checks the level of its loading logger itself, and at WARNING or above
     it verifies a tensor-parallel plan no job here uses, and warns about every layer it did not shard."""
     from transformers.utils import logging as hf_logging
 
+    from pipelines.tracking.quiet import quiet_mlflow
+
+    quiet_mlflow()
     loading = logging.getLogger("transformers.modeling_utils")
     if not any(isinstance(f, _NoLoadReport) for f in loading.filters):
         loading.addFilter(_NoLoadReport())

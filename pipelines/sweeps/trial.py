@@ -27,7 +27,7 @@ from pydantic import TypeAdapter
 from pipelines.config.load import validate_job_config
 from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trial_job
-from pipelines.sweeps.console import quiet_model_loads
+from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
 from pipelines.training.outputs import claim_job_folder, config_hash
@@ -52,7 +52,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
-    quiet_model_loads()
+    quiet_trial_process()
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
     searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
@@ -145,7 +145,7 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: run the job; rank 0 tracks it in MLflow."""
     import ray.train
 
-    quiet_model_loads()
+    quiet_trial_process()
     tracked_job(loop_config, ray.train.report, is_main=ray.train.get_context().get_world_rank() == 0)
 
 

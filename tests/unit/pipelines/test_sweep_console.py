@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.sweeps.console import no_default_loggers, quiet_model_loads, trial_lines, tune_loggers
+from pipelines.sweeps.console import no_default_loggers, quiet_trial_process, trial_lines, tune_loggers
+from pipelines.tracking.quiet import QUIET_ENV, QUIET_LOGGERS
 
 
 class _Named(SimpleNamespace):
@@ -50,7 +51,8 @@ def test_tune_gets_its_csv_and_json_loggers_and_no_tensorboard_logger() -> None:
         "without it Tune adds its TensorBoard logger (tensorboardX is installed here)")
 
 
-def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import BertConfig, BertForSequenceClassification, BertModel
     from transformers.utils import logging as hf_logging
 
@@ -58,17 +60,24 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
                          intermediate_size=8)).save_pretrained(tmp_path)
     loading = logging.getLogger("transformers.modeling_utils")
     filters = list(loading.filters)
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)  # restored after the test
     caplog.set_level(logging.WARNING)
     try:
         BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)  # a new head: the report lists it
         assert any("LOAD REPORT" in r.getMessage() for r in caplog.records), "transformers reports the new head"
         caplog.clear()
-        quiet_model_loads()
-        quiet_model_loads()
+        quiet_trial_process()
+        quiet_trial_process()
         BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
         assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.WARNING] == []
         assert not hf_logging.is_progress_bar_enabled() and loading.level == logging.NOTSET
         assert len(loading.filters) == len(filters) + 1
+        assert all(os.environ[key] == value for key, value in QUIET_ENV.items())
+        assert not logging.getLogger("mlflow.system_metrics.system_metrics_monitor").isEnabledFor(logging.INFO)
     finally:
         loading.filters[:] = filters
         hf_logging.enable_progress_bar()
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
