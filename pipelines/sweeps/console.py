@@ -74,10 +74,12 @@ def trial_lines():
 
 
 def _outcome(result: dict) -> str:
-    """A finished trial in words: its best validation and test scores, and whether it trained or reused its job."""
+    """An ended trial in words: its best validation and test scores, and whether it trained, reused its job, or was
+    stopped by the scheduler (ASHA) before its final report."""
     scores = ", ".join(f"{label} {result[key]:.1f}" for label, key in
                        (("best validation", "best_validation_score"), ("test", "test_score")) if key in result)
-    how = "reused its finished job" if result.get("reused") else "finished"
+    how = ("reused its finished job" if result.get("reused") else "finished" if "test_score" in result
+           else "stopped by the scheduler")
     return f"{how}: {scores}" if scores else how
 
 

@@ -173,7 +173,7 @@ ends.{f" Runs, curves and registered capsules: MLflow experiment `{sweep.experim
 resolved config, so a changed config trains in a new folder and an identical one is reused (`--resume`).
 
 - `result.json`: metrics (test, validation, majority class, chance, untrained), the validation history,
-  the resolved config and optimiser.
+  the training-loss curve (`curve`), the resolved config and optimiser.
 - `artifact/`: the capsule (`capsule.safetensors` + `capsule.json`), what the Model Registry holds.
 - `job_config.json`: the config and its hash; `checkpoints/`: resumable state; `job.lock`: held while it runs.
 - `mlflow_run.json`, `mlflow_pending.jsonl`: the trial's MLflow run id and anything not uploaded yet

@@ -30,10 +30,14 @@ def test_each_trial_state_change_is_one_line_with_the_best_scores(caplog: pytest
         lines.on_trial_complete(iteration=1, trials=trials, trial=first)
         second.last_result = {"best_validation_score": 84.4, "test_score": 86.0, "reused": 1.0}
         lines.on_trial_complete(iteration=2, trials=trials, trial=second)
+        third = _Named(trial_id="cb-tiny-t5-capt-s0", last_result={"validation_score": 30.0,
+                                                                    "best_validation_score": 31.0})
+        lines.on_trial_complete(iteration=3, trials=[*trials, third], trial=third)
     assert [r.getMessage() for r in caplog.records] == [
         "Trial cb-minilm-capt-s0 started (0 of 3 ended)",
         "Trial cb-minilm-capt-s0 finished: best validation 96.9, test 87.9 (1 of 3 ended)",
-        "Trial rte-minilm-capt-s0 reused its finished job: best validation 84.4, test 86.0 (2 of 3 ended)"]
+        "Trial rte-minilm-capt-s0 reused its finished job: best validation 84.4, test 86.0 (2 of 3 ended)",
+        "Trial cb-tiny-t5-capt-s0 stopped by the scheduler: best validation 31.0 (3 of 3 ended)"]
 
 
 def test_tune_gets_its_csv_and_json_loggers_and_no_tensorboard_logger() -> None:
