@@ -4,7 +4,8 @@
                                [--metric test_score] [--sweep NAME]
 
 One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
-tasks' means; CSQA has its own column after it), as
+tasks' means, headed e.g. "SuperGLUE avg (2 of 6 tasks)" when the table has fewer; CSQA has its own column after
+it), as
 Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
 the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
 it) come from the runs themselves (`pipelines.reporting.levels`); tasks on generated data are marked in the
@@ -123,8 +124,16 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
                  *(t for t in tasks if t not in SUPERGLUE_TASKS)]
         tables[str(model)] = table[order]
-        tables[str(model)].attrs["generated"] = generated_tasks(part)
+        tables[str(model)].attrs.update(generated=generated_tasks(part), labels=_average_label(tasks))
     return tables
+
+
+def _average_label(tasks: Iterable[str]) -> dict[str, str]:
+    """The average's header when the table lacks some SuperGLUE tasks: how many of the six it averages."""
+    covered = sum(t in SUPERGLUE_TASKS for t in tasks)
+    if covered == len(SUPERGLUE_TASKS):
+        return {}
+    return {AVERAGE: f"{AVERAGE} ({covered} of {len(SUPERGLUE_TASKS)} tasks)"}
 
 
 def format_cell(mean: float, std: float) -> str:
@@ -137,8 +146,10 @@ def format_cell(mean: float, std: float) -> str:
 def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
     """The Markdown report: one table per base model."""
     lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
-             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; * when it "
-             "misses one of the table's); CSQA is not a SuperGLUE task and has its own column.", "", SELECTION_NOTE, ""]
+             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; the header says "
+             "how many when the table has fewer, * marks a method missing one of the table's); not comparable with "
+             "the paper's six-task average unless all six are there. CSQA is not a SuperGLUE task and has its own "
+             "column.", "", SELECTION_NOTE, ""]
     if any(is_reference(m) or m.endswith(UNTRAINED) for table in tables.values() for m in table.index):
         lines += [LEVELS_NOTE, ""]
     if any(table.attrs.get("generated") for table in tables.values()):
@@ -146,13 +157,17 @@ def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str
     for model, table in tables.items():
         columns = list(table.columns.get_level_values(0).unique())
         superglue = sum(c in SUPERGLUE_TASKS for c in columns)
-        shown = [column_label(c, table.attrs.get("generated", ())) for c in columns]
+        shown = [column_label(c, table) for c in columns]
         lines += [f"## {model}", "", "| method | " + " | ".join(shown) + " |", "|---|" + "---:|" * len(columns)]
         for method, row in table.iterrows():
             lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
         seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
-        lines += ["", f"Seeds per cell: {int(seeds.min())}-{int(seeds.max())}.", ""]
+        lines += ["", f"Seeds per cell: {_span(int(seeds.min()), int(seeds.max()))}.", ""]
     return "\n".join(lines)
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _cell(row: pd.Series, column: str, superglue_tasks: int) -> str:

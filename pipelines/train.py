@@ -3,7 +3,7 @@
     python -m pipelines.train --config pipelines/configs/job/smoke.yaml [key.sub=value ...]
     torchrun --standalone --nproc_per_node 2 -m pipelines.train --config FILE      # 2 processes (gloo on CPU)
 
-`run(config, report=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
+`run(config, report=..., log=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
 A single job is not tracked in MLflow (MLFLOW_TRACKING_URI is not read here): a sweep of one trial is
 (`python pipelines/sweep.py --config FILE`, a job's keys under `job:`).
 """
@@ -42,6 +42,7 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.dataset_card import dataset_card
 from pipelines.training.disk_full import no_space_reported
+from pipelines.training.loss_curve import Log, curve_point_if_due
 from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
 from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
@@ -67,8 +68,11 @@ class _Meter:
     started: float = 0.0
 
 
-def run(config: JobConfig, report: Report | None = None, base_models: BaseModelCache | None = None) -> dict[str, Any]:
-    """Run the job described by `config`; `report(metrics)` is called on every rank at each validation.
+def run(config: JobConfig, report: Report | None = None, base_models: BaseModelCache | None = None,
+        log: Log | None = None, progress_every_s: float = 0.1) -> dict[str, Any]:
+    """Run the job described by `config`; `report(metrics)` is called on every rank at each validation, `log(point)`
+    at each point of the training-loss curve (every `train.log_every_steps` steps, `pipelines.training.loss_curve`).
+    The progress bar redraws at most every `progress_every_s` seconds (a sweep's trials share one console).
 
     `base_models`: a cache to take the base model from and give it back to (the sweep's single-worker trials,
     whose process is reused between trials); None loads it afresh, as a one-off job should.
@@ -88,17 +92,18 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
                         config.resolved_output_dir())
             return finished
         if base_models is None:
-            return fit(build_job(config), report)
+            return fit(build_job(config), report, log, progress_every_s)
         with base_models.lease(config.model.name, num_labels(config), config.model.dtype,
                                config.method.name) as loaded:
             job = build_job(config, loaded)
-            result = fit(job, report)
+            result = fit(job, report, log, progress_every_s)
             remove_readout(job.base_model)
             job.accelerator.unwrap_model(job.model).detach()  # the cache keeps the bare base model
             return result
 
 
-def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
+def fit(job: Job, report: Report | None = None, log: Log | None = None,
+        progress_every_s: float = 0.1) -> dict[str, Any]:
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
     config = job.config
     accelerator = job.accelerator
@@ -108,11 +113,12 @@ def fit(job: Job, report: Report | None = None) -> dict[str, Any]:
         job.model.train()
     meter = _Meter(started=time.perf_counter())
     progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
-                    desc=f"{config.task.name}/{config.method.name}")
+                    desc=f"{config.task.name}/{config.method.name}", mininterval=progress_every_s)
     if job.optimizer is None:  # training-free method: validate and test only
         stopped_early = _validate(job, loop, best, report)
     else:
-        stopped_early = _train(job, loop, meter, progress, best, report)
+        stopped_early = _train(job, loop, meter, progress, best, (report, log))
+        curve_point_if_due(job, loop, log, final=True)  # the steps after the last full window
     progress.close()
     return _finish(job, loop, meter, best, stopped_early)
 
@@ -127,9 +133,9 @@ def _start_or_resume(job: Job) -> tuple[LoopState, dict]:
     return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model))
 
 
-def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, report: Report | None) -> bool:
+def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callbacks: tuple) -> bool:
     """The epoch loop; returns True when early stopping ended it. `best` is updated in place."""
-    cfg = job.config.train
+    cfg, (report, log) = job.config.train, callbacks
     while loop.epoch < cfg.max_epochs and loop.step < job.total_steps:
         job.train_loader.set_epoch(loop.epoch)
         for batch in job.accelerator.skip_first_batches(job.train_loader, loop.batches_in_epoch):
@@ -138,6 +144,8 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, repor
             if not job.accelerator.sync_gradients:
                 continue
             progress.update(1)
+            if point := curve_point_if_due(job, loop, log):
+                progress.set_postfix(loss=f"{point['train_loss']:.4g}", refresh=False)
             begin_phase_if_due(job, loop, best, partial(_batch_loss, job))
             if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(job, loop, best, report):
                 return True
@@ -168,8 +176,7 @@ def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
         job.optimizer.step()
         job.scheduler.step()
         job.optimizer.zero_grad()
-    loop.loss_sum += loss.item()
-    loop.loss_count += 1
+    loop.add_loss(loss.item())
     meter.tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
     if accelerator.sync_gradients:
         loop.step += 1
@@ -231,7 +238,8 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
         "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
         "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
                     **{f"test_{k}": v for k, v in test.items()}, **reference_scores(job, loop)},
-        "history": loop.history, "steps": loop.step, "epochs": loop.epoch, "best_step": loop.best_step,
+        "history": loop.history, "curve": loop.curve, "steps": loop.step, "epochs": loop.epoch,
+        "best_step": loop.best_step,
         "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
         "peak_memory_mb": peak_memory_mb(accelerator.device),
         "trainable_parameters": sum(p.numel() for p in best.values()),

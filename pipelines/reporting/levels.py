@@ -69,6 +69,9 @@ def generated_tasks(part: pd.DataFrame) -> list[str]:
     return sorted(set(part.loc[part["data"] == GENERATED, "task"]))
 
 
-def column_label(column: str, generated: Iterable[str]) -> str:
-    """A table or chart column: the task, marked when its data was generated."""
-    return f"{column} ({GENERATED})" if column in set(generated) else column
+def column_label(column: str, table: pd.DataFrame) -> str:
+    """A table or chart column as shown: its label in the table's ``attrs["labels"]`` (the SuperGLUE average of a
+    partial task set says how many tasks it covers), a task marked when its data was generated."""
+    if column in table.attrs.get("labels", {}):
+        return table.attrs["labels"][column]
+    return f"{column} ({GENERATED})" if column in set(table.attrs.get("generated", ())) else column

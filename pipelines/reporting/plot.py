@@ -30,7 +30,7 @@ def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLik
         columns = list(table.columns.get_level_values(0).unique())
         _bars(ax, table, columns)
         _levels(ax, table, columns)
-        ax.set_xticks(range(len(columns)), [column_label(c, table.attrs.get("generated", ())) for c in columns])
+        ax.set_xticks(range(len(columns)), [column_label(c, table) for c in columns])
         ax.set_ylabel(metric)
         ax.set_title(model)
         ax.margins(y=0.12)

@@ -55,7 +55,8 @@ class Limits:
 
 async def read_body(declared_length: str | None, chunks: AsyncIterator[bytes], cap: int) -> bytes:
     """The body, never holding more than `cap` bytes: 413 at once when declared or found larger."""
-    too_big = f"send at most {cap} bytes per request (split the rows over several requests)"
+    too_big = (f"send at most {cap} bytes per request (split the rows over several requests), the limit the "
+               "server was started with (`python -m pipelines.serve --max-body-bytes N`)")
     if declared_length is not None:
         if not declared_length.isdigit():
             raise ClientError(f"Content-Length {declared_length[:40]!r} is not a number.", "Content-Length",
@@ -89,7 +90,8 @@ def scan(data: bytes, limits: Limits) -> None:
     rows = int(np.count_nonzero((raw == _COMMA) & outside & (depth == 2))) + 1
     if rows > limits.max_rows:
         raise ClientError(f"'inputs' holds {rows} rows; at most {limits.max_rows} per request (split the "
-                          "request).", "inputs", "max_rows", 413)
+                          "request), the limit the server was started with (`--max-rows N`).", "inputs", "max_rows",
+                          413)
 
 
 def parse(data: bytes, limits: Limits) -> Any:

@@ -20,6 +20,7 @@ from pipelines.config.schema import model_slug
 from pipelines.config.sources import JobConfigError
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
+from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
@@ -89,13 +90,21 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
                 # one-worker trials run in the trial process: reusing it skips a process start and a model load
                 reuse_actors=runs_in_trial_process(sweep.resources),
                 trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
-            run_config=tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
-                                      failure_config=tune.FailureConfig(max_failures=trial_retries(sweep))),
+            run_config=_run_config(sweep),
         )
-    with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch:
+    with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch, no_default_loggers():
         grid = tuner.fit()
     watch.raise_if_gave_up()
     return grid
+
+
+def _run_config(sweep: SweepConfig):
+    """Where Tune keeps the sweep, how often it retries a trial, and what it prints (`pipelines.sweeps.console`)."""
+    from ray import tune
+
+    return tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
+                          failure_config=tune.FailureConfig(max_failures=trial_retries(sweep)),
+                          verbose=0, callbacks=[*tune_loggers(), trial_lines()])
 
 
 def trial_retries(sweep: SweepConfig) -> int:

@@ -48,6 +48,7 @@ def result_rows(grid: Iterable, kinds: Mapping[tuple[str, str, str], str] | None
         row["data"] = (kinds or {}).get(tuple(row[k] for k in _KEYS), "")
         row.update({column: metrics.get(metric) for column, metric in SCORE_COLUMNS.items()})
         row["status"] = "error" if result.error else "done"
+        row["reused"] = bool(metrics.get("reused")) and not result.error  # its job's finished result, not trained now
         rows.append(row)
     chosen = chosen_labels(rows)
     for r in rows:
@@ -114,8 +115,27 @@ def summary_markdown(sweep: SweepConfig, rows: list[dict]) -> str:
     return "\n".join([*lines, "", *_notes(rows, False), ""])
 
 
+def reuse_line(sweep: SweepConfig, rows: list[dict]) -> str | None:
+    """What a re-run reused: the trials whose jobs returned the finished result already in their folder."""
+    reused = sum(r.get("reused", False) for r in rows)
+    if not reused:
+        return None
+    remote = "://" in sweep.storage_path
+    jobs = f"{sweep.storage_path}/{sweep.name}/jobs" if remote else sweep.storage_root() / sweep.name / "jobs"
+    if reused == len(rows):
+        return f"All {reused} trials reused from {jobs}; nothing trained."
+    return f"{reused} of {len(rows)} trials reused from {jobs}; {len(rows) - reused} trained or failed now."
+
+
 def write_summary(sweep: SweepConfig, rows: list[dict]) -> str:
-    """Write summary.md, summary.csv and README.md into the sweep folder; returns a line saying where (or why not)."""
+    """Write summary.md, summary.csv and README.md into the sweep folder; returns the lines saying where (or why
+    not), after `reuse_line`'s when trials were reused."""
+    reuse = reuse_line(sweep, rows)
+    where = _write_files(sweep, rows)
+    return where if reuse is None else f"{reuse}\n{where}"
+
+
+def _write_files(sweep: SweepConfig, rows: list[dict]) -> str:
     if "://" in sweep.storage_path:  # remote storage: Tune writes there itself, the driver has no file system path
         return f"No summary files: storage_path {sweep.storage_path} is not a local or shared folder."
     folder = sweep.storage_root() / sweep.name
@@ -153,7 +173,7 @@ ends.{f" Runs, curves and registered capsules: MLflow experiment `{sweep.experim
 resolved config, so a changed config trains in a new folder and an identical one is reused (`--resume`).
 
 - `result.json`: metrics (test, validation, majority class, chance, untrained), the validation history,
-  the resolved config and optimiser.
+  the training-loss curve (`curve`), the resolved config and optimiser.
 - `artifact/`: the capsule (`capsule.safetensors` + `capsule.json`), what the Model Registry holds.
 - `job_config.json`: the config and its hash; `checkpoints/`: resumable state; `job.lock`: held while it runs.
 - `mlflow_run.json`, `mlflow_pending.jsonl`: the trial's MLflow run id and anything not uploaded yet
@@ -162,7 +182,7 @@ resolved config, so a changed config trains in a new folder and an identical one
 ## Ray's own state: leave it, `--resume` reads it
 
 - `<task>-<model>-<method>-s<seed>/` (the trial name, no hash): Tune's log of the trial: `params.json`,
-  `progress.csv` and `result.json` (every report, one line each), TensorBoard events.
+  `progress.csv` and `result.json` (every report, one line each).
 - `train/` (only for trials with several workers): Ray Train's state of each trial's worker group.
 - `experiment_state-*.json`, `basic-variant-state-*.json`, `tuner.pkl`, `.validate_storage_marker`: Tune's
   experiment state.

@@ -14,6 +14,7 @@ every validation reported, the capsule registered before the final report.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from pydantic import TypeAdapter
 from pipelines.config.load import validate_job_config
 from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trial_job
+from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
 from pipelines.training.outputs import claim_job_folder, config_hash
@@ -33,6 +35,8 @@ from pipelines.training.outputs import claim_job_folder, config_hash
 logger = logging.getLogger(__name__)
 RUN_DESCRIPTION = "mlflow.note.content"
 """The run tag MLflow shows as the run's description."""
+PROGRESS_EVERY_S = 30.0
+"""How often a trial's progress bar redraws: parallel trials share the driver's console, one line per redraw."""
 CLAIM_WAIT_S = 60.0
 """How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
 RESET_WAIT_S = "60"
@@ -48,6 +52,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
+    quiet_trial_process()
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
     searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
@@ -140,13 +145,15 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: run the job; rank 0 tracks it in MLflow."""
     import ray.train
 
+    quiet_trial_process()
     tracked_job(loop_config, ray.train.report, is_main=ray.train.get_context().get_world_rank() == 0)
 
 
 def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,
                 base_models=None, final_extra: Callable[[], dict[str, float]] | None = None) -> None:
     """Run the job of `loop_config` in this process: every validation goes to `report_to` (and to MLflow from the
-    main process), then the final result, after the tracker finished (the capsule registered)."""
+    main process, less its `train_loss`: MLflow's ``train/loss`` is the loss curve's, `pipelines.training.loss_curve`,
+    and two values at one step would draw a zigzag), then the final result, after the tracker finished."""
     from pipelines.train import run
 
     config = validate_job_config(loop_config["job"])
@@ -155,16 +162,21 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
     def report(metrics: dict[str, Any]) -> None:
         numeric = _numeric(metrics)
         if tracker is not None:
-            tracker.log_metrics(numeric, step=int(metrics["step"]))
+            tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
         report_to(numeric)
+
+    def log(point: dict[str, Any]) -> None:
+        if tracker is not None:
+            tracker.log_metrics(_numeric(point), step=int(point["step"]))
 
     # The folder is claimed before the tracker reads or writes its run record there. A restarted worker
     # group or trial can start while the previous attempt's process is still exiting, hence the wait.
     with claim_job_folder(config, wait_s=CLAIM_WAIT_S):
         tracker = _start_tracker(loop_config["tracking"], config) if is_main else None
         reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
+        stored = _stored_digest(config)
         try:
-            result = run(config, report, base_models=base_models)
+            result = run(config, report, base_models=base_models, log=log, progress_every_s=PROGRESS_EVERY_S)
             if reusing:  # believed only when its scores are those its run logged
                 tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
         except BaseException:
@@ -173,10 +185,27 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
             raise
         if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
             tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
+    report_to(_final_report(result, stored, final_extra))
+
+
+def _final_report(result: dict[str, Any], stored_digest: str | None,
+                  final_extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
+    """The trial's last report: the final scores, the steps, `final_extra`'s figures and ``reused``: 1 when the job
+    returned the finished result already in its folder (its digest; a result trained now has one of its own)."""
     final = result["metrics"]
     extra = final_extra() if final_extra is not None else {}
-    report_to({**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"],
-               **_numeric(extra)})
+    reused = stored_digest is not None and result.get("result_digest") == stored_digest
+    return {**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"],
+            "reused": float(reused), **_numeric(extra)}
+
+
+def _stored_digest(config) -> str | None:
+    """The digest of the finished result already in the job's folder, if any: the job returns that same result
+    (and trains nothing) when it reuses it; a result trained now has a digest of its own."""
+    try:
+        return json.loads((Path(config.resolved_output_dir()) / "result.json").read_text()).get("result_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _start_tracker(tracking: dict[str, Any], config):

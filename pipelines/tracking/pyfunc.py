@@ -103,6 +103,14 @@ def _code_paths() -> list[str]:
     return [str(Path(package.__file__).parent) for package in (capt, pipelines)]
 
 
+def code_size() -> tuple[int, int]:
+    """(bytes, files) of the code `_code_paths` puts in every logged model (MLflow copies it without
+    ``__pycache__``)."""
+    files = [p for root in _code_paths() for p in Path(root).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    return sum(p.stat().st_size for p in files), len(files)
+
+
 def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
     """(signature, input example) from schema-valid unlabelled rows of `task`.
 
@@ -193,13 +201,15 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
                                {**source, "task": result["task"], "base_model": result["model"]},
                                int(result.get("steps", 0)))
         version = mlflow.register_model(info.model_uri, name, tags=tags)
+    code = code_size()
     client.update_model_version(name, version.version, description=version_description(
-        name, str(version.version), result, ui_uri, example_rows(result["task"], 1)))
+        name, str(version.version), result, ui_uri, example_rows(result["task"], 1), code))
     with contextlib.suppress(MlflowException):
         for key in ("task", "base_model", "model_slug"):
             client.set_registered_model_tag(name, key, tags[key])
         if not client.get_registered_model(name).description:
             client.update_registered_model(name, description=registered_model_description(
                 name, result["task"], result["model"]))
-    logger.info("Registered %s version %s (run %s)", name, version.version, run_id)
+    logger.info("Registered %s version %s (run %s); its logged model carries %d KB of project code in %d files",
+                name, version.version, run_id, code[0] // 1024, code[1])
     return str(version.version), info.model_id

@@ -54,6 +54,17 @@ class LoopState:
     """Number of losses in `loss_sum`."""
     untrained_score: float | None = None
     """Test score before the first training step (with `train.score_untrained`), kept for a resumed job."""
+    log_sum: float = 0.0
+    """Sum of the training losses since the last point of the loss curve (`pipelines.training.loss_curve`)."""
+    log_count: int = 0
+    """Number of losses in `log_sum`."""
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    """One point per `train.log_every_steps` steps: the mean training loss over them and the learning rate."""
+
+    def add_loss(self, loss: float) -> None:
+        """Count one batch's training loss towards the next validation record and the next curve point."""
+        self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1
+        self.log_sum, self.log_count = self.log_sum + loss, self.log_count + 1
 
     def mean_loss(self) -> float:
         """Mean training loss since the last validation."""

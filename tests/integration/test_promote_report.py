@@ -189,7 +189,7 @@ def test_report_tables_mean_and_std_over_seeds(
                 f"{statistics.stdev(capt_rte):.2f} | "
                 f"{statistics.mean([scores[('cb', 'capt', 0)], statistics.mean(capt_rte)]):.2f} |")
     pt = scores[("rte", "prompt_tuning", 0)]
-    assert "## tiny-t5" in text and "| method | cb | rte | SuperGLUE avg |" in text
+    assert "## tiny-t5" in text and "| method | cb | rte | SuperGLUE avg (2 of 6 tasks) |" in text
     assert capt_row in text and f"| prompt_tuning | - | {pt:.2f} | {pt:.2f}* |" in text
     assert text.index("| prompt_tuning") < text.index("| capt")  # baselines first, CaPT last
     majority = {key: r["metrics"]["test_majority_score"] for key, r in results.items()}

@@ -34,6 +34,19 @@ def test_a_version_description_has_scores_size_and_a_snippet_that_is_python() ->
     assert "load_model('models:/capt-tiny-t5-rte/3')" in snippet and "It's raining." in snippet
 
 
+def test_a_version_description_says_why_its_logged_model_outweighs_the_capsule() -> None:
+    from pipelines.tracking.pyfunc import code_size
+
+    result = {"task": "rte", "model": "minilm", "model_slug": "minilm", "method": "capt", "seed": 0, "steps": 6,
+              "metrics": {}, "capsule_bytes": "3072"}
+    size, files = code_size()
+    assert size > 100 * 1024 and files > 50, "the capt and pipelines packages, as every logged model carries them"
+    text = version_description("capt-minilm-rte", "1", result, "http://127.0.0.1:5000", [], (size, files))
+    assert (f"The logged model `capsule-minilm-rte` holds more than the capsule: {size / 1024:.1f} KiB in {files} "
+            "files of it are this project's code") in text
+    assert "holds more than the capsule" not in version_description("capt-minilm-rte", "1", result, "u", [])
+
+
 def test_an_unreachable_server_leaves_the_experiment_undescribed_and_the_sweep_going() -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     assert describe_experiment(closed, "x", "text", {}, RetryPolicy(budget_s=0.0)) is None

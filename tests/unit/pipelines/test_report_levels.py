@@ -33,7 +33,7 @@ def test_the_report_has_majority_chance_and_untrained_rows_and_marks_generated_d
     text, md_path, png_path = write_report(RUNS, "capt-demo", tmp_path)
     assert md_path.read_text().strip() == text.strip()
     assert text.startswith("# capt-demo: test_score (generated data, not benchmark results)")
-    assert "| method | cb (generated) | rte | SuperGLUE avg |" in text
+    assert "| method | cb (generated) | rte | SuperGLUE avg (2 of 6 tasks) |" in text
     assert "not benchmark data" in text and "majority class" in text and "uniform random guessing" in text
     assert _row(text, "majority class") == ["40.00 ± 0.00", "56.00", "48.00"]
     assert _row(text, "chance") == ["30.00 ± 0.00", "50.00", "40.00"]

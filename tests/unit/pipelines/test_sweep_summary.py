@@ -9,19 +9,20 @@ from pathlib import Path
 from ray.tune import Result
 
 from pipelines.sweeps.config import load_sweep_config
-from pipelines.sweeps.summary import data_kinds, results_table, write_summary
+from pipelines.sweeps.summary import data_kinds, results_table, reuse_line, write_summary
 
 SMOKE = Path(__file__).resolve().parents[3] / "pipelines" / "configs" / "smoke.yaml"
 SCORES = {("cb", "minilm"): (36.0, 33.1, 20.0, 93.75, 83.6666), ("rte", "minilm"): (58.0, 50.2, 42.0, 100.0, 98.0)}
 """(task, model) -> (majority, chance, untrained, best validation, test), as a trial reports them."""
 
 
-def _grid() -> list[Result]:
+def _grid(reused: tuple[float, ...] = (0.0, 0.0)) -> list[Result]:
     metrics = ("test_majority_score", "test_chance_score", "test_untrained_score", "best_validation_score",
                "test_score")
-    return [Result(metrics={**dict(zip(metrics, scores, strict=True)),
+    return [Result(metrics={**dict(zip(metrics, scores, strict=True)), "reused": flag,
                             "config": {"point": {"task": task, "model": model, "method": "capt", "seed": 0}}},
-                   checkpoint=None, error=None, path="unused") for (task, model), scores in SCORES.items()]
+                   checkpoint=None, error=None, path="unused")
+            for ((task, model), scores), flag in zip(SCORES.items(), reused, strict=True)]
 
 
 def test_the_printed_table_shows_majority_chance_and_untrained_beside_the_scores(tmp_path):
@@ -61,3 +62,16 @@ def test_a_summary_that_cannot_be_written_is_reported_not_raised(tmp_path):
     (tmp_path / "smoke").write_text("a file where the sweep folder goes")
     sweep = load_sweep_config(SMOKE, [f"storage_path={tmp_path}", "data_source=generated"])
     assert write_summary(sweep, []).startswith("No summary files: ")
+
+
+def test_a_rerun_that_reused_every_trial_says_so_in_one_line(tmp_path):
+    sweep = load_sweep_config(SMOKE, [f"storage_path={tmp_path}", "data_source=generated", "models=[minilm]"])
+    jobs = tmp_path / "smoke" / "jobs"
+    _, rows = results_table(_grid(reused=(1.0, 1.0)), data_kinds(sweep))
+    said = write_summary(sweep, rows).splitlines()
+    assert said[0] == f"All 2 trials reused from {jobs}; nothing trained."
+    assert said[1].startswith("Summary: ")
+    _, some = results_table(_grid(reused=(1.0, 0.0)), data_kinds(sweep))
+    assert reuse_line(sweep, some) == f"1 of 2 trials reused from {jobs}; 1 trained or failed now."
+    _, none = results_table(_grid(), data_kinds(sweep))
+    assert reuse_line(sweep, none) is None and write_summary(sweep, none).startswith("Summary: ")

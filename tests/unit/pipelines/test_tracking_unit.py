@@ -262,7 +262,7 @@ def test_the_superglue_average_leaves_csqa_out_and_csqa_has_its_own_column() -> 
     assert list(table.columns.get_level_values(0).unique()) == ["cb", "rte", "SuperGLUE avg", "csqa"]
     assert table.loc["capt", ("SuperGLUE avg", "mean")] == 80.0 and table.loc["lora", ("SuperGLUE avg", "mean")] == 60.0
     text = markdown({"t5-base": table}, "test_score", "title")
-    assert "| method | cb | rte | SuperGLUE avg | csqa |" in text
+    assert "| method | cb | rte | SuperGLUE avg (2 of 6 tasks) | csqa |" in text
     assert "| lora | - | 60.00 | 60.00* | 30.00 |" in text and "| capt | 90.00 | 70.00 | 80.00 | 20.00 |" in text
 
 
@@ -280,7 +280,7 @@ def test_report_tables_select_on_validation_and_format_mean_std() -> None:
     assert table.loc["capt", ("rte", "std")] == pytest.approx(math.sqrt(8))
     assert table.loc["capt", ("SuperGLUE avg", "mean")] == 81.0
     text = markdown(tables, "test_score", "title")
-    assert "| method | cb | rte | SuperGLUE avg |" in text
+    assert "| method | cb | rte | SuperGLUE avg (2 of 6 tasks) |" in text
     assert "| capt | 90.00 | 72.00 ± 2.83 | 81.00 |" in text and "| lora | - | 60.00 | 60.00* |" in text
     assert format_cell(float("nan"), float("nan")) == "-"
     assert run_frame([], "test_score").empty and isinstance(run_frame([], "x"), pd.DataFrame)

@@ -58,6 +58,8 @@ def test_killed_job_resumes_to_the_same_result(tmp_path):
     assert 10 <= killed_at < 24 and resumed["steps"] == straight["steps"] == 24
     assert resumed["metrics"] == straight["metrics"]
     assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in straight["history"]]
+    assert [p["step"] for p in resumed["curve"]] == [10, 20, 24]  # the checkpoint carries the curve's open window
+    assert [p["train_loss"] for p in resumed["curve"]] == [p["train_loss"] for p in straight["curve"]]
     capsule = "artifact/capsule.safetensors"
     assert torch.equal(load_file(str(tmp_path / "resumed" / capsule))["vectors"],
                        load_file(str(tmp_path / "straight" / capsule))["vectors"])

@@ -1,0 +1,107 @@
+"""The sweep's console: one line per trial state change instead of Tune's tables, no TensorBoard logger, and trial
+processes that load models without transformers' per-load report and track runs without MLflow's routine output.
+
+Tune's default reporter (verbosity 2) prints every report as a table and, in its status table, a "Current best
+trial" that quotes each trial's last validation score rather than its best; at verbosity 1 it still prints a
+config table at every start and a result table at every end. `trial_lines` replaces it with a line per start,
+end and retry; the results table at the end of the sweep (`pipelines.sweeps.summary`) has the scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+logger = logging.getLogger("pipelines.sweep")
+
+
+def tune_loggers() -> list:
+    """Tune's per-trial progress.csv and result.json. Not its TensorBoard logger, which Tune adds by default: events
+    nothing here reads, and a hint to run a TensorBoard the project does not install."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [CSVLoggerCallback(), JsonLoggerCallback()]
+
+
+@contextlib.contextmanager
+def no_default_loggers() -> Iterator[None]:
+    """Tune adds its default loggers (TensorBoard's among them) to the given callbacks unless this variable is set
+    when the Tuner runs (`ray.tune.utils.callback._create_default_callbacks`)."""
+    key, before = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def trial_lines():
+    """One log line per trial state change (Tune's own console reporter is off: at its default verbosity it prints
+    every report as a table, and its "Current best trial" quotes each trial's last score, not its best)."""
+    from ray import tune
+
+    class _TrialLines(tune.Callback):
+        def __init__(self) -> None:
+            self.ended: set[str] = set()
+            self.total: int | None = None
+
+        def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+            self.total = total_num_samples  # Tune creates the trials as it goes: `trials` may not hold them all yet
+
+        def _ended(self, trials) -> str:
+            return f"{len(self.ended)} of {self.total or len(trials)} ended"
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            logger.info("Trial %s started (%s)", trial, self._ended(trials))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.ended.add(trial.trial_id)
+            logger.info("Trial %s %s (%s)", trial, _outcome(trial.last_result or {}), self._ended(trials))
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            logger.warning("Trial %s failed and is retried", trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.ended.add(trial.trial_id)
+            logger.error("Trial %s failed (%s); its error: %s", trial, self._ended(trials), trial.error_file)
+
+    return _TrialLines()
+
+
+def _outcome(result: dict) -> str:
+    """An ended trial in words: its best validation and test scores, and whether it trained, reused its job, or was
+    stopped by the scheduler (ASHA) before its final report."""
+    scores = ", ".join(f"{label} {result[key]:.1f}" for label, key in
+                       (("best validation", "best_validation_score"), ("test", "test_score")) if key in result)
+    how = ("reused its finished job" if result.get("reused") else "finished" if "test_score" in result
+           else "stopped by the scheduler")
+    return f"{how}: {scores}" if scores else how
+
+
+class _NoLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
+def quiet_trial_process() -> None:
+    """In a trial process: no "LOAD REPORT" table per model load (for MiniLM it lists the classifier head that every
+    classification job adds, a known and expected difference; a load that is wrong still raises), no
+    weight-loading progress bar (transformers' other warnings stay), and MLflow's routine output off
+    (`pipelines.tracking.quiet`).
+
+    A filter, not a level: transformers checks the level of its loading logger itself, and at WARNING or above
+    it verifies a tensor-parallel plan no job here uses, and warns about every layer it did not shard."""
+    from transformers.utils import logging as hf_logging
+
+    from pipelines.tracking.quiet import quiet_mlflow
+
+    quiet_mlflow()
+    loading = logging.getLogger("transformers.modeling_utils")
+    if not any(isinstance(f, _NoLoadReport) for f in loading.filters):
+        loading.addFilter(_NoLoadReport())
+    hf_logging.disable_progress_bar()

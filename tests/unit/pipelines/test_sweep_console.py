@@ -1,0 +1,87 @@
+"""The sweep's console: a line per trial state change with its best scores, and no TensorBoard logger from Tune."""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from pipelines.sweeps.console import no_default_loggers, quiet_trial_process, trial_lines, tune_loggers
+from pipelines.tracking.quiet import QUIET_ENV, QUIET_LOGGERS
+
+
+class _Named(SimpleNamespace):
+    def __str__(self) -> str:
+        return self.trial_id
+
+
+def test_each_trial_state_change_is_one_line_with_the_best_scores(caplog: pytest.LogCaptureFixture) -> None:
+    lines = trial_lines()
+    first = _Named(trial_id="cb-minilm-capt-s0", last_result={})
+    second = _Named(trial_id="rte-minilm-capt-s0", last_result={})
+    trials = [first, second]
+    lines.setup(total_num_samples=3)  # Tune has created two of the sweep's three trials so far
+    with caplog.at_level(logging.INFO, logger="pipelines.sweep"):
+        lines.on_trial_start(iteration=0, trials=trials, trial=first)
+        first.last_result = {"validation_score": 50.0, "best_validation_score": 96.875, "test_score": 87.9,
+                             "reused": 0.0}
+        lines.on_trial_complete(iteration=1, trials=trials, trial=first)
+        second.last_result = {"best_validation_score": 84.4, "test_score": 86.0, "reused": 1.0}
+        lines.on_trial_complete(iteration=2, trials=trials, trial=second)
+        third = _Named(trial_id="cb-tiny-t5-capt-s0", last_result={"validation_score": 30.0,
+                                                                    "best_validation_score": 31.0})
+        lines.on_trial_complete(iteration=3, trials=[*trials, third], trial=third)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Trial cb-minilm-capt-s0 started (0 of 3 ended)",
+        "Trial cb-minilm-capt-s0 finished: best validation 96.9, test 87.9 (1 of 3 ended)",
+        "Trial rte-minilm-capt-s0 reused its finished job: best validation 84.4, test 86.0 (2 of 3 ended)",
+        "Trial cb-tiny-t5-capt-s0 stopped by the scheduler: best validation 31.0 (3 of 3 ended)"]
+
+
+def test_tune_gets_its_csv_and_json_loggers_and_no_tensorboard_logger() -> None:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+    from ray.tune.utils.callback import _create_default_callbacks
+
+    given = [*tune_loggers(), trial_lines()]
+    before = os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    with no_default_loggers():
+        callbacks = _create_default_callbacks(list(given), air_verbosity=0)
+    assert os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS") == before, "the variable is set for the fit only"
+    kinds = {type(c) for c in callbacks}
+    assert {CSVLoggerCallback, JsonLoggerCallback} <= kinds and TBXLoggerCallback not in kinds
+    assert any(isinstance(c, TBXLoggerCallback) for c in _create_default_callbacks([], air_verbosity=0)), (
+        "without it Tune adds its TensorBoard logger (tensorboardX is installed here)")
+
+
+def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
+    from transformers.utils import logging as hf_logging
+
+    BertModel(BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=8)).save_pretrained(tmp_path)
+    loading = logging.getLogger("transformers.modeling_utils")
+    filters = list(loading.filters)
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)  # restored after the test
+    caplog.set_level(logging.WARNING)
+    try:
+        BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)  # a new head: the report lists it
+        assert any("LOAD REPORT" in r.getMessage() for r in caplog.records), "transformers reports the new head"
+        caplog.clear()
+        quiet_trial_process()
+        quiet_trial_process()
+        BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+        assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert not hf_logging.is_progress_bar_enabled() and loading.level == logging.NOTSET
+        assert len(loading.filters) == len(filters) + 1
+        assert all(os.environ[key] == value for key, value in QUIET_ENV.items())
+        assert not logging.getLogger("mlflow.system_metrics.system_metrics_monitor").isEnabledFor(logging.INFO)
+    finally:
+        loading.filters[:] = filters
+        hf_logging.enable_progress_bar()
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
