@@ -15,7 +15,7 @@ _SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives
 
 @dataclass(frozen=True)
 class SuperPosPromptConfig(BaselineConfig):
-    """SuperPos-Prompt: prompt token i = sum_j w_ij (e_j + dE_ij) over `num_sampled` sampled vocabulary embeddings e_j."""
+    """SuperPos-Prompt: prompt token i = sum_j w_ij (e_j + dE_ij) over `num_sampled` sampled vocabulary embeddings."""
 
     method: ClassVar[str] = "superpos_prompt"
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
@@ -33,8 +33,8 @@ class SuperPosPromptConfig(BaselineConfig):
     train_embeddings: bool = True
     """Train changes of the sampled embeddings too (the paper does); false keeps them at the vocabulary's values."""
     shared_embeddings: bool = False
-    """With train_embeddings: false (the paper) gives every prompt token its own zero-initialised change dE_i of the
-    frozen sampled embeddings; true trains one copy of the embeddings shared by all tokens."""
+    """False (the paper): every prompt token has its own zero-initialised change dE_i of the frozen sampled
+    embeddings; true: one trained copy of the embeddings shared by all tokens (used when train_embeddings is true)."""
     sample_seed: int = 0
     """Seed of the draw of the m token ids (the ids are also stored in the artifact)."""
     base_dropout: bool = False

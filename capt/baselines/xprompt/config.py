@@ -30,7 +30,8 @@ class XPromptConfig(BaselineConfig):
     num_tokens: int = 20
     """Number of soft-prompt vectors before pruning (each of width d; the paper's 20)."""
     init: str = "vocab"
-    """Initialisation: "vocab" (copies of randomly drawn token embeddings, the paper's best) or "normal" (N(0, init_std))."""
+    """Initialisation: "vocab" (copies of randomly drawn token embeddings, the paper's best) or "normal"
+    (N(0, init_std))."""
     init_std: float = 0.02
     """Standard deviation of the "normal" initialisation."""
     pieces: int = 16

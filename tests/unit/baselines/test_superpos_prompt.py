@@ -1,4 +1,5 @@
-"""SuperPos-Prompt: p_i = w_i (E + dE_i) over m sampled vocabulary embeddings; the ids travel in the artifact as int64."""
+"""SuperPos-Prompt: p_i = w_i (E + dE_i) over m sampled vocabulary embeddings; the ids travel in the artifact
+as int64."""
 
 from __future__ import annotations
 
