@@ -74,6 +74,9 @@ class PromptTuningConfig(BaselineConfig):
         "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA and RTE chose it too")),
     }
 
+    inits: ClassVar[tuple[str, ...]] = ("normal", "vocab")
+    """Values `init` may take (a method with more initialisations widens it)."""
+
     num_tokens: int = 100
     """Number of soft-prompt vectors (each of width d)."""
     init: str = "normal"
@@ -86,7 +89,7 @@ class PromptTuningConfig(BaselineConfig):
     def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
                       "integer >= 1")
-        check.require(self.init in ("normal", "vocab"), "init", self.init, "'normal' or 'vocab'")
+        check.require(self.init in self.inits, "init", self.init, " or ".join(repr(i) for i in self.inits))
         check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
                       "finite number > 0")
         check.require(isinstance(self.instance_token, bool), "instance_token", self.instance_token,

@@ -12,8 +12,12 @@ from capt.optim_defaults import UNMEASURED, OptimDefault, measured
 _ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
 _ADAPTER_OTHER = _ADAPTER + "; " + UNMEASURED
 
-ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
-"""Non-linearities the bottleneck may use."""
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "tanh", "silu")
+"""Non-linearities the bottleneck may use (gelu_tanh: GELU's tanh approximation, BERT's and Houlsby's code's)."""
+PLACEMENTS = ("after_dropout", "before_dropout")
+"""Where an adapter reads its sub-layer's output: after the sub-layer's residual dropout (Houlsby's code) or before."""
+UP_INITS = ("truncated_normal", "zero")
+"""Initialisations of the up projection: like the down projection (Houlsby's code) or zero (an exact identity start)."""
 SUBLAYERS = ("attention", "cross_attention", "feed_forward")
 """Sub-layers an adapter may follow (cross_attention: T5's decoder only)."""
 
@@ -32,19 +36,26 @@ class AdapterConfig(BaselineConfig):
 
     bottleneck: int = 24
     """Width m of the bottleneck (24 = d/32 on T5-Base, the size behind the 1.9M adapter rows of T5 papers)."""
-    activation: str = "relu"
-    """Non-linearity f between the down and up projections (relu, gelu, tanh or silu)."""
+    activation: str = "gelu_tanh"
+    """Non-linearity f between the down and up projections (gelu_tanh, gelu, relu, tanh or silu)."""
+    placement: str = "after_dropout"
+    """"after_dropout": the adapter transforms the sub-layer's output after its residual dropout, as in Houlsby's code;
+    "before_dropout": the output projection's result, before that dropout."""
     sublayers: list[str] = field(default_factory=lambda: ["attention", "feed_forward"])
     """Sub-layers followed by an adapter: attention (self-attention), cross_attention (T5 decoder), feed_forward."""
     train_layer_norms: bool = True
     """Train every layer norm of the base model as well (Houlsby et al. do); detach() restores their values."""
-    init_std: float = 0.01
-    """Standard deviation of the down projection's normal initialisation (the up projection starts at zero)."""
+    init_std: float = 1e-3
+    """Standard deviation of the projections' truncated-normal initialisation (cut at +-2 std; biases start at zero)."""
+    up_init: str = "truncated_normal"
+    """The up projection's initialisation: "truncated_normal" (as the down one: a near-identity start) or "zero"."""
 
     def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.bottleneck) and self.bottleneck >= 1, "bottleneck", self.bottleneck,
                       "integer >= 1")
         check.require(self.activation in ACTIVATIONS, "activation", self.activation, f"one of {list(ACTIVATIONS)}")
+        check.require(self.placement in PLACEMENTS, "placement", self.placement, f"one of {list(PLACEMENTS)}")
+        check.require(self.up_init in UP_INITS, "up_init", self.up_init, f"one of {list(UP_INITS)}")
         chosen = self.sublayers
         ok = (isinstance(chosen, list | tuple) and len(chosen) > 0
               and all(isinstance(s, str) and s in SUBLAYERS for s in chosen) and len(set(chosen)) == len(chosen))

@@ -1,15 +1,20 @@
 """Bottleneck adapters: Houlsby, Giurgiu, Jastrzebski, Morrone, de Laroussilhe, Gesmundo, Attariyan and Gelly,
 "Parameter-Efficient Transfer Learning for NLP", ICML 2019 (arXiv 1902.00751).
 
-Equation: after a sub-layer's output projection and before its residual add, h <- h + W_up f(W_down h + b_down)
-+ b_up, with W_down (m x d), W_up (d x m), m the bottleneck. W_up and b_up start at zero, so the adapted model
-starts exactly at the base model; W_down is drawn from N(0, init_std) (Houlsby: near-identity initialisation with
-a small std). Parameters per adapter: 2 d m + m + d.
+Equation: on a sub-layer's output h (after its output projection and, by default, its residual dropout; before the
+residual add), h <- h + W_up f(W_down h + b_down) + b_up, with W_down (m x d), W_up (d x m), m the bottleneck.
+Parameters per adapter: 2 d m + m + d. Settings and their sources (m, f = GELU, the placement after dropout, the
+truncated-normal std 1e-3 of both projections, layer norms, optimiser): README.md, "Baseline settings and their
+sources", rows "adapter". With both projections drawn at std 1e-3 the adapter starts near the identity (its branch
+is O(1e-6) of h); ``up_init: zero`` makes the start exact.
 
-Placement (`capt.arch` `ArchSpec.adapter_sites`): a forward hook on the output projection of each chosen sub-layer
-(T5 `o` / `wo`, Llama `o_proj` / `down_proj`, BERT `attention.output.dense` / `output.dense`), so the adapter sees
-the projection's output and its result goes through the model's own dropout and residual add (and, in BERT, the
-post-LayerNorm), as in Houlsby's Figure 2. `detach()` removes the hooks: the base model is untouched.
+Placement (`capt.arch` `ArchSpec.adapter_sites` names each sub-layer's output projection): with ``placement:
+after_dropout`` (the default) a forward hook on the sub-layer's residual dropout, the module that takes the
+projection's output just before the residual add (T5: the `dropout` of the `T5Layer*` holding the projection;
+BERT: the `dropout` beside `attention.output.dense` / `output.dense`; Llama has no residual dropout, so the hook
+stays on `o_proj` / `down_proj`); BERT's post-LayerNorm then sees h + adapter, as in Houlsby's Figure 2. With
+``before_dropout`` the hook is on the projection itself and the adapter's output goes through the dropout.
+`detach()` removes the hooks: the base model is untouched.
 
 Choices where the paper is silent or was BERT-only:
 - T5: adapters in encoder and decoder blocks, after self-attention and feed-forward (two per block, Houlsby's
@@ -42,24 +47,44 @@ from capt.errors import MethodError, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
+ACTIVATION_MODULES = {"gelu_tanh": lambda: nn.GELU(approximate="tanh"), "gelu": nn.GELU, "relu": nn.ReLU,
+                      "tanh": nn.Tanh, "silu": nn.SiLU}
+DROPOUT_LEVELS = {"t5": 2, "encoder": 1}
+"""Per family, how many modules above the output projection sits the module whose `dropout` child is the sub-layer's
+residual dropout (T5: T5Layer* above T5Attention / T5DenseActDense; BERT: BertSelfOutput / BertOutput); a family not
+listed has no residual dropout."""
+
+
+def _truncated_normal_(weight: torch.Tensor, std: float) -> None:
+    nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)  # cut at 2 std, as TF's truncated normal
 
 
 class Bottleneck(nn.Module):
-    """W_up f(W_down h): the residual branch of one adapter (zero at initialisation)."""
+    """W_up f(W_down h): the residual branch of one adapter."""
 
-    def __init__(self, width: int, bottleneck: int, activation: str, init_std: float) -> None:
+    def __init__(self, width: int, config: AdapterConfig) -> None:
         super().__init__()
-        self.down = nn.Linear(width, bottleneck)
-        self.act = ACTIVATION_MODULES[activation]()
-        self.up = nn.Linear(bottleneck, width)
-        nn.init.normal_(self.down.weight, std=init_std)
+        self.down = nn.Linear(width, config.bottleneck)
+        self.act = ACTIVATION_MODULES[config.activation]()
+        self.up = nn.Linear(config.bottleneck, width)
+        _truncated_normal_(self.down.weight, config.init_std)
+        if config.up_init == "zero":
+            nn.init.zeros_(self.up.weight)
+        else:
+            _truncated_normal_(self.up.weight, config.init_std)
         nn.init.zeros_(self.down.bias)
-        nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.up(self.act(self.down(hidden)))
+
+
+def hooked_module(base: nn.Module, path: str, family: str, placement: str) -> nn.Module:
+    """The module whose output the adapter of the projection at `path` transforms (see the module docstring)."""
+    levels = DROPOUT_LEVELS.get(family)
+    if placement == "before_dropout" or levels is None:
+        return base.get_submodule(path)
+    return base.get_submodule(".".join(path.split(".")[:-levels] + ["dropout"]))
 
 
 def _add_adapter(adapter: Bottleneck):
@@ -83,10 +108,10 @@ class AdapterModel(AdaptedModel):
         self._handles = []
         for kind in config.sublayers:
             for module in sites.get(kind, []):
-                adapter = Bottleneck(width, config.bottleneck, config.activation, config.init_std)
-                adapter.to(device=module.weight.device)
+                adapter = Bottleneck(width, config).to(device=module.weight.device)
                 self.adapters[paths[id(module)].replace(".", "-")] = adapter
-                self._handles.append(module.register_forward_hook(_add_adapter(adapter)))
+                hooked = hooked_module(base, paths[id(module)], self.spec.family, config.placement)
+                self._handles.append(hooked.register_forward_hook(_add_adapter(adapter)))
         self.norms = self._trainable_norms(base) if config.train_layer_norms else {}
         self._norm_values = {name: p.detach().clone() for name, p in self.norms.items()}
         for param in self.norms.values():

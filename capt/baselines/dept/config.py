@@ -9,9 +9,9 @@ from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
 from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
 
-DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' T5-Base scripts: AdamW (the HF Trainer's), batch 32, soft-prompt "
-           "lr searched in {3e-1, 4e-1, 5e-1}; the low-rank matrices train at method.options.embedding_lr (searched "
-           "in {1e-4, 5e-4, 1e-3, 5e-3})")
+DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' train.py and README (T5-Base): AdamW without weight decay, linear "
+           "schedule, 500 warm-up steps, batch 32; soft-prompt lr searched in {3e-1, 4e-1}; the low-rank matrices "
+           "train at method.options.embedding_lr (README grid {5e-3, 3e-1, 5e-4})")
 """Where DePT's T5 optimiser default comes from (EPT, built on DePT's decomposition, takes it too)."""
 
 
@@ -27,6 +27,16 @@ class DeptConfig(PromptTuningConfig):
                                                         "prompt's lr (the offset's is method.options.embedding_lr)")),
     }
 
+    inits: ClassVar[tuple[str, ...]] = ("normal", "vocab", "text")
+
+    init: str = "normal"
+    """Initialisation: "text" (the authors': the embeddings of `init_text`'s tokens, repeated to num_tokens), "normal"
+    (N(0, init_std); the default because a model alone has no tokenizer, README.md's provenance table) or "vocab"."""
+    init_text: str = "Classify this text is postive or not:"
+    """The sentence of the "text" init (the authors' train.py default, spelling included)."""
+    init_text_ids: list[int] | None = None
+    """Token ids of init_text under the model's tokenizer; None: tokenise it with the tokenizer of the base model's
+    checkpoint (`config.name_or_path`)."""
     num_tokens: int = 60
     """Length m of the soft prompt (DePT's T5-Base default: 60 of the 100-token prompt-tuning budget)."""
     rank: int = 30
@@ -37,8 +47,8 @@ class DeptConfig(PromptTuningConfig):
     alpha: float = 8.0
     """Scaling numerator: the offset is (alpha / sqrt(rank)) A B, as in the authors' code (lora_alpha 8)."""
     embedding_lr: float = 5e-4
-    """Learning rate of A and B (the soft prompt trains at the job's optim.lr): DePT's second learning rate
-    (the authors search {1e-4, 5e-4, 1e-3, 5e-3} on T5-Base)."""
+    """Learning rate of A and B (the soft prompt trains at the job's optim.lr): DePT's second learning rate (the
+    authors' README grid: {5e-3, 3e-1, 5e-4})."""
 
     def _validate(self, check: Problems) -> None:
         super()._validate(check)
@@ -48,3 +58,9 @@ class DeptConfig(PromptTuningConfig):
         check.require(_is_real(self.alpha) and self.alpha > 0, "alpha", self.alpha, "finite number > 0")
         check.require(_is_real(self.embedding_lr) and self.embedding_lr > 0, "embedding_lr", self.embedding_lr,
                       "finite number > 0")
+        check.require(isinstance(self.init_text, str) and bool(self.init_text.strip()), "init_text", self.init_text,
+                      "a non-empty sentence")
+        ids = self.init_text_ids
+        check.require(ids is None or (isinstance(ids, list | tuple) and len(ids) > 0
+                                      and all(_is_int(i) and i >= 0 for i in ids)),
+                      "init_text_ids", ids, "null or a non-empty list of token ids (integers >= 0)")

@@ -7,9 +7,12 @@ prompt tuning (`PromptTuningModel`: prepended for T5 and decoder-only models, af
 job's learning rate, A and B at a second one (`embedding_lr`), through `parameter_groups`. Trainable parameters:
 m d + s r + r d.
 
-T5-Base defaults (the paper keeps prompt tuning's 100-token budget, 76,800 parameters, at s = 256): m = 60, r = 30
-(60 x 768 + 30 x (256 + 768) = 76,800); the authors' README also runs m = 40, r = 45, the same budget.
-Initialisation as in the authors' code: A Kaiming-uniform, B zero (training starts at plain prompt tuning), alpha 8.
+T5-Base sizes (the paper keeps prompt tuning's 100-token budget, 76,800 parameters, at s = 256): m = 60, r = 30
+(60 x 768 + 30 x (256 + 768) = 76,800). A Kaiming-uniform, B zero (training starts at plain prompt tuning), alpha 8.
+``init: text`` is the authors' prompt init: the token ids of ``init_text`` (special tokens included, as the
+tokenizer returns them) repeated until there are m and cut to m, P = the embedding rows of those ids. Settings and
+their sources (m, r, s, alpha, the inits, both lrs, optimiser, schedule, warm-up): README.md, "Baseline settings
+and their sources", rows "dept".
 
 Choices where the paper is silent:
 - Inputs longer than s: positions from s on get no offset (the paper truncates inputs to s).
@@ -33,8 +36,25 @@ from torch import nn
 
 from capt.baselines.dept.config import DeptConfig
 from capt.baselines.prompt import PromptTuningModel
+from capt.errors import MethodError
 
 logger = logging.getLogger(__name__)
+
+
+def _tokenise(base: nn.Module, text: str) -> list[int]:
+    """Token ids of `text` under the tokenizer of `base`'s checkpoint; MethodError when it has none to load."""
+    from transformers import AutoTokenizer
+
+    name = getattr(base.config, "name_or_path", "")
+    try:
+        ids = AutoTokenizer.from_pretrained(name)(text)["input_ids"]
+    except (OSError, ValueError) as error:
+        raise MethodError(f"DeptConfig init='text' needs the tokenizer of the base model, and {name!r} has none to "
+                          f"load ({type(error).__name__}); give init_text_ids (the ids of {text!r}) or "
+                          "init='normal'.") from error
+    if not ids:
+        raise MethodError(f"DeptConfig init_text={text!r} has no tokens under the tokenizer of {name!r}.")
+    return list(ids)
 
 
 class DeptModel(PromptTuningModel):
@@ -51,6 +71,14 @@ class DeptModel(PromptTuningModel):
         """Position of the next token the input embedding embeds while `generate` runs (None otherwise)."""
         logger.info("DePT on %s: %d prompt tokens, rank %d offsets of %d positions", self.info.model_type,
                     config.num_tokens, config.rank, config.max_length)
+
+    def _initial_prompt(self, config: DeptConfig) -> torch.Tensor:
+        if config.init != "text":
+            return super()._initial_prompt(config)
+        ids = list(config.init_text_ids or _tokenise(self.base, config.init_text))
+        repeated = (ids * math.ceil(config.num_tokens / len(ids)))[: config.num_tokens]
+        weight = self.embed.weight
+        return weight.detach()[torch.tensor(repeated, device=weight.device)].clone().float()
 
     def adapter_parameters(self) -> dict[str, nn.Parameter]:
         """The soft prompt (m, d) and the offset factors A (s, r) and B (r, d)."""

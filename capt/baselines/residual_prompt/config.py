@@ -29,7 +29,8 @@ class ResidualPromptConfig(PromptTuningConfig):
     init: str = "vocab"
     """Initialisation of P: "vocab" (copies of randomly drawn token embeddings, as the paper's code) or "normal"."""
     bottleneck: int = 400
-    """Width of the MLP's bottleneck (down-projection d -> bottleneck, up-projection bottleneck -> d)."""
+    """Width of the MLP's bottleneck (down-projection d -> bottleneck, up-projection bottleneck -> d); 400 matches the
+    one published count (DPT's 925K on T5-Large), the authors' script default is 800."""
     merged: bool = False
     """True when the MLP is already folded into the prompt (P' stored, no MLP): what a saved artifact records."""
 

@@ -12,12 +12,11 @@ jointly; the frozen model sees P' in place of P, inserted exactly as plain promp
 (`capt.baselines.prompt`). After training the MLP is not needed: the saved artifact holds only P' (n, d) and a
 config with ``merged: true``, and loading it gives a model with that fixed prompt and no MLP.
 
-Sizes for T5-Base: prompt length 10 (the paper's main setting; 100 also reported), one MLP shared by all
-tokens, bottleneck m = 400 (consistent with the 925K trainable parameters DPT, Xiao et al. 2023, reports for it
-on T5-Large with 100 tokens: 100 x 1024 + 2 x 1024 x 400 + 400 + 1024 + 2 x 1024; the authors' training script
-defaults to 800), prompt initialised from sampled vocabulary embeddings. The authors' T5-Base SuperGLUE
-script: AdamW at lr 0.3 (weight decay 1e-5) for prompt and MLP, batch size 8, 20 epochs, early stopping.
-Trainable parameters: n d + 2 d m + m + d (MLP) + 2 d (LayerNorm).
+Settings and their sources (prompt length, the bottleneck m, init, optimiser): README.md, "Baseline settings and
+their sources", rows "residual_prompt". The default m = 400 is ours: it gives the 925K trainable parameters DPT
+(Xiao et al. 2023) reports for this method on T5-Large with 100 tokens (100 x 1024 + 2 x 1024 x 400 + 400 + 1024 +
+2 x 1024), the one published count we found; the authors' training script defaults to 800, which ``bottleneck: 800``
+gives and the paper presets use. Trainable parameters: n d + 2 d m + m + d (MLP) + 2 d (LayerNorm).
 
 Choices where the paper is silent: the MLP's Linear layers keep PyTorch's default initialisation and are
 created in float32 on the embeddings' device; no dropout in the MLP (the code's default, 0).

@@ -9,6 +9,8 @@ from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
 from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
 
+ROUTINGS = ("per_input", "batch_broadcast")
+"""SMoP routing variants: the paper's per-input prompt, or the released code's batch-wide sum."""
 _SMOP_T5 = ("SMoP (Choi et al. 2023; its code's README command for T5-base SuperGLUE): Adafactor at lr 0.5, "
             "weight decay 1e-5, batch 32, 50 epochs, 6 % linear warm-up")
 
@@ -28,8 +30,13 @@ class SMoPConfig(PromptTuningConfig):
     """Length of each soft prompt (the positions every input gains)."""
     num_prompts: int = 4
     """Number of soft prompts the router chooses from."""
+    init_std: float = 1.0
+    """Standard deviation of the prompts' N(0, init_std) initialisation (the authors' code: nn.Embedding's N(0, 1))."""
     router_noise: float = 1.0
     """Scale of the router perturbation in training: logits + router_noise * N(0, 1) * logits (0: none)."""
+    routing: str = "per_input"
+    """"per_input": row b gets p_b P_{j_b} (the paper's equations); "batch_broadcast": row b gets
+    p_b sum_b' P_{j_b'}, the sum of the whole batch's chosen prompts (the released code, for reproduction)."""
 
     def _validate(self, check: Problems) -> None:
         super()._validate(check)
@@ -37,3 +44,4 @@ class SMoPConfig(PromptTuningConfig):
                       "integer >= 1")
         check.require(_is_real(self.router_noise) and self.router_noise >= 0, "router_noise", self.router_noise,
                       "finite number >= 0 (0: no perturbation)")
+        check.require(self.routing in ROUTINGS, "routing", self.routing, f"one of {list(ROUTINGS)}")

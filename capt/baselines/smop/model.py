@@ -13,9 +13,14 @@ Equations, for an input with token embeddings x_1..x_n (mask m) and k soft promp
 The prompt (l positions) is inserted exactly as prompt tuning inserts its soft prompt (`PromptTuningModel`),
 but each batch row gets its own. Trainable parameters: k·l·d + k·d.
 
-Defaults for T5-Base (the paper and its README's command): k = 4 prompts of l = 5 tokens (20 prompt vectors,
-5 positions per input), perturbation on, Adafactor at lr 0.5 (weight decay 1e-5, linear schedule with 6 %
-warm-up), batch 32, 50 epochs on SuperGLUE. At these sizes the count is 4·5·768 + 4·768 = 18,432.
+Settings and their sources (k, l, init, noise, optimiser): README.md, "Baseline settings and their sources",
+rows "smop". At the default sizes (k = 4, l = 5) the count is 4·5·768 + 4·768 = 18,432 on T5-Base.
+
+Routing (``routing``). The default, ``per_input``, is the equations above: each row gets its own chosen prompt,
+which is what the paper describes and what makes a row's output independent of the other rows in its batch
+(so evaluation, serving and batch size cannot change a prediction). The released code instead multiplies each
+row's probability p_b by the sum over the batch of every row's chosen prompt, Σ_b' P_{j_b'}; the paper's numbers
+came from that code, so ``routing: batch_broadcast`` reproduces it (a batch of one is the same in both).
 
 Choices where the paper is silent or differs from its code:
 - The noise scale σ is relative to the logits (the code's ``GaussianNoise``, whose ``sigma`` = 1 is the
@@ -69,9 +74,13 @@ class SMoPModel(PromptTuningModel):
         return logits.softmax(dim=-1)
 
     def row_prompts(self, embeds: torch.Tensor, instance_mask: torch.Tensor) -> torch.Tensor:
-        """(B, num_tokens, d): each row's top-1 prompt scaled by its routing probability."""
+        """(B, num_tokens, d): each row's top-1 prompt scaled by its routing probability (``per_input``), or
+        the sum of the batch's top-1 prompts scaled by the row's probability (``batch_broadcast``)."""
         weight, index = self.routing_probabilities(embeds, instance_mask).max(dim=-1)
-        return (self.prompt[index] * weight[:, None, None].to(self.prompt.dtype)).to(embeds.dtype)
+        chosen = self.prompt[index]  # (B, num_tokens, d)
+        if self.adapter_config.routing == "batch_broadcast":
+            chosen = chosen.sum(dim=0, keepdim=True).expand_as(chosen)
+        return (chosen * weight[:, None, None].to(self.prompt.dtype)).to(embeds.dtype)
 
     def current_prompt(self) -> torch.Tensor:
         """SMoP has no single prompt: every row gets its own (`row_prompts`)."""

@@ -15,7 +15,7 @@ _SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives
 
 @dataclass(frozen=True)
 class SuperPosPromptConfig(BaselineConfig):
-    """SuperPos-Prompt: prompt token i = sum_j w_ij e_j over `num_sampled` sampled vocabulary embeddings e_j."""
+    """SuperPos-Prompt: prompt token i = sum_j w_ij (e_j + dE_ij) over `num_sampled` sampled vocabulary embeddings."""
 
     method: ClassVar[str] = "superpos_prompt"
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
@@ -31,7 +31,10 @@ class SuperPosPromptConfig(BaselineConfig):
     num_sampled: int = 128
     """m: vocabulary embeddings sampled (without replacement) and superposed into every prompt token."""
     train_embeddings: bool = True
-    """Train the copies of the sampled embeddings too (the paper does); false keeps them at the vocabulary's values."""
+    """Train changes of the sampled embeddings too (the paper does); false keeps them at the vocabulary's values."""
+    shared_embeddings: bool = False
+    """False (the paper): every prompt token has its own zero-initialised change dE_i of the frozen sampled
+    embeddings; true: one trained copy of the embeddings shared by all tokens (used when train_embeddings is true)."""
     sample_seed: int = 0
     """Seed of the draw of the m token ids (the ids are also stored in the artifact)."""
     base_dropout: bool = False
@@ -45,6 +48,8 @@ class SuperPosPromptConfig(BaselineConfig):
         check.require(_is_int(self.num_sampled) and self.num_sampled >= 1, "num_sampled", self.num_sampled,
                       "integer >= 1 (at most the vocabulary size)")
         check.require(isinstance(self.train_embeddings, bool), "train_embeddings", self.train_embeddings,
+                      "true or false")
+        check.require(isinstance(self.shared_embeddings, bool), "shared_embeddings", self.shared_embeddings,
                       "true or false")
         check.require(_is_int(self.sample_seed) and self.sample_seed >= 0, "sample_seed", self.sample_seed,
                       "integer >= 0")

@@ -3,27 +3,25 @@
 Sadraei Javaheri, Asgari, McHardy, Rabiee, "SuperPos-Prompt: Enhancing Soft Prompt Tuning of Language Models
 with Superposition of Multi Token Embeddings", 2024, arXiv 2406.05279.
 
-m token ids are sampled from the vocabulary without replacement; their embeddings form E (m, d). Prompt token i
-is the superposition
+m token ids are sampled from the vocabulary without replacement; their embeddings form E (m, d), read from the
+frozen embedding matrix. Prompt token i is the superposition
 
-    p_i = sum_j w_ij E_j,   i.e. P = W E,   W: (n, m)
+    p_i = sum_j w_ij (E_j + dE_ij),   i.e. p_i = w_i (E + dE_i),   w_i: (m,),  dE_i: (m, d)
 
-W trains, and so does E (the paper updates the sampled embeddings as well; ``train_embeddings: false`` keeps
-E at the frozen vocabulary's values, read from the base model's embedding matrix on every forward). The frozen
-model sees P, inserted exactly as plain prompt tuning inserts its prompt (`capt.baselines.prompt`).
-Trainable parameters: n m + m d (n m with ``train_embeddings: false``).
+where each token has its own change dE_i of the sampled embeddings, initialised at zero (the paper's equation), so
+training starts at p_i = w_i E and weight decay pulls each token's embeddings back towards the vocabulary's.
+W (n, m) and dE (n, m, d) train. ``shared_embeddings: true`` trains one copy of E shared by all tokens instead
+(P = W E'), ``train_embeddings: false`` keeps E frozen (P = W E). The frozen model sees P, inserted exactly as
+plain prompt tuning inserts its prompt (`capt.baselines.prompt`). Trainable parameters: n m + n m d (per-token
+changes), n m + m d (shared), n m (frozen).
 
-Sizes the paper reports for T5-Base: prompt length 10, m = 128 sampled embeddings (its ablation over m
-plateaus at 128). The paper also finds that training converges faster and better with the frozen network's
-dropout off; ``base_dropout: false`` (the default) keeps the frozen base model in eval mode while the wrapper
-trains (``train()`` switches only the method's own modules), which removes every dropout of the base, including
-the attention dropout that T5 and Llama apply functionally from their configs. The base model's own
-gradient checkpointing, which Hugging Face models run only in training mode, is off with it.
-
-Choices where the paper is silent or we read it so: one set of m sampled embeddings shared by all prompt tokens
-(each token has its own weights); W is initialised N(0, 1/m), so that a prompt token starts with about the
-variance of one embedding; the ids are drawn with a seeded CPU generator (``sample_seed``) and also stored in
-the artifact as an int64 tensor ``token_ids`` (with E itself when it trains), never pickled.
+Settings and their sources (n, m, the per-token dE, W's init, dropout, optimiser): README.md, "Baseline settings and
+their sources", rows "superpos_prompt". ``base_dropout: false`` (the default) keeps the frozen base model in eval
+mode while the wrapper trains (``train()`` switches only the method's own modules), which removes every dropout of
+the base, including the attention dropout that T5 and Llama apply functionally from their configs. The base model's
+own gradient checkpointing, which Hugging Face models run only in training mode, is off with it. The ids are drawn
+with a seeded CPU generator (``sample_seed``) and stored in the artifact as an int64 tensor ``token_ids``, never
+pickled.
 
 Families: every family plain prompt tuning supports (T5 encoder input, decoder-only, BERT encoders).
 """
@@ -60,12 +58,14 @@ class SuperPosPromptModel(PromptTuningModel):
     def _build_prompt(self, config: SuperPosPromptConfig) -> None:
         weight = self.embed.weight
         self.register_buffer("token_ids", sample_token_ids(weight.shape[0], config).to(weight.device))
-        scale = 1.0 / math.sqrt(config.num_sampled)
-        self.weights = nn.Parameter(torch.randn(config.num_tokens, config.num_sampled, device=weight.device) * scale)
-        sampled = weight.detach()[self.token_ids].clone().float()
-        self.embeddings = nn.Parameter(sampled) if config.train_embeddings else None
-        logger.info("superpos prompt: %d tokens over %d sampled embeddings (trained: %s)", config.num_tokens,
-                    config.num_sampled, config.train_embeddings)
+        n, m, d = config.num_tokens, config.num_sampled, weight.shape[1]
+        self.weights = nn.Parameter(torch.randn(n, m, device=weight.device) / math.sqrt(m))
+        shared = config.train_embeddings and config.shared_embeddings
+        per_token = config.train_embeddings and not config.shared_embeddings
+        self.embeddings = nn.Parameter(weight.detach()[self.token_ids].clone().float()) if shared else None
+        self.deltas = nn.Parameter(torch.zeros(n, m, d, device=weight.device)) if per_token else None
+        logger.info("superpos prompt: %d tokens over %d sampled embeddings (changes trained: %s)", n, m,
+                    "per token" if per_token else "shared" if shared else "none")
 
     def _sampled_embeddings(self) -> torch.Tensor:
         if self.embeddings is not None:
@@ -73,12 +73,18 @@ class SuperPosPromptModel(PromptTuningModel):
         return self.embed.weight[self.token_ids].float()
 
     def current_prompt(self) -> torch.Tensor:
-        """P = W E, (num_tokens, d)."""
-        return self.weights @ self._sampled_embeddings()
+        """p_i = w_i (E + dE_i), or P = W E with shared or frozen embeddings; (num_tokens, d)."""
+        sampled = self._sampled_embeddings()  # (m, d)
+        if self.deltas is None:
+            return self.weights @ sampled
+        return torch.einsum("nm,nmd->nd", self.weights, sampled.unsqueeze(0) + self.deltas)
 
     def adapter_parameters(self) -> dict[str, nn.Parameter]:
-        """The superposition weights W (n, m) and, when they train, the sampled embeddings E (m, d)."""
+        """The superposition weights W (n, m) and, when they train, the per-token changes dE (n, m, d) or the shared
+        embeddings E (m, d)."""
         params = {"weights": self.weights}
+        if self.deltas is not None:
+            params["deltas"] = self.deltas
         if self.embeddings is not None:
             params["embeddings"] = self.embeddings
         return params

@@ -18,7 +18,7 @@ FFT_NORMS = ("backward", "ortho")
 
 @dataclass(frozen=True)
 class VfptConfig(PromptTuningConfig):
-    """VFPT: round(fourier_fraction x num_tokens) prompt tokens pass through Re(FFT_seq(FFT_hidden(.)))."""
+    """VFPT: floor(fourier_fraction x num_tokens) prompt tokens pass through Re(FFT_seq(FFT_hidden(.)))."""
 
     method: ClassVar[str] = "vfpt"
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
@@ -27,8 +27,14 @@ class VfptConfig(PromptTuningConfig):
         "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too")),
     }
 
+    inits: ClassVar[tuple[str, ...]] = ("xavier", "normal", "vocab")
+
+    init: str = "xavier"
+    """Initialisation: "xavier" (uniform in +-sqrt(6 / (2 d)), the authors' Xavier-uniform), "normal" (N(0, init_std))
+    or "vocab" (copies of randomly drawn token embeddings)."""
     fourier_fraction: float = 0.5
-    """Share of the prompt tokens that are Fourier-transformed (the paper's "Fourier percentage"), in [0, 1]."""
+    """Share of the prompt tokens that are Fourier-transformed (the paper's "Fourier percentage"), in [0, 1]; the
+    count is floor(fourier_fraction x num_tokens), as in the authors' code."""
     fft_norm: str = "backward"
     """Normalisation of both FFTs: "backward" (unscaled, as the paper's code) or "ortho" (keeps the tokens' scale)."""
 

@@ -2,8 +2,8 @@
 
 Zeng, Zhang, Ma, Zheng, Wang, Li, Han, "Visual Fourier Prompt Tuning", NeurIPS 2024, arXiv 2411.01327.
 
-The prompt P (n, d) splits into its first k = floor(fourier_fraction x n + 1/2) tokens P_f and the rest P_p; the
-frozen model sees
+The prompt P (n, d) splits into its first k = floor(fourier_fraction x n) tokens P_f (the authors' code truncates)
+and the rest P_p; the frozen model sees
 
     [ Re(FFT_seq(FFT_hidden(P_f))) ; P_p ]
 
@@ -15,14 +15,14 @@ Carried over from ViT to text: the paper prompts every ViT layer (VPT-deep) and 
 Here the prompt sits at the input embeddings only (Lester et al.'s shallow prompt tuning, the setting of the
 CaPT paper's prompt baselines), inserted exactly as `capt.baselines.prompt` inserts a plain prompt: before the
 T5 encoder input, before a decoder-only sequence (logits realigned), after [CLS] in BERT encoders. The Fourier
-tokens come first, then the plain ones (the paper's figure draws them side by side; the order is our choice).
-The paper treats the Fourier percentage as a per-task hyper-parameter (its ablations sweep 0-100 %); the default
-here, 0.5, is our choice: half Fourier, half plain tokens. ``fft_norm: backward`` (the default) is the
-paper's unscaled transform; ``ortho`` divides by sqrt(k d) so the Fourier tokens keep the scale of the plain ones,
-an option for models with small embeddings (decoder-only models at ~0.02 per element). The transform runs in
-float32 (``torch.fft`` has no bfloat16 kernel on the CPU).
-
-T5-Base default sizes: the paper has no T5 experiments; prompt length 100 as prompt tuning (Lester et al.).
+tokens come first, then the plain ones. Settings and their sources (Fourier fraction 0.5, the order, floor,
+Xavier-uniform init, prompt length, optimiser): README.md, "Baseline settings and their sources", rows "vfpt".
+``init: xavier`` draws P from U(-b, b), b = sqrt(6 / (fan_in + d)): the authors' code takes the fan-in of ViT's
+patch embedding (3 x 16 x 16 = 768 = d of ViT-B); text has no patches, so here fan_in = d, the width of the token
+embedding the prompt stands in for. ``fft_norm: backward`` (the default) is the paper's unscaled transform;
+``ortho`` divides by sqrt(k d) so the Fourier tokens keep the scale of the plain ones, an option for models with
+small embeddings (decoder-only models at ~0.02 per element). The transform runs in float32 (``torch.fft`` has no
+bfloat16 kernel on the CPU).
 
 Families: every family plain prompt tuning supports (T5 encoder input, decoder-only, BERT encoders).
 """
@@ -41,8 +41,13 @@ logger = logging.getLogger(__name__)
 
 
 def fourier_count(config: VfptConfig) -> int:
-    """k: the prompt tokens that are Fourier-transformed (fraction x num_tokens, halves rounded up)."""
-    return math.floor(config.fourier_fraction * config.num_tokens + 0.5)
+    """k: the prompt tokens that are Fourier-transformed, floor(fraction x num_tokens) as in the authors' code."""
+    return math.floor(config.fourier_fraction * config.num_tokens)
+
+
+def xavier_bound(width: int) -> float:
+    """b of the Xavier-uniform init U(-b, b) of a prompt of token width d: sqrt(6 / (d + d)) (module docstring)."""
+    return math.sqrt(6.0 / (2 * width))
 
 
 class VfptModel(PromptTuningModel):
@@ -54,6 +59,13 @@ class VfptModel(PromptTuningModel):
         super()._build_prompt(config)
         self.num_fourier = fourier_count(config)
         logger.info("vfpt: %d of %d prompt tokens Fourier-transformed", self.num_fourier, config.num_tokens)
+
+    def _initial_prompt(self, config: VfptConfig) -> torch.Tensor:
+        if config.init != "xavier":
+            return super()._initial_prompt(config)
+        weight = self.embed.weight
+        bound = xavier_bound(weight.shape[1])
+        return torch.empty(config.num_tokens, weight.shape[1], device=weight.device).uniform_(-bound, bound)
 
     def current_prompt(self) -> torch.Tensor:
         """[Re(FFT_seq(FFT_hidden(P[:k]))) ; P[k:]], (num_tokens, d)."""

@@ -27,18 +27,21 @@ class XPromptConfig(BaselineConfig):
     instance_token: ClassVar[bool] = False
     """XPrompt adds no instance token (the prompt-tuning model it extends reads this)."""
 
-    num_tokens: int = 100
-    """Number of soft-prompt vectors before pruning (each of width d)."""
-    init: str = "normal"
-    """Initialisation: "normal" (N(0, init_std)) or "vocab" (copies of randomly drawn token embeddings)."""
+    num_tokens: int = 20
+    """Number of soft-prompt vectors before pruning (each of width d; the paper's 20)."""
+    init: str = "vocab"
+    """Initialisation: "vocab" (copies of randomly drawn token embeddings, the paper's best) or "normal"
+    (N(0, init_std))."""
     init_std: float = 0.02
     """Standard deviation of the "normal" initialisation."""
     pieces: int = 16
     """Pieces each prompt vector is split into for piece-level pruning (must divide the model width d)."""
     token_prune_fraction: float = 0.2
-    """Fraction of the prompt tokens removed by token-level pruning (the lowest importance scores)."""
+    """Fraction of the prompt tokens removed by token-level pruning (the lowest importance scores); the paper searches
+    it per task on validation (a `select:` over method.options.token_prune_fraction)."""
     piece_prune_fraction: float = 0.2
-    """Fraction of the surviving tokens' pieces removed by piece-level pruning (the lowest importance scores)."""
+    """Fraction of the surviving tokens' pieces removed by piece-level pruning (the lowest importance scores); searched
+    like token_prune_fraction."""
     pruning_at: float = 0.5
     """When prompt tuning ends and the pruned prompt's re-training begins (a fraction of the job's optimiser steps)."""
     score_batches: int = 8

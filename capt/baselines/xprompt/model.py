@@ -20,10 +20,9 @@ Pruning does not change P, so "rewinding to the end of stage 1" is the prompt as
 The masks are tensors of the artifact (a loaded model has the pruned prompt) and of `phase_state` (a resumed job
 keeps them); the re-training phase's best validation state is what the job keeps.
 
-Sizes: the paper's SuperGLUE runs use T5 at the larger scales (Large, XL, XXL by our reading, not re-checked) and
-train every stage as Lester et al.'s prompt tuning (Adafactor, lr 0.3). Its prompt length, piece count k and pruning
-ratios were not checked against its text here: the defaults (100 tokens as Lester et al., k = 16, 20 % of tokens,
-then 20 % of the surviving pieces) are placeholders to set from the paper's appendix. Choices where the paper is
+Settings and their sources (20 prompt tokens, vocabulary-sampled init, k = 16 pieces, the pruning ratios the paper
+searches per task and the presets `select:` on validation, the optimiser of every stage, the schedule across the
+rewind): README.md, "Baseline settings and their sources", rows "xprompt". Choices where the paper is
 silent or not checked here: the expectation over x is taken per training batch (|gradient of the batch-mean loss|,
 averaged over `score_batches` batches in eval mode, the same batches on every rank so all ranks prune alike); one
 round of each pruning level (not iterated); a pruned token keeps its position as a zero vector (P_hat = gamma (.) P,

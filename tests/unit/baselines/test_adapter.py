@@ -37,11 +37,74 @@ def _expected_count(model: torch.nn.Module, config: AdapterConfig) -> int:
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
-def test_training_starts_exactly_at_the_base_model(kind: str) -> None:
+def test_training_starts_at_the_base_model(kind: str) -> None:
     model, batch = build(kind), random_batch(kind)
     before = logits(model, batch)
-    adapted = apply(model, small_config("adapter", sublayers=["attention", "feed_forward"]))
-    torch.testing.assert_close(logits(adapted, batch), before, rtol=0, atol=0)
+    exact = apply(model, small_config("adapter", sublayers=["attention", "feed_forward"], up_init="zero"))
+    torch.testing.assert_close(logits(exact, batch), before, rtol=0, atol=0)
+    exact.detach()
+    near = apply(model, small_config("adapter"))  # Houlsby's near-identity start: both projections at std 1e-3
+    assert not torch.equal(logits(near, batch), before)
+    torch.testing.assert_close(logits(near, batch), before, rtol=0, atol=1e-3)
+
+
+def test_both_projections_start_truncated_normal_at_std_1e_3() -> None:
+    config = AdapterConfig(bottleneck=8)
+    assert (config.init_std, config.up_init, config.activation) == (1e-3, "truncated_normal", "gelu_tanh")
+    adapted = apply(build("t5"), config)
+    for name in ("down", "up"):
+        weights = torch.cat([getattr(a, name).weight.detach().flatten() for a in adapted.adapters.values()])
+        biases = torch.cat([getattr(a, name).bias.detach() for a in adapted.adapters.values()])
+        # N(0, 1e-3) cut at +-2 std: nothing beyond 2e-3, and the cut normal's std is 0.880 x 1e-3.
+        assert weights.abs().max().item() <= 2e-3 and weights.numel() == 8 * 32 * 8
+        assert 0.83e-3 < weights.std().item() < 0.93e-3
+        assert torch.count_nonzero(biases) == 0
+
+
+class _Doubling(torch.nn.Module):
+    """Stands in for the residual dropout with a fixed "mask" (x 2), so the order of adapter and dropout shows."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return 2 * hidden
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("placement", ["after_dropout", "before_dropout"])
+def test_bert_adapter_order_and_activation_match_the_equation(placement: str) -> None:
+    model = build("bert")
+    sub = model.bert.encoder.layer[0].attention.output  # BertSelfOutput: LayerNorm(dropout(dense(h)) + x)
+    sub.dropout = _Doubling()
+    adapted = apply(model, AdapterConfig(bottleneck=4, init_std=0.5, sublayers=["attention"], placement=placement))
+    adapter = adapted.adapters["bert-encoder-layer-0-attention-output-dense"]
+    seen = {}
+    sub.register_forward_pre_hook(lambda module, args: seen.update(h=args[0], x=args[1]))
+    sub.LayerNorm.register_forward_pre_hook(lambda module, args: seen.update(norm_input=args[0]))
+    with torch.no_grad():
+        adapted(**random_batch("bert"))
+        dense = seen["h"] @ sub.dense.weight.t() + sub.dense.bias
+
+        def branch(z: torch.Tensor) -> torch.Tensor:  # W_up f(W_down z + b_down) + b_up, f = GELU (tanh form)
+            hidden = _gelu_tanh(z @ adapter.down.weight.t() + adapter.down.bias)
+            return hidden @ adapter.up.weight.t() + adapter.up.bias
+
+        if placement == "after_dropout":
+            expected = 2 * dense + branch(2 * dense) + seen["x"]
+        else:
+            expected = 2 * (dense + branch(dense)) + seen["x"]
+    torch.testing.assert_close(seen["norm_input"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_t5_adapters_hook_the_layer_dropout_after_the_projection() -> None:
+    model = build("t5")
+    layer = model.encoder.block[0].layer[0]
+    apply(model, small_config("adapter", sublayers=["attention"]))
+    assert layer.dropout._forward_hooks and not layer.SelfAttention.o._forward_hooks
+    before = build("t5")
+    apply(before, small_config("adapter", sublayers=["attention"], placement="before_dropout"))
+    assert before.encoder.block[0].layer[0].SelfAttention.o._forward_hooks
 
 
 @pytest.mark.parametrize("train_layer_norms", [True, False])
@@ -122,7 +185,8 @@ def test_cached_generate_equals_uncached_greedy(kind: str, sublayers: list[str])
 
 def test_bad_options_are_named() -> None:
     with pytest.raises(ConfigError) as error:
-        AdapterConfig(bottleneck=0, activation="swish", sublayers=["ffn"], train_layer_norms="yes", init_std=-1)
+        AdapterConfig(bottleneck=0, activation="swish", sublayers=["ffn"], train_layer_norms="yes", init_std=-1,
+                      placement="inside", up_init="ones")
     message = str(error.value)
-    for key in ("bottleneck", "activation", "sublayers", "train_layer_norms", "init_std"):
+    for key in ("bottleneck", "activation", "sublayers", "train_layer_norms", "init_std", "placement", "up_init"):
         assert key in message

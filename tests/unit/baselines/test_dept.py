@@ -11,7 +11,7 @@ import torch
 from capt.baselines import AdapterError, apply, load_adapter
 from capt.baselines.dept.config import DeptConfig
 from capt.baselines.prompt import PromptTuningModel
-from capt.errors import ConfigError
+from capt.errors import ConfigError, MethodError
 
 from .baselines_helpers import (
     build,
@@ -123,3 +123,45 @@ def test_bad_options_are_named() -> None:
     message = str(error.value)
     for key in ("num_tokens", "rank", "max_length", "alpha", "embedding_lr"):
         assert key in message
+
+
+def test_text_init_is_the_sentence_token_embeddings_repeated_to_the_prompt_length() -> None:
+    model = build("t5")
+    adapted = apply(model, small_config("dept", num_tokens=7, init="text", init_text_ids=[5, 9, 11]))
+    rows = model.get_input_embeddings().weight.detach()
+    expected = torch.stack([rows[5], rows[9], rows[11], rows[5], rows[9], rows[11], rows[5]])
+    torch.testing.assert_close(adapted.prompt.detach(), expected, rtol=0, atol=0)
+    short = apply(build("t5"), small_config("dept", num_tokens=2, init="text", init_text_ids=[5, 9, 11]))
+    torch.testing.assert_close(short.prompt.detach(), torch.stack([rows[5], rows[9]]), rtol=0, atol=0)
+
+
+def test_text_init_tokenises_the_authors_sentence_with_the_checkpoints_tokenizer(monkeypatch) -> None:
+    import transformers
+
+    asked = []
+
+    class Tokenizer:
+        def __call__(self, text: str) -> dict:
+            asked.append(text)
+            return {"input_ids": [7, 8, 1]}
+
+    def from_pretrained(name: str) -> Tokenizer:
+        asked.append(name)
+        return Tokenizer()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    model = build("t5")
+    model.config._name_or_path = "some/checkpoint"
+    adapted = apply(model, small_config("dept", num_tokens=4, init="text"))
+    assert asked == ["some/checkpoint", "Classify this text is postive or not:"]
+    rows = model.get_input_embeddings().weight.detach()
+    torch.testing.assert_close(adapted.prompt.detach(), rows[[7, 8, 1, 7]], rtol=0, atol=0)
+
+
+def test_text_init_without_a_tokenizer_names_the_way_out() -> None:
+    model = build("t5")
+    model.config._name_or_path = "/nonexistent/checkpoint"
+    with pytest.raises(MethodError, match="init_text_ids"):
+        apply(model, small_config("dept", init="text"))
+    with pytest.raises(ValueError, match="init_text_ids"):
+        DeptConfig(init="text", init_text_ids=[])

@@ -113,3 +113,42 @@ def test_bad_options_are_named() -> None:
         SMoPConfig(router_noise=-1.0)
     with pytest.raises(ValueError, match="experts"):
         SMoPConfig.from_dict({"experts": 4})
+
+
+def test_prompts_start_from_the_authors_unit_normal() -> None:
+    # The released code keeps nn.Embedding's N(0, 1): 3 prompts x 40 tokens x 32 = 3,840 draws; the sample std
+    # and mean sit within 5 standard errors (1/sqrt(2 x 3840) = 0.011 and 1/sqrt(3840) = 0.016) of 1 and 0.
+    assert SMoPConfig().init_std == 1.0
+    adapted = apply(build("t5"), SMoPConfig(num_prompts=3, num_tokens=40))
+    assert abs(adapted.prompt.detach().std().item() - 1.0) < 0.06
+    assert abs(adapted.prompt.detach().mean().item()) < 0.08
+
+
+def _hand_routed(adapted, ids: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Each row's top-1 prompt and its probability, computed row by row from SMoP's equations."""
+    chosen, probs = [], []
+    for row in ids:
+        mean = adapted.embed(row).sum(dim=0) / row.numel()  # every position is real here
+        logits = [float(torch.dot(adapted.router[j], mean)) for j in range(adapted.router.shape[0])]
+        top = max(range(len(logits)), key=logits.__getitem__)
+        total = sum(torch.tensor(v - logits[top]).exp().item() for v in logits)
+        chosen.append(top)
+        probs.append(1.0 / total)
+    return chosen, probs
+
+
+@pytest.mark.parametrize("routing", ["per_input", "batch_broadcast"])
+def test_both_routings_match_a_per_row_hand_computation(routing: str) -> None:
+    apart, ids = _routed_apart("t5")
+    adapted = apply(build("t5"), small_config("smop", routing=routing)).eval()
+    with torch.no_grad():
+        adapted.router.copy_(apart.router)  # the same rows go to at least two different prompts
+        embeds, _ = adapted.extend_inputs(ids, torch.ones_like(ids))
+        chosen, probs = _hand_routed(adapted, ids)
+    assert len(set(chosen)) >= 2
+    batch_sum = sum(adapted.prompt[j] for j in chosen)
+    for row, (j, p) in enumerate(zip(chosen, probs, strict=True)):
+        expected = p * (adapted.prompt[j] if routing == "per_input" else batch_sum)
+        torch.testing.assert_close(embeds[row, : CONFIG.num_tokens], expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="routing"):
+        SMoPConfig(routing="per_batch")

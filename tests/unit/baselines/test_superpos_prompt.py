@@ -1,4 +1,5 @@
-"""SuperPos-Prompt: P = W E over m sampled vocabulary embeddings; the ids travel in the artifact as int64."""
+"""SuperPos-Prompt: p_i = w_i (E + dE_i) over m sampled vocabulary embeddings; the ids travel in the artifact
+as int64."""
 
 from __future__ import annotations
 
@@ -19,10 +20,36 @@ from .baselines_helpers import GENERATIVE, VOCAB, build, random_batch, small_con
 
 
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
-def test_trains_only_its_weights_and_sampled_embeddings(kind: str) -> None:
+def test_trains_only_its_weights_and_per_token_changes(kind: str) -> None:
     config = small_config("superpos_prompt")
-    count = config.num_tokens * config.num_sampled + config.num_sampled * 32
+    count = config.num_tokens * config.num_sampled + config.num_tokens * config.num_sampled * 32
     checks.trains_only_its_parameters(kind, config, count, lr=0.1)
+
+
+def test_shared_embeddings_variant_trains_one_copy() -> None:
+    config = small_config("superpos_prompt", shared_embeddings=True)
+    checks.trains_only_its_parameters("t5", config, config.num_tokens * config.num_sampled + config.num_sampled * 32,
+                                      lr=0.1)
+
+
+def test_each_token_superposes_its_own_changed_embeddings() -> None:
+    # The paper's p_i = sum_j w_ij (e_j + dE_ij), written out token by token and piece by piece.
+    model = build("t5")
+    adapted = apply(model, small_config("superpos_prompt"))
+    n, m = adapted.weights.shape
+    assert adapted.deltas.shape == (n, m, 32) and torch.count_nonzero(adapted.deltas) == 0  # zero at the start
+    with torch.no_grad():
+        adapted.deltas.normal_()
+    vocab = model.get_input_embeddings().weight.detach()
+    for i in range(n):
+        expected = sum(adapted.weights[i, j] * (vocab[adapted.token_ids[j]] + adapted.deltas[i, j]) for j in range(m))
+        torch.testing.assert_close(adapted.current_prompt()[i], expected, rtol=1e-5, atol=1e-5)
+    # One token's change moves that token's prompt vector only.
+    before = adapted.current_prompt().detach().clone()
+    with torch.no_grad():
+        adapted.deltas[1] += 1.0
+    moved = (adapted.current_prompt().detach() - before).abs().sum(dim=1)
+    assert moved[1] > 0 and torch.count_nonzero(moved) == 1
 
 
 def test_frozen_embeddings_variant_trains_only_the_weights() -> None:
@@ -49,7 +76,7 @@ def test_round_trip_stores_the_sampled_ids(kind: str, tmp_path: Path) -> None:
     saved, loaded = checks.round_trip(kind, config, tmp_path / "artifact")
     tensors = load_file(str(tmp_path / "artifact" / WEIGHTS_NAME))
     assert tensors["token_ids"].dtype == torch.int64 and torch.equal(tensors["token_ids"], saved.token_ids)
-    assert set(tensors) == {"weights", "embeddings", "token_ids"}
+    assert set(tensors) == {"weights", "deltas", "token_ids"}
 
 
 def test_stored_ids_win_over_the_seeded_draw(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""VFPT on text models: the first round(fraction x n) prompt tokens are Re(FFT2) of themselves."""
+"""VFPT on text models: the first floor(fraction x n) prompt tokens are Re(FFT2) of themselves."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_trains_only_its_prompt(kind: str) -> None:
 
 @pytest.mark.parametrize("norm", ["backward", "ortho"])
 def test_fourier_tokens_are_the_real_part_of_the_2d_fft(norm: str) -> None:
-    adapted = apply(build("t5"), small_config("vfpt", num_tokens=5, fft_norm=norm))
+    adapted = apply(build("t5"), small_config("vfpt", num_tokens=6, fft_norm=norm))
     prompt = adapted.prompt.detach().double().numpy()
     assert adapted.num_fourier == 3
     expected = np.fft.fft2(prompt[:3], norm=norm).real  # independent of torch.fft: numpy's 2-D transform
@@ -32,10 +32,11 @@ def test_fourier_tokens_are_the_real_part_of_the_2d_fft(norm: str) -> None:
     torch.testing.assert_close(produced[3:], adapted.prompt[3:], rtol=0, atol=0)
 
 
-def test_fraction_rounds_half_up_and_zero_is_plain_prompt_tuning() -> None:
+def test_fraction_is_floored_and_zero_is_plain_prompt_tuning() -> None:
+    # floor(f x n), the authors' int(): 5 tokens at 0.5 give 2 Fourier tokens, 10 at 0.25 give 2, 3 at 0.99 give 2.
     counts = [fourier_count(small_config("vfpt", num_tokens=n, fourier_fraction=f))
-              for n, f in [(4, 0.5), (5, 0.5), (3, 0.5), (4, 0.0), (4, 1.0), (10, 0.25)]]
-    assert counts == [2, 3, 2, 0, 4, 3]
+              for n, f in [(4, 0.5), (5, 0.5), (3, 0.5), (4, 0.0), (4, 1.0), (10, 0.25), (3, 0.99), (100, 0.5)]]
+    assert counts == [2, 2, 1, 0, 4, 2, 2, 50]
     plain = apply(build("bert"), small_config("prompt_tuning"))
     vfpt = apply(build("bert"), small_config("vfpt", fourier_fraction=0.0))
     with torch.no_grad():
@@ -60,6 +61,21 @@ def test_cached_generate_equals_uncached_greedy(kind: str) -> None:
 
 def test_detach_restores_the_base_model() -> None:
     checks.detach_restores_base("llama", small_config("vfpt"))
+
+
+def test_prompt_starts_xavier_uniform_over_the_token_width() -> None:
+    # Xavier-uniform with fan-in = fan-out = d = 32: U(-b, b), b = sqrt(6 / 64); 200 x 32 draws fill the interval
+    # (max within 3 % of b) with the uniform's variance b^2 / 3 (std within 5 %).
+    from capt.baselines.vfpt.config import VfptConfig
+
+    assert VfptConfig().init == "xavier"
+    adapted = apply(build("t5"), VfptConfig(num_tokens=200))
+    bound = (6 / 64) ** 0.5
+    values = adapted.prompt.detach()
+    assert values.abs().max().item() <= bound and values.abs().max().item() > 0.97 * bound
+    assert abs(values.std().item() / (bound / 3**0.5) - 1) < 0.05
+    normal = apply(build("t5"), VfptConfig(num_tokens=200, init="normal", init_std=0.02))
+    assert normal.prompt.detach().abs().max().item() < 0.2  # one option away: prompt tuning's normal init
 
 
 def test_config_errors_name_the_key_and_the_allowed_values() -> None:

@@ -151,3 +151,31 @@ def test_bad_options_are_named() -> None:
         assert key in str(info.value)
     with pytest.raises(MethodError, match="pieces=5 does not divide the model width d=32"):
         apply(build("t5"), small_config("xprompt", pieces=5))
+
+
+def test_defaults_are_the_papers_20_tokens_drawn_from_the_vocabulary() -> None:
+    config = XPromptConfig(pieces=4)
+    assert (config.num_tokens, config.init) == (20, "vocab")
+    adapted = apply(build("t5"), config)
+    vocabulary = adapted.embed.weight.detach()
+    assert adapted.prompt.shape == (20, WIDTH) and adapted.num_trainable_parameters() == 20 * WIDTH
+    for row in adapted.prompt.detach():  # each prompt token is a copy of one row of the embedding matrix
+        assert (vocabulary == row).all(dim=1).any()
+
+
+def test_the_paper_presets_select_the_pruning_ratios_on_validation(tmp_path: Path, monkeypatch) -> None:
+    from helpers.hub_cache import use_hub_cache
+
+    from pipelines.sweeps.config import load_sweep_config, trials
+
+    use_hub_cache(tmp_path / "hub", monkeypatch)
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path / "data"))  # the real tasks' folder (read by jobs, not here)
+    sweep = load_sweep_config(Path(__file__).parents[3] / "pipelines" / "configs" / "paper" / "t5-base.yaml")
+    rows = [entry for entry in sweep.methods if entry.name == "xprompt"]
+    assert len(rows) == 1
+    space = {key.removeprefix("job."): values for key, values in rows[0].select.items()}
+    ratios = space["method.options.token_prune_fraction"]
+    assert len(ratios) > 1 and all(0 < r < 1 for r in ratios)
+    chosen = {t.select["method.options.token_prune_fraction"]: t.job["method"]["options"]["token_prune_fraction"]
+              for t in trials(sweep) if t.method == "xprompt"}
+    assert sorted(chosen) == sorted(ratios) and all(key == value for key, value in chosen.items())

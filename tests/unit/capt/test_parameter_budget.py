@@ -92,9 +92,11 @@ def test_residual_prompt_budget(name, tokens, expected):
 
 
 def test_superpos_prompt_budget_on_t5_base():
-    # SuperPos-Prompt (arXiv 2406.05279) on T5-Base: 10 tokens x m = 128 weights plus the 128 sampled
-    # embeddings it trains (128 x 768); we found no count in the paper to set beside it.
-    assert _method_budget("t5-base", "superpos_prompt", {}) == 10 * 128 + 128 * 768 == 99_584
+    # SuperPos-Prompt (arXiv 2406.05279) on T5-Base: 10 tokens x m = 128 weights plus each token's own change dE_i
+    # of the 128 sampled embeddings (10 x 128 x 768); we found no count in the paper to set beside it. One shared
+    # trained copy of the embeddings (shared_embeddings: true) is 128 x 768 instead.
+    assert _method_budget("t5-base", "superpos_prompt", {}) == 10 * 128 + 10 * 128 * 768 == 984_320
+    assert _method_budget("t5-base", "superpos_prompt", {"shared_embeddings": True}) == 10 * 128 + 128 * 768
 
 
 def test_vfpt_budget_on_t5_base():
@@ -121,5 +123,5 @@ def test_xprompt_budget_on_t5_base():
     model, _, hidden = _meta_model("t5-base")
     adapted = apply_method(model, XPromptConfig())
     # XPrompt reports no T5-Base count (its tables use T5-Large/XL/XXL and give the pruned prompt per task). Trained:
-    # the 100 x 768 prompt; its masks (100 + 100 x 16) are set by pruning, not trained.
-    assert sum(p.numel() for p in adapted.trainable_parameters()) == 100 * hidden == 76_800
+    # the paper's 20 x 768 prompt; its masks (20 + 20 x 16) are set by pruning, not trained.
+    assert sum(p.numel() for p in adapted.trainable_parameters()) == 20 * hidden == 15_360

@@ -49,7 +49,7 @@ CHANGES: dict[str, Change] = {
     "ptuning_v2": {"reparameterize": True, "reparam_hidden": 16},
     "lora": {"alpha": 8},
     "full_finetune": lambda adapted: _freeze_layer_norms(adapted),
-    "adapter": {"activation": "gelu"},
+    "adapter": {"activation": "relu"},
     "dept": {"alpha": 4.0},
     "residual_prompt": {"bottleneck": 8},
     "superpos_prompt": {"train_embeddings": False},
