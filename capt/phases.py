@@ -23,6 +23,11 @@ class SinglePhase:
         """Optimiser steps after which a new phase begins (increasing, within 1..total_steps-1); none."""
         return []
 
+    def phases_restart_schedule(self) -> bool:
+        """Whether each phase runs the learning-rate schedule (warm-up, decay) afresh over its own steps, as a new
+        training run would; False: one schedule over the whole job."""
+        return False
+
     def begin_phase(self, index: int, batch_losses: BatchLosses) -> None:
         """Start phase `index` (1, 2, ...); a single-phase method never gets here."""
         raise NotImplementedError(f"{type(self).__name__} trains in one phase; it has no phase {index}")

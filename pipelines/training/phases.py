@@ -3,8 +3,9 @@
 At a boundary the method changes itself (`begin_phase`, e.g. XPrompt prunes its prompt); the loop then starts the
 new phase as a fresh training run would: the optimiser state (moments, step counts) is cleared, and the best
 validation state restarts, so the job keeps the best state of its final phase. Early stopping applies only in the
-final phase (stopping earlier would skip the phases still to come). The learning-rate schedule runs on over the
-whole job. Which phase a job is in follows from its step alone, so a resumed job needs only the method's
+final phase (stopping earlier would skip the phases still to come). The learning-rate schedule restarts at each
+boundary when the method asks for it (`phases_restart_schedule`; `pipelines.training.setup` builds it so), and runs
+on over the whole job otherwise. Which phase a job is in follows from its step alone, so a resumed job needs only the method's
 `phase_state`, which the checkpoint carries (`pipelines.training.checkpoint`).
 """
 

@@ -136,7 +136,7 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     else:
         total_steps, budget, cut = step_budget(config, len(loader))
         logger.log(logging.WARNING if cut else logging.INFO, "%s/%s: %s", config.task.name, config.method.name, budget)
-        scheduler = _schedule(config, optimizer, total_steps)
+        scheduler = _schedule(config, optimizer, total_steps, _schedule_restarts(model, total_steps))
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
     output_dir = config.resolved_output_dir()
@@ -210,10 +210,37 @@ def warmup_steps(config: JobConfig, total_steps: int) -> int:
     return int(config.optim.warmup_ratio * total_steps)
 
 
-def _schedule(config: JobConfig, optimizer, total_steps: int):
+def _schedule_restarts(model, total_steps: int) -> list[int]:
+    """Steps at which the schedule starts afresh: the method's phase boundaries when its phases restart it."""
+    if hasattr(model, "phases_restart_schedule") and model.phases_restart_schedule():
+        return list(model.training_phases(total_steps))
+    return []
+
+
+def _schedule(config: JobConfig, optimizer, total_steps: int, restarts: list[int]):
+    """Warm-up then linear decay to 0 (or constant), over the whole job, or over each segment between `restarts`."""
+    from torch.optim.lr_scheduler import LambdaLR
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
+    if restarts:
+        return LambdaLR(optimizer, _segment_factors(config, [0, *restarts, total_steps]))
     warmup = warmup_steps(config, total_steps)
     if config.optim.schedule == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+
+
+def _segment_factors(config: JobConfig, edges: list[int]):
+    """The lr factor at a step: the schedule of a fresh run as long as the segment [start, end) holding the step
+    (the same warm-up ratio and shape as the whole-job schedule, on the segment's own steps)."""
+    constant = config.optim.schedule == "constant"
+
+    def factor(step: int) -> float:
+        start, end = next((a, b) for a, b in zip(edges, edges[1:], strict=False) if step < b or b == edges[-1])
+        local, length = step - start, end - start
+        warmup = warmup_steps(config, length)
+        if local < warmup:
+            return local / max(1, warmup)
+        return 1.0 if constant else max(0.0, (length - local) / max(1, length - warmup))
+
+    return factor

@@ -46,6 +46,9 @@ class XPromptConfig(BaselineConfig):
     """When prompt tuning ends and the pruned prompt's re-training begins (a fraction of the job's optimiser steps)."""
     score_batches: int = 8
     """Training batches whose loss gradients estimate the importance scores (token and piece level)."""
+    restart_schedule: bool = True
+    """The re-training after the rewind runs the learning-rate schedule afresh (warm-up and decay over its own steps),
+    as the paper's new training run does; False: one schedule over the whole job."""
 
     def _validate(self, check: Problems) -> None:
         check.require(_is_int(self.num_tokens) and self.num_tokens >= 1, "num_tokens", self.num_tokens,
@@ -61,3 +64,5 @@ class XPromptConfig(BaselineConfig):
                       "number in (0, 1)")
         check.require(_is_int(self.score_batches) and self.score_batches >= 1, "score_batches", self.score_batches,
                       "integer >= 1")
+        check.require(isinstance(self.restart_schedule, bool), "restart_schedule", self.restart_schedule,
+                      "true or false")

@@ -14,8 +14,9 @@ Three stages, all with the base model frozen and only the soft prompt P (m x d) 
    the next) and trained again under the masks.
 
 The one training job drives the stages through `capt.phases`: `training_phases` puts the pruning at `pruning_at`
-of the job's steps; `begin_phase(1, ...)` scores and prunes; the job resets the optimiser state there (the
-re-training is a new training run in the paper) while the learning-rate schedule runs on over the whole job.
+of the job's steps; `begin_phase(1, ...)` scores and prunes; the job resets the optimiser state there and, with
+`restart_schedule` (the default), runs the learning-rate schedule afresh over the re-training's steps: the
+re-training is a new training run in the paper.
 Pruning does not change P, so "rewinding to the end of stage 1" is the prompt as it stands at the boundary.
 The masks are tensors of the artifact (a loaded model has the pruned prompt) and of `phase_state` (a resumed job
 keeps them); the re-training phase's best validation state is what the job keeps.
@@ -108,6 +109,10 @@ class XPromptModel(PromptTuningModel):
                                total_steps, self.adapter_config.pruning_at)
             return []
         return [boundary]
+
+    def phases_restart_schedule(self) -> bool:
+        """The re-training restarts the learning-rate schedule (`XPromptConfig.restart_schedule`)."""
+        return self.adapter_config.restart_schedule
 
     def begin_phase(self, index: int, batch_losses: BatchLosses) -> None:
         """Phase 1: token-level then piece-level pruning by importance; the prompt stays as trained (rewinding)."""

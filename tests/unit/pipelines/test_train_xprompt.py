@@ -20,7 +20,7 @@ from pipelines.methods import load_artifact
 from pipelines.models.loading import load_model
 from pipelines.train import run
 from pipelines.training.checkpoint import PHASE_FILE, DamagedCheckpointError
-from pipelines.training.setup import load_data
+from pipelines.training.setup import build_job, load_data
 
 TOKENS, PIECES = 4, 4
 OPTIONS = {"num_tokens": TOKENS, "pieces": PIECES, "init_std": 0.5, "token_prune_fraction": 0.5,
@@ -126,3 +126,23 @@ def test_early_stopping_waits_for_the_final_phase(tmp_path):
     assert stalled, f"validation never stalled before pruning (a one-phase job would have stopped): {scores}"
     assert result["stopped_early"] and BOUNDARY < result["steps"] < 30
     assert result["best_step"] >= BOUNDARY
+
+
+def _fresh_run_factor(step: int, length: int, warmup: int) -> float:
+    """Linear warm-up to the lr over `warmup` steps, then linear decay to 0 at `length` (the schedule's equations)."""
+    return step / warmup if step < warmup else (length - step) / (length - warmup)
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "one-schedule"])
+def test_the_retraining_after_the_rewind_runs_the_lr_schedule_afresh(tmp_path, restart):
+    options = {**OPTIONS, "restart_schedule": restart}
+    config = tiny_job(tmp_path / "job", "tiny-t5", "xprompt", method={"options": options},
+                      optim={"lr": 0.3, "warmup_ratio": 0.2}, train={"max_steps": 2 * BOUNDARY})
+    job = build_job(config)
+    lr_factor = job.scheduler.scheduler.lr_lambdas[0]  # the LambdaLR under Accelerate's wrapper
+    factors = [lr_factor(step) for step in range(2 * BOUNDARY)]
+    if restart:  # two fresh runs of 15 steps, 3 of them warm-up each
+        expected = [_fresh_run_factor(step, BOUNDARY, 3) for step in range(BOUNDARY)] * 2
+    else:  # one run of 30 steps, 6 of them warm-up
+        expected = [_fresh_run_factor(step, 2 * BOUNDARY, 6) for step in range(2 * BOUNDARY)]
+    assert factors == pytest.approx(expected, abs=1e-12)
