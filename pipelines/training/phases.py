@@ -5,8 +5,8 @@ new phase as a fresh training run would: the optimiser state (moments, step coun
 validation state restarts, so the job keeps the best state of its final phase. Early stopping applies only in the
 final phase (stopping earlier would skip the phases still to come). The learning-rate schedule restarts at each
 boundary when the method asks for it (`phases_restart_schedule`; `pipelines.training.setup` builds it so), and runs
-on over the whole job otherwise. Which phase a job is in follows from its step alone, so a resumed job needs only the method's
-`phase_state`, which the checkpoint carries (`pipelines.training.checkpoint`).
+on over the whole job otherwise. Which phase a job is in follows from its step alone, so a resumed job needs only
+the method's `phase_state`, which the checkpoint carries (`pipelines.training.checkpoint`).
 """
 
 from __future__ import annotations
