@@ -24,6 +24,7 @@ from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
+from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
     check_sweep_folders,
     hold_sweep_folder,
@@ -70,6 +71,8 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         stop.install()  # ray.init's core replaced the SIGTERM handler
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)
+        parent = SweepRun(sweep, uri, experiment_id, run_context["tags"] if run_context else {})
+        parent.nest(run_context)
         if run_context is not None:
             run_context["moved_from"] = endpoint.moved_from
         grid = run_sweep(sweep, uri, args.resume, run_context)
@@ -78,9 +81,11 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
 
             ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri, endpoint.moved_from)
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
+            parent.stop()
         stop.raise_if_stopped()
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)
+        parent.finish(rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.mlflow_runs import sweep_runs, trial_runs
 from safetensors.torch import load_file
 
 from pipelines.services import LocalMlflowServer
@@ -152,7 +153,10 @@ def _assert_tracked_once(server: LocalMlflowServer, outcome: dict) -> None:
 
     client = mlflow.MlflowClient(server.uri)
     experiment = client.get_experiment_by_name(f"capt-{NAME}")
-    runs = client.search_runs([experiment.experiment_id])
+    runs = trial_runs(client, [experiment.experiment_id])
+    [parent] = sweep_runs(client, [experiment.experiment_id])  # one, however many drivers ran the sweep
+    assert parent.info.status == "FINISHED" and {r.data.tags["mlflow.parentRunId"] for r in runs} == {
+        parent.info.run_id}
     assert sorted(r.info.run_name for r in runs) == [f"rte/tiny-t5/capt/s{seed}" for seed in SEEDS]
     assert {r.info.status for r in runs} == {"FINISHED"}
     versions = client.search_model_versions("name='capt-tiny-t5-rte'")

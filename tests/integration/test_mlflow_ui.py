@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import requests
+from helpers.mlflow_runs import is_sweep_run
 
 from capt.tasks import get as task_spec
 from pipelines.tracking.model_card import SNIPPET_FENCE
@@ -34,7 +35,22 @@ def _rest(uri: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
 
 def _runs(smoke_sweep: dict[str, Any]) -> list[dict[str, Any]]:
     uri = smoke_sweep["uri"]
-    return _rest(uri, "POST", "runs/search", json={"experiment_ids": [smoke_sweep["experiment_id"]]})["runs"]
+    runs = _rest(uri, "POST", "runs/search", json={"experiment_ids": [smoke_sweep["experiment_id"]]})["runs"]
+    return [run for run in runs if not is_sweep_run(run)]
+
+
+def test_the_sweep_is_a_parent_run_holding_its_config_summary_and_report(smoke_sweep: dict[str, Any]) -> None:
+    uri = smoke_sweep["uri"]
+    every = _rest(uri, "POST", "runs/search", json={"experiment_ids": [smoke_sweep["experiment_id"]]})["runs"]
+    [parent] = [run for run in every if is_sweep_run(run)]
+    assert parent["info"]["status"] == "FINISHED" and parent["info"]["run_name"] == f"{SWEEP} (sweep)"
+    children = [run for run in _runs(smoke_sweep) if _pairs(run["data"]["tags"]).get("mlflow.parentRunId")
+                == parent["info"]["run_id"]]
+    assert sorted(run["info"]["run_name"] for run in children) == RUN_NAMES, "every trial's run is nested under it"
+    assert {m["key"]: m["value"] for m in parent["data"]["metrics"]} == {"trials/done": 4.0, "trials/failed": 0.0}
+    listed = _rest(uri, "GET", "artifacts/list", params={"run_id": parent["info"]["run_id"]})["files"]
+    assert {"sweep_config.json", "summary.md", "summary.csv", "README.md", "report.md", "report.png"} <= {
+        f["path"] for f in listed}, listed
 
 
 def _pairs(items: list[dict[str, str]] | None) -> dict[str, str]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.mlflow_runs import trial_runs
 from helpers.multinode import (
     LOCALHOST,
     ROOT,
@@ -73,7 +74,7 @@ def _check_every_trial_finished_once(storage: Path, name: str, mlflow_uri: str) 
         assert result["steps"] == 20 and result["config_hash"].startswith(folder.name.removeprefix(f"{trial}-"))
     client = mlflow.MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name(f"capt-{name}")
-    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    runs = trial_runs(client, [experiment.experiment_id], max_results=1000)
     per_trial = {trial: [r for r in runs if r.data.tags.get("trial") == trial] for trial in folders}
     assert {trial: len(found) for trial, found in per_trial.items()} == dict.fromkeys(folders, 1), \
         "one MLflow run per trial"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.mlflow_runs import trial_runs
 from helpers.ray_head import LocalRayHead
 
 from pipelines.services import LocalMlflowServer
@@ -222,7 +223,7 @@ def test_a_sweep_on_a_ray_head_takes_credentials_from_the_nodes_not_from_job_met
 
         client = mlflow.MlflowClient(server.uri)
         experiment = client.get_experiment_by_name("capt-it-security-head")
-        runs = client.search_runs([experiment.experiment_id])
+        runs = trial_runs(client, [experiment.experiment_id])
         assert [(r.info.run_name, r.info.status) for r in runs] == [("rte/tiny-t5/capt/s0", "FINISHED")]
         _assert_a_user_sees_only_what_is_granted(server, experiment.experiment_id)
     finally:

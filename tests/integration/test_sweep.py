@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.mlflow_runs import trial_runs
 
 from capt.tasks import generate_rows, get
 from pipelines.services import LocalMlflowServer
@@ -62,7 +63,7 @@ def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, m
     mlflow = _mlflow()
     client = mlflow.MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("capt-it-submit")
-    runs = client.search_runs([experiment.experiment_id])
+    runs = trial_runs(client, [experiment.experiment_id])
     assert [r.info.run_name for r in runs] == ["wic/tiny-t5/capt/s0"]
     run = runs[0]
     assert run.data.params["train.max_steps"] == "6" and run.data.tags["sweep"] == "it-submit"
@@ -125,7 +126,7 @@ def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server,
         assert (jobs / name / "result.json").stat().st_mtime == mtime, f"{name} ran twice"
     client = _mlflow().MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("capt-it-resume")
-    names = [r.info.run_name for r in client.search_runs([experiment.experiment_id])]
+    names = [r.info.run_name for r in trial_runs(client, [experiment.experiment_id])]
     assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(2)], "one MLflow run per trial"
     folder = tmp_path / "it-resume"  # the resumed sweep's summary covers the trial finished before the kill too
     with (folder / "summary.csv").open() as handle:
@@ -164,7 +165,7 @@ def test_a_reused_trial_process_trains_the_next_trial_on_its_cached_base_model(r
     assert (second["base_model_loads"], second["base_model_hits"]) == (1, 1), "the second trial loaded no weights"
     assert first["torch_threads"] == second["torch_threads"] == 1, "as a Ray Train worker of 1 CPU"
     client = _mlflow().MlflowClient(mlflow_server.uri)
-    runs = client.search_runs([client.get_experiment_by_name("capt-it-reuse").experiment_id])
+    runs = trial_runs(client, [client.get_experiment_by_name("capt-it-reuse").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["rte/tiny-t5/capt/s0", "rte/tiny-t5/capt/s1"]
     for run in runs:
         result = json.loads((_job_folder(tmp_path / "it-reuse" / "jobs", f"rte-tiny-t5-capt-s{run.data.tags['seed']}")
@@ -196,7 +197,7 @@ def test_a_changed_sweep_trains_afresh_and_an_unchanged_one_trains_nothing(ray_h
 
     def runs() -> dict[str, object]:
         experiment = client.get_experiment_by_name("capt-it-rerun")
-        return {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
+        return {r.info.run_id: r for r in trial_runs(client, [experiment.experiment_id])}
 
     sweep()
     old = _job_folder(jobs, "rte-tiny-t5-capt-s0")
@@ -248,7 +249,7 @@ def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
     try:
         assert sync.returncode == 0, sync.stderr[-3000:]
         client = _mlflow().MlflowClient(server.uri)
-        runs = client.search_runs([client.get_experiment_by_name("capt-it-outage").experiment_id])
+        runs = trial_runs(client, [client.get_experiment_by_name("capt-it-outage").experiment_id])
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         result = json.loads((run_file.parent / "result.json").read_text())
         assert runs[0].data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])

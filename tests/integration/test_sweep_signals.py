@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.mlflow_runs import sweep_runs, trial_runs
 
 from pipelines.services import LocalMlflowServer
 from pipelines.services.reaper import REAP_ENV
@@ -88,8 +89,9 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
 
         client = mlflow.MlflowClient(server.uri)
         experiment = client.get_experiment_by_name("capt-it-stop")
-        runs = client.search_runs([experiment.experiment_id])
+        runs = trial_runs(client, [experiment.experiment_id])
         assert [r.info.status for r in runs] == ["KILLED"], "the stopped trial's run is not left RUNNING"
+        assert [r.info.status for r in sweep_runs(client, [experiment.experiment_id])] == ["KILLED"], "the sweep's"
     finally:
         server.stop()
 
@@ -102,7 +104,10 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
     assert len(list(jobs.glob("*/result.json"))) == 1
     server = LocalMlflowServer(tmp_path / "mlflow").start()
     try:
-        runs = mlflow.MlflowClient(server.uri).search_runs([experiment.experiment_id])
+        client = mlflow.MlflowClient(server.uri)
+        runs = trial_runs(client, [experiment.experiment_id])
         assert [r.info.status for r in runs] == ["FINISHED"], "the resumed trial finished the run it had"
+        [parent] = sweep_runs(client, [experiment.experiment_id])  # reopened, not a second one
+        assert parent.info.status == "FINISHED" and runs[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
     finally:
         server.stop()

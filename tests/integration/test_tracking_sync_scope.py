@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.mlflow_runs import trial_runs
 from mlflow import MlflowClient
 
 from pipelines.services import LocalMlflowServer, free_port
@@ -33,7 +34,7 @@ def _spool(folder: Path, uri: str | None) -> bytes:
 
 def _runs(client: MlflowClient) -> dict[str, str]:
     experiment = client.get_experiment_by_name(EXPERIMENT)
-    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    runs = trial_runs(client, [experiment.experiment_id]) if experiment else []
     return {run.info.run_name: run.info.status for run in runs}
 
 
@@ -52,7 +53,7 @@ def test_sync_replays_only_what_was_recorded_for_its_server(
     assert "  old: 0 synced, 0 dead-lettered now (0 in mlflow_failed.jsonl), 4 still pending (skipped: 4 " \
            "operation(s) recorded for no server" in out
     assert _runs(client) == {"mine": "FINISHED"}
-    assert client.get_metric_history(client.search_runs(
+    assert client.get_metric_history(trial_runs(client,
         [client.get_experiment_by_name(EXPERIMENT).experiment_id])[0].info.run_id, "train/loss")[0].value == 1.5
     assert (tmp_path / "theirs" / PENDING_FILE).read_bytes() == foreign
     assert (tmp_path / "old" / PENDING_FILE).read_bytes() == old

@@ -1,0 +1,24 @@
+"""The runs of a sweep's experiment, told apart: the trials' runs and the sweep's own parent run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.tracking.sweep_run import RUN_KIND_TAG
+
+
+def trial_runs(client: Any, experiment_ids: list[str], *args: Any, **kwargs: Any) -> list[Any]:
+    """`client.search_runs(...)` without the sweep's parent run."""
+    return [run for run in client.search_runs(experiment_ids, *args, **kwargs) if not is_sweep_run(run)]
+
+
+def sweep_runs(client: Any, experiment_ids: list[str]) -> list[Any]:
+    """The sweeps' parent runs of the experiments."""
+    return [run for run in client.search_runs(experiment_ids) if is_sweep_run(run)]
+
+
+def is_sweep_run(run: Any) -> bool:
+    """Whether `run` (an MLflow Run, or a REST record with its tags as a list) is a sweep's parent run."""
+    if isinstance(run, dict):
+        return any(t["key"] == RUN_KIND_TAG and t["value"] == "sweep" for t in run["data"].get("tags", []))
+    return run.data.tags.get(RUN_KIND_TAG) == "sweep"
