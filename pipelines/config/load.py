@@ -2,8 +2,9 @@
 
 `load_job_config` (a YAML file, a dict, `key.sub=value` overrides) and `validate_job_config` (a plain dict) are
 the only ways to a `ResolvedJobConfig`: every problem is reported at once, the method's options are written out in
-full (its defaults included), and the optimiser, learning rate and readout left empty are filled in (`pipelines.config.optim_defaults`, `pipelines.config.readout`), so training,
-result.json, the MLflow params and the config hash all see the values actually used. Everything below this
+full (its defaults included), and the optimiser, learning rate and readout left empty are filled in
+(`pipelines.config.optim_defaults`, `pipelines.config.readout`), so training, result.json, the MLflow params and
+the config hash all see the values actually used. Everything below this
 module takes a `ResolvedJobConfig` and never resolves again (`require_resolved` guards the entries).
 """
 
