@@ -1,15 +1,17 @@
 """THE entry to a job's configuration: sources merged -> schema -> cross-field checks -> defaults resolved, once.
 
 `load_job_config` (a YAML file, a dict, `key.sub=value` overrides) and `validate_job_config` (a plain dict) are
-the only ways to a `ResolvedJobConfig`: every problem is reported at once, and the optimiser, learning rate and
-readout left empty are filled in (`pipelines.config.optim_defaults`, `pipelines.config.readout`), so training,
-result.json, the MLflow params and the config hash all see the values actually used. Everything below this
+the only ways to a `ResolvedJobConfig`: every problem is reported at once, the method's options are written out in
+full (its defaults included), and the optimiser, learning rate and readout left empty are filled in
+(`pipelines.config.optim_defaults`, `pipelines.config.readout`), so training, result.json, the MLflow params and
+the config hash all see the values actually used. Everything below this
 module takes a `ResolvedJobConfig` and never resolves again (`require_resolved` guards the entries).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Sequence
@@ -17,6 +19,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from capt.methods import get_method
 from pipelines.config.checks import cross_field_problems
 from pipelines.config.optim_defaults import resolve_optim
 from pipelines.config.readout import resolve_readout
@@ -50,9 +53,17 @@ def validate_job_config(raw: dict[str, Any]) -> ResolvedJobConfig:
 
 
 def _resolve(config: JobConfig) -> ResolvedJobConfig:
-    """`config` with its optimiser and readout defaults filled in, as the one resolved type."""
-    resolved = resolve_readout(resolve_optim(config))
+    """`config` with its method options, optimiser and readout defaults filled in, as the one resolved type."""
+    resolved = resolve_readout(resolve_optim(_with_method_defaults(config)))
     return ResolvedJobConfig(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)})
+
+
+def _with_method_defaults(config: JobConfig) -> JobConfig:
+    """`method.options` holding every option of the method, its defaults written out, so that a change of a method's
+    default changes the config hash, output folder and logged params of exactly the jobs that ran with it."""
+    options = get_method(config.method.name).build_config(config.method.options).to_dict()
+    plain = json.loads(json.dumps(options))  # tuples as lists, as YAML and result.json hold them
+    return dataclasses.replace(config, method=dataclasses.replace(config.method, options=plain))
 
 
 def require_resolved(config: Any, where: str) -> ResolvedJobConfig:

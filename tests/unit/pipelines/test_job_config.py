@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from helpers.bad_inputs import call_entry
 
+from capt.config import CapsuleConfig
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import flatten, model_slug
 from pipelines.config.sources import JobConfigError
+from pipelines.training.outputs import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB_CONFIGS = sorted((ROOT / "pipelines" / "configs" / "job").glob("*.yaml"))
@@ -28,8 +30,19 @@ def test_overrides_win_and_are_typed(tmp_path):
     config = load_job_config(JOB_CONFIGS[0], ["train.batch_size=4", "method.options.layers=[0]", "seed=3",
                                               "task.source=generated"])
     assert config.train.batch_size == 4 and config.seed == 3
-    assert config.method.options == {"layers": [0]}
+    assert config.method.options == {**CapsuleConfig().to_dict(), "layers": [0]}, "the method's defaults written out"
     assert flatten(config.to_dict())["train.batch_size"] == 4
+
+
+def test_the_method_defaults_are_part_of_the_resolved_config_and_its_hash():
+    """A job that leaves a method option out and one that gives its default share one hash; the option's value is
+    in the resolved config (so a changed default changes the hash), and a different value changes it."""
+    given = ["task.source=generated", "method.name=prompt_tuning"]
+    omitted = load_job_config(JOB_CONFIGS[0], given)
+    explicit = load_job_config(JOB_CONFIGS[0], [*given, "method.options.num_tokens=100"])
+    other = load_job_config(JOB_CONFIGS[0], [*given, "method.options.num_tokens=20"])
+    assert omitted.method.options["num_tokens"] == 100 and omitted.method.options["init"] == "normal"
+    assert config_hash(omitted) == config_hash(explicit) != config_hash(other)
 
 
 def test_every_problem_is_listed_at_once():
