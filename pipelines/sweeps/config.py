@@ -164,12 +164,14 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
 
 
 def absolute_paths(sweep: SweepConfig) -> SweepConfig:
-    """Resolve local paths on the driver: Tune runs trials in their own working directories."""
+    """Resolve on the driver what a trial's process would read differently: local paths (Tune runs trials in their
+    own working directories) and the data source (`auto` and `real` follow the driver's CAPT_DATA_DIR, not the
+    environment a worker node happens to have)."""
     if "://" not in sweep.storage_path:
         sweep = dataclasses.replace(sweep, storage_path=str(sweep.storage_root()))
     if os.environ.get("CAPT_DATA_DIR"):
         os.environ["CAPT_DATA_DIR"] = str(Path(os.environ["CAPT_DATA_DIR"]).expanduser().resolve())
-    return sweep
+    return dataclasses.replace(sweep, data_source=_data_source(sweep)["source"])
 
 
 def trials(sweep: SweepConfig) -> list[Trial]:

@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.tracking.client import TrackingError, mlflow_client
 from pipelines.tracking.run_content import project_metrics
+from pipelines.tracking.sweep_run import RUN_KIND_TAG
 
 _MISSING_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 """Error codes of `get_run` for a run id the server does not know (or that is not a run id at all)."""
@@ -110,7 +111,8 @@ class Registry:
 
 
 def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
-    """Every run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown.
+    """Every trial's run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown.
+    The sweeps' own parent runs are left out: they hold no scores of their own.
 
     Metrics are under the project's names (``test_score``, ``best_validation_score``), as result.json has them.
     """
@@ -124,7 +126,8 @@ def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[di
     while True:
         page = client.search_runs([found.experiment_id], max_results=1000, page_token=token)
         runs += [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
-                  "tags": dict(r.data.tags), "metrics": project_metrics(r.data.metrics)} for r in page]
+                  "tags": dict(r.data.tags), "metrics": project_metrics(r.data.metrics)}
+                 for r in page if r.data.tags.get(RUN_KIND_TAG) != "sweep"]
         token = page.token
         if not token:
             return runs

@@ -37,7 +37,7 @@ def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tag
     record = sweep_dir / SWEEP_RUN_FILE
 
     def open_run() -> str:
-        run_id = _recorded_run(client, record, uri)
+        run_id = _recorded_run(client, record, experiment_id)
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return run_id
@@ -56,18 +56,23 @@ def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tag
         return None
 
 
-def _recorded_run(client: Any, record: Path, uri: str) -> str | None:
-    """The run id recorded for this server when that run still exists there."""
+def _recorded_run(client: Any, record: Path, experiment_id: str) -> str | None:
+    """The recorded run id when that run exists in `experiment_id` on this server and is a sweep run. The server's
+    address is not compared: a sweep's local server comes back on another port, and a run id (a UUID) found in
+    this experiment is the run that was recorded."""
     try:
         recorded = json.loads(record.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(recorded, dict) or recorded.get("tracking_uri") != uri:
+    if not isinstance(recorded, dict):
         return None
     try:
-        return client.get_run(str(recorded.get("run_id"))).info.run_id
+        run = client.get_run(str(recorded.get("run_id")))
     except MlflowException:
         return None
+    if run.info.experiment_id != experiment_id or run.data.tags.get(RUN_KIND_TAG) != "sweep":
+        return None
+    return run.info.run_id
 
 
 def close_sweep_run(uri: str, run_id: str, files: Iterable[Path], config: Mapping[str, Any],

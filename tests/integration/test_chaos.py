@@ -23,6 +23,8 @@ from helpers.mlflow_runs import sweep_runs, trial_runs
 from safetensors.torch import load_file
 
 from pipelines.services import LocalMlflowServer
+from pipelines.services.folder_lock import current_holder
+from pipelines.sweeps.run import SWEEP_LOCK_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +235,10 @@ def _training_job_besides(jobs: Path, first: Path) -> Path | None:
 
 
 def _start_a_second_sweep(sweep: Sweep) -> subprocess.Popen:
-    """The same sweep started again on the storage of the running one."""
+    """The same sweep started again on the storage of the running one, once the first driver holds its folder
+    (started together, either may win the lock: the test is of a sweep started while another runs)."""
+    lock = sweep.storage / NAME / SWEEP_LOCK_FILE
+    sweep.wait_for("the first driver's lock", lambda: f"pid {sweep.driver.pid} " in (current_holder(lock) or ""))
     return subprocess.Popen(sweep.command(), cwd=ROOT, env=sweep.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 

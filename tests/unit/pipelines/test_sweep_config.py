@@ -137,6 +137,16 @@ def test_relative_paths_are_resolved_on_the_driver(tmp_path, monkeypatch):
     assert os.environ["CAPT_DATA_DIR"] == str(tmp_path / "data")
 
 
+def test_the_data_source_is_decided_by_the_driver_not_by_a_workers_environment(tmp_path, monkeypatch):
+    # A trial rebuilds its job in its worker process; a node with task files must not turn generated data real.
+    monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
+    sweep = load_sweep_config(CONFIGS / "smoke.yaml", [f"storage_path={tmp_path}"])
+    assert sweep.data_source == "generated"
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))  # what a worker node may have
+    assert {t.job["task"]["source"] for t in trials(sweep)} == {"generated"}
+    assert load_sweep_config(CONFIGS / "smoke.yaml", [f"storage_path={tmp_path}"]).data_source == "local"
+
+
 def _refusal(*overrides: str) -> str:
     with pytest.raises(JobConfigError) as err:
         load_sweep_config(CONFIGS / "smoke.yaml", [*overrides, "data_source=generated"])
