@@ -91,7 +91,7 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         endpoint.release()  # the local server shuts down while Ray does
     leftover = leftover_lines(sweep, uri, endpoint.local_server is not None)
     print("\n".join(["", table, *leftover, ""]))
-    _print_where_to_look(sweep, uri, champions, experiment_id)
+    _print_where_to_look(sweep, uri, champions, experiment_id, parent.run_id)
     if not all(r["status"] == "done" for r in rows):
         return 1
     return EXIT_NOT_FULLY_TRACKED if leftover else 0
@@ -125,7 +125,8 @@ def _describe_tracking(sweep: SweepConfig, config_file: str, uri: str | None) ->
                            "ui_uri": _ui_uri(sweep, uri)}
 
 
-def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str], experiment_id: str | None) -> None:
+def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str], experiment_id: str | None,
+                         sweep_run_id: str | None) -> None:
     print(f"Trial outputs: {sweep.storage_root() / sweep.name / 'jobs'}")
     if uri is None:
         return
@@ -136,9 +137,13 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
               f"\n  mlflow server --backend-store-uri sqlite:///{db}/mlflow.db "
               f"--serve-artifacts --artifacts-destination {db}/artifacts --host 127.0.0.1 --port 5000")
     if experiment_id is not None:
-        from pipelines.tracking.experiment import runs_url
+        from pipelines.tracking.experiment import runs_url, sweep_run_url
 
         print(f"MLflow experiment {sweep.experiment_name()}, its runs: {runs_url(ui, experiment_id)}")
+        if sweep_run_id is not None:
+            own_run = sweep_run_url(ui, experiment_id, sweep_run_id)
+            print(f"  The trials' runs are nested under the sweep's run {sweep.name} (sweep): expand its row (+) to "
+                  f"list them. Its report.png puts the scores side by side: {own_run}")
     else:
         print(f"MLflow experiment: {sweep.experiment_name()}  ({ui})")
     uri = ui

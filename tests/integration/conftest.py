@@ -170,7 +170,8 @@ four trials, whose table the README quotes (tests/integration/test_readme_demo.p
 def smoke_sweep(ray_head: LocalRayHead, _service_pool: _ServicePool,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The demo's sweep run once on ``ray_head``, tracked on an MLflow server of its own: ``stdout``, ``uri``, ``url``
-    (the runs-view URL the sweep printed) and ``experiment_id`` (read from that URL)."""
+    (the runs-view URL the sweep printed), ``experiment_id`` (read from that URL) and ``sweep_run_url`` (the printed
+    URL of the sweep's own run)."""
     mlflow_server = _ready(_service_pool, "smoke_mlflow_server")
     assert isinstance(mlflow_server, LocalMlflowServer)
     env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_head.address}
@@ -183,4 +184,7 @@ def smoke_sweep(ray_head: LocalRayHead, _service_pool: _ServicePool,
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     found = re.search(r"its runs: (\S+/#/experiments/(\d+)/runs\S*)", done.stdout)
     assert found, f"the sweep printed no runs URL:\n{done.stdout[-3000:]}"
-    return {"stdout": done.stdout, "uri": mlflow_server.uri, "url": found.group(1), "experiment_id": found.group(2)}
+    sweep_run = re.search(r"side by side: (\S+/runs/\w+/artifacts)", done.stdout)
+    assert sweep_run, f"the sweep printed no URL of its own run:\n{done.stdout[-3000:]}"
+    return {"stdout": done.stdout, "uri": mlflow_server.uri, "url": found.group(1), "experiment_id": found.group(2),
+            "sweep_run_url": sweep_run.group(1)}

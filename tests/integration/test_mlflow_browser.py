@@ -20,6 +20,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+SWEEP_RUN = "it-ui (sweep)"
 RUN_NAMES = ("cb/tiny-t5/capt/s0", "cb/minilm/capt/s0", "rte/tiny-t5/capt/s0", "rte/minilm/capt/s0")
 WAIT_S = 30.0
 """Longest wait for one thing to appear (the UI loads runs and artifacts asynchronously)."""
@@ -74,11 +75,21 @@ def _wait_for_text(browser: Any, text: str) -> Any:
     return WebDriverWait(browser, WAIT_S).until(expected_conditions.element_to_be_clickable(locator))
 
 
+def _expand(browser: Any, run_name: str) -> None:
+    """Open the nested runs under `run_name` (MLflow shows a parent's children collapsed)."""
+    from selenium.webdriver.common.by import By
+
+    _wait_for_text(browser, run_name)
+    row = f"//div[contains(@class,'ag-row')][.//*[normalize-space(text())='{run_name}']]"
+    browser.find_element(By.XPATH, f"{row}//button[contains(@data-component-id,'runnamecellrenderer')]").click()
+
+
 def test_the_printed_url_lists_every_trial_and_a_run_page_shows_the_capsule(
         smoke_sweep: dict[str, Any], browser: Any, tmp_path: Path) -> None:
     folders = _shots(tmp_path)
     browser.get(smoke_sweep["url"])
     try:
+        _expand(browser, SWEEP_RUN)
         links = {name: _wait_for_text(browser, name) for name in RUN_NAMES}
     finally:
         _screenshot(browser, folders, "runs")
@@ -91,3 +102,28 @@ def test_the_printed_url_lists_every_trial_and_a_run_page_shows_the_capsule(
     finally:
         _screenshot(browser, folders, "run-artifacts")
     assert "/runs/" in browser.current_url and "artifacts" in browser.current_url
+
+
+def test_the_sweep_runs_url_shows_its_report_and_the_registry_its_champion(
+        smoke_sweep: dict[str, Any], browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    folders = _shots(tmp_path)
+    browser.get("about:blank")  # a fresh page, as a pasted URL opens: the app keeps state across hash changes
+    browser.get(smoke_sweep["sweep_run_url"])
+    try:
+        for name in ("report.md", "summary.md", "summary.csv", "sweep_config.json"):
+            _wait_for_text(browser, name)
+        _wait_for_text(browser, "report.png").click()
+        WebDriverWait(browser, WAIT_S).until(  # the picture drawn (the UI shows it from a blob: URL)
+            lambda b: any(b.execute_script("return arguments[0].naturalWidth", img) >= 600
+                          for img in b.find_elements(By.TAG_NAME, "img")))
+    finally:
+        _screenshot(browser, folders, "sweep-run-report")
+    browser.get("about:blank")
+    browser.get(smoke_sweep["uri"].rstrip("/") + "/#/models/capt-minilm-rte")
+    try:  # the version the sweep registered, with the alias it promoted
+        WebDriverWait(browser, WAIT_S).until(lambda b: "Version 1" in b.page_source and "champion" in b.page_source)
+    finally:
+        _screenshot(browser, folders, "registered-model")
