@@ -83,11 +83,23 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: To
                              "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
         guard = (f"bearer token required on POST / and GET /tasks, token {token.where}" if token else
                  "AUTHENTICATION OFF (--no-auth): anyone who reaches this address can run inference")
+        follows = ", tasks given the alias later are added" if settings.all_tasks else ""
         print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
-              f"{settings.poll_s:g} s) at http://{host}:{port}/ ; {guard}; Ctrl-C stops.", flush=True)
+              f"{settings.poll_s:g} s{follows}) at http://{host}:{port}/ ; {guard}; "
+              f"{_listening(port, token is not None)}; Ctrl-C stops.", flush=True)
         stop.wait()
     finally:
         serve.shutdown()
+
+
+def _listening(port: int, serve_token: bool) -> str:
+    """Every port the driver and its local Ray listen on now that the replicas are up, with what guards it
+    (`pipelines.serving.exposure`): the replicas' gRPC servers listen on every interface."""
+    import os
+
+    from pipelines.serving.exposure import describe, serving_listeners
+
+    return describe(serving_listeners(port, serve_token), remote_cluster=bool(os.environ.get("RAY_ADDRESS")))
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
@@ -179,7 +191,8 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
         refuse_unservable(source, versions)
         check_capsules(source, versions)  # every capsule fetched and verified before Ray starts
         settings = ServeSettings.from_args({
-            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
+            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "all_tasks": args.all,
+            "poll_s": args.poll_s,
             "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,
             "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_chars,
             "num_replicas": args.replicas, "auth": token is not None,

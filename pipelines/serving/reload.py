@@ -57,8 +57,8 @@ class Reloader:
             self.engine.add(capsule)
         except CaptError as err:  # the version itself is bad: do not fetch it again every poll
             self.refused[task] = version
-            logger.warning("Version %d of %s (alias %r) is refused: %s; %s", version, name, self.source.alias, err,
-                           keeps)
+            logger.warning("Version %d of %s (alias %r) is refused: %s; %s", version, name, self.source.alias,
+                           str(err).rstrip("."), keeps)
         except Exception as err:  # noqa: BLE001 - e.g. the server was down: tried again next poll
             logger.warning("Could not load version %d of %s (%s); %s; trying again at the next poll", version, name,
                            err, keeps)
