@@ -8,14 +8,17 @@ Each replica loads the base model once and the capsules of ``capt-<model-slug>-<
 `capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}`` and
 ``Authorization: Bearer <token>`` answers labels, per-label scores (rank evaluation) and the registry
 version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s``
-seconds the replicas read the aliases again and load a moved alias's capsule without a restart.
+seconds the replicas read the registry again (`pipelines.serving.reload`): a moved alias's capsule is loaded
+without a restart, with ``--all`` a task given the alias later is added, a deleted model's task is dropped.
 ``GET /tasks`` lists what is served, ``GET /health`` answers without the token; the token comes from
 ``--token-file``, CAPT_SERVE_TOKEN or a new file whose path the start-up line prints
 (`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
-unless ``--host`` says otherwise. Under ``ray job submit`` the same command deploys onto the cluster;
+unless ``--host`` says otherwise; the start-up line lists every port the driver and its local Ray listen on,
+with its guard (`pipelines.serving.exposure`: the replicas' gRPC servers listen on every interface, behind Ray's
+token). Under ``ray job submit`` the same command deploys onto the cluster;
 infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctrl-C shuts Serve down.
 """
 
