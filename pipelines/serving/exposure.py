@@ -93,7 +93,9 @@ def _label(name: str, command: list[str]) -> str:
     if command and command[0].startswith("ray::"):
         return command[0].split()[0]
     if name.startswith("python") and len(command) > 1:
-        script = next((arg for arg in command[1:] if not arg.startswith("-")), "")
+        if "-c" in command[1:]:  # the code itself is no name
+            return f"{name} -c"
+        script = next((arg for arg in command[1:] if not arg.startswith("-")), "")  # a script, or -m's module
         return f"{name} {Path(script).name}".strip()
     return name
 
