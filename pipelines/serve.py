@@ -8,14 +8,17 @@ Each replica loads the base model once and the capsules of ``capt-<model-slug>-<
 `capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}`` and
 ``Authorization: Bearer <token>`` answers labels, per-label scores (rank evaluation) and the registry
 version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s``
-seconds the replicas read the aliases again and load a moved alias's capsule without a restart.
+seconds the replicas read the registry again (`pipelines.serving.reload`): a moved alias's capsule is loaded
+without a restart, with ``--all`` a task given the alias later is added, a deleted model's task is dropped.
 ``GET /tasks`` lists what is served, ``GET /health`` answers without the token; the token comes from
 ``--token-file``, CAPT_SERVE_TOKEN or a new file whose path the start-up line prints
 (`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
-unless ``--host`` says otherwise. Under ``ray job submit`` the same command deploys onto the cluster;
+unless ``--host`` says otherwise; the start-up line lists every port the driver and its local Ray listen on,
+with its guard (`pipelines.serving.exposure`: the replicas' gRPC servers listen on every interface, behind Ray's
+token). Under ``ray job submit`` the same command deploys onto the cluster;
 infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctrl-C shuts Serve down.
 """
 
@@ -83,11 +86,23 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: To
                              "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
         guard = (f"bearer token required on POST / and GET /tasks, token {token.where}" if token else
                  "AUTHENTICATION OFF (--no-auth): anyone who reaches this address can run inference")
+        follows = ", tasks given the alias later are added" if settings.all_tasks else ""
         print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
-              f"{settings.poll_s:g} s) at http://{host}:{port}/ ; {guard}; Ctrl-C stops.", flush=True)
+              f"{settings.poll_s:g} s{follows}) at http://{host}:{port}/ ; {guard}; "
+              f"{_listening(port, token is not None)}; Ctrl-C stops.", flush=True)
         stop.wait()
     finally:
         serve.shutdown()
+
+
+def _listening(port: int, serve_token: bool) -> str:
+    """Every port the driver and its local Ray listen on now that the replicas are up, with what guards it
+    (`pipelines.serving.exposure`): the replicas' gRPC servers listen on every interface."""
+    import os
+
+    from pipelines.serving.exposure import describe, serving_listeners
+
+    return describe(serving_listeners(port, serve_token), remote_cluster=bool(os.environ.get("RAY_ADDRESS")))
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
@@ -179,7 +194,8 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
         refuse_unservable(source, versions)
         check_capsules(source, versions)  # every capsule fetched and verified before Ray starts
         settings = ServeSettings.from_args({
-            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "poll_s": args.poll_s,
+            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "all_tasks": args.all,
+            "poll_s": args.poll_s,
             "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,
             "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_chars,
             "num_replicas": args.replicas, "auth": token is not None,

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import Answer, CapsuleEngine, ServedCapsule
 from pipelines.serving.limits import Limits
+from pipelines.serving.reload import Reloader
 from pipelines.serving.routes import Front
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
@@ -52,17 +53,13 @@ class CapsuleServer:
         self.answer_batch.set_max_batch_size(self.settings.max_batch_requests)
         self.answer_batch.set_batch_wait_timeout_s(self.settings.batch_wait_s)
         if self.source is not None:
+            self.reloader = Reloader(self.source, self.engine, None if self.settings.all_tasks else self.settings.tasks)
             threading.Thread(target=self._poll, name="capt-alias-poll", daemon=True).start()
 
     def _poll(self) -> None:
-        """Every `poll_s`: load the capsule of each moved alias; a failed load keeps the old one answering."""
+        """Every `poll_s`: serve what the alias names now (`reload.Reloader`: moved, new and deleted tasks)."""
         while not self._stop.wait(self.settings.poll_s):
-            for task, version in self.source.moved(self.engine.versions()).items():
-                try:
-                    self.engine.replace(self.source.fetch(task, version))
-                except Exception:  # noqa: BLE001 - a bad new version must not stop the ones being served
-                    logger.exception("Could not load version %d for %s; still serving version %d", version, task,
-                                     self.engine.versions()[task])
+            self.reloader.poll()
 
     def __del__(self) -> None:
         self._stop.set()
@@ -88,8 +85,9 @@ class CapsuleServer:
     def limits(self) -> Limits:
         """The request limits (characters: the largest of the capsules', each task's own checked after parsing)."""
         s = self.settings
-        return Limits(s.max_body_bytes, s.max_rows_per_request, s.max_json_depth,
-                      max(self.max_chars(name) for name in self.engine.names))
+        # with every task dropped (deleted from the registry), any request is refused for its task, after parsing
+        chars = max((self.max_chars(name) for name in self.engine.names), default=s.max_text_chars or 2**16)
+        return Limits(s.max_body_bytes, s.max_rows_per_request, s.max_json_depth, chars)
 
     def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]:
         """Validated examples (the registry pyfunc's checks; CaptError names the row and field)."""

@@ -95,12 +95,19 @@ class CapsuleEngine:
         base = loaded.model.to(self.device).eval()
         for served in capsules:
             _check_method(served)
-        # encoder classifiers (BERT family): each capsule's own task head, in the bank beside it
-        heads = {c.name: load_task_head(base, c.capsule_dir) for c in capsules} if self.spec.classifier_head else None
-        self.bank = CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}, heads=heads).eval()
+        self.bank = self._bank(base, capsules)
         self.settings = {c.name: self._settings(c) for c in capsules}
+        self.retired: set[str] = set()
+        """Names no longer served (registered model deleted, or alias gone): hidden from `names`, so new requests
+        are refused, but kept in the bank, so a request accepted just before still gets its answer."""
         self.lock = threading.Lock()
         """Held around every batch and every capsule swap: a swap waits for the batch in flight."""
+
+    def _bank(self, base: torch.nn.Module, capsules: Sequence[ServedCapsule]) -> CapsuleBank:
+        """A bank of `capsules` on `base`; each capsule's fit to the base model's weights is checked as it loads."""
+        # encoder classifiers (BERT family): each capsule's own task head, in the bank beside it
+        heads = {c.name: load_task_head(base, c.capsule_dir) for c in capsules} if self.spec.classifier_head else None
+        return CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}, heads=heads).eval()
 
     def _settings(self, served: ServedCapsule) -> _Settings:
         config = served.result["config"]
@@ -113,7 +120,7 @@ class CapsuleEngine:
     @property
     def names(self) -> list[str]:
         """The capsules served, by name."""
-        return list(self.settings)
+        return [name for name in self.settings if name not in self.retired]
 
     def served(self, name: str) -> ServedCapsule:
         """The capsule answering under `name` now."""
@@ -125,7 +132,7 @@ class CapsuleEngine:
 
     def versions(self) -> dict[str, int]:
         """The registry version each capsule name serves now."""
-        return {name: s.served.version for name, s in self.settings.items()}
+        return {name: self.settings[name].served.version for name in self.names}
 
     def examples(self, name: str, rows: Sequence[Mapping[str, Any]]) -> list[Example]:
         """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
@@ -142,7 +149,35 @@ class CapsuleEngine:
         with self.lock:
             self.bank.replace(served.name, capsule, metadata, head)
             self.settings[served.name] = settings
+            self.retired.discard(served.name)
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
+
+    def add(self, served: ServedCapsule) -> None:
+        """Serve `served` from the next batch on: a new version of a name the bank holds (`replace`), or a new
+        name, for which the bank is rebuilt around the same base model (the capsules served keep answering as
+        before; if the new one does not load, the bank is rebuilt without it and the error raised)."""
+        if served.name in self.bank.names:
+            self.replace(served)
+            return
+        _check_same_base([served], self.base_name)
+        _check_method(served)
+        settings = self._settings(served)
+        before = [s.served for s in self.settings.values()]
+        with self.lock:
+            base = self.bank.detach()  # a base model carries one bank's hooks at a time
+            try:
+                self.bank = self._bank(base, [*before, served])
+            except Exception:
+                self.bank = self._bank(base, before)
+                raise
+            self.settings[served.name] = settings
+        logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
+
+    def retire(self, name: str) -> None:
+        """Stop serving `name`: new requests for it are refused (its capsule stays in the bank, a few KB)."""
+        with self.lock:
+            self.retired.add(name)
+        logger.info("No longer serving %r", name)
 
     @torch.no_grad()
     def answer(self, requests: Sequence[tuple[str, list[Example]]]) -> list[Answer]:

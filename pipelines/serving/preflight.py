@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from capt.errors import CaptError
+from pipelines.serving.engine import ServedCapsule
 from pipelines.serving.source import RegistrySource
 
 
@@ -28,12 +29,17 @@ def check_capsules(source: RegistrySource, versions: dict[str, int]) -> None:
     with tempfile.TemporaryDirectory(prefix="capt-serve-check-") as scratch:
         checking = RegistrySource(source.uri, source.model, source.alias, root=scratch)
         for task, version in sorted(versions.items()):
-            fetched = checking.fetch(task, version)
-            for weights in sorted(Path(fetched.capsule_dir).glob("*.safetensors")):
-                bad = [name for name, tensor in load_file(str(weights)).items()
-                       if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
-                if bad:
-                    raise UnservableCapsuleError(
-                        f"Version {version} of {source.name(task)}: {weights.name} holds NaN or infinite values in "
-                        f"{', '.join(bad)}; it cannot be served. Promote another version (python -m "
-                        f"pipelines.promote --model {source.model} --task {task}) or retrain it.")
+            check_finite(checking, checking.fetch(task, version))
+
+
+def check_finite(source: RegistrySource, fetched: ServedCapsule) -> None:
+    """UnservableCapsuleError when a tensor file of a fetched capsule holds NaN or infinite values (the driver
+    checks this before start, a replica's poll before it serves a new version or task)."""
+    for weights in sorted(Path(fetched.capsule_dir).glob("*.safetensors")):
+        bad = [name for name, tensor in load_file(str(weights)).items()
+               if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+        if bad:
+            raise UnservableCapsuleError(
+                f"Version {fetched.version} of {fetched.model_name}: {weights.name} holds NaN or infinite values in "
+                f"{', '.join(bad)}; it cannot be served. Promote another version (python -m "
+                f"pipelines.promote --model {source.model} --task {fetched.task}) or retrain it.")

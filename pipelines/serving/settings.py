@@ -23,8 +23,12 @@ class ServeSettings:
     """MLflow tracking server that holds the registry (no credentials in it: they come from the environment)."""
     alias: str = "champion"
     """Registry alias whose version is served; a moved alias is picked up at the next poll."""
+    all_tasks: bool = False
+    """Follow the registry (``--all``): a task whose registered model gets a version at `alias` after the start is
+    served from the next poll on. False: only `tasks` are served. Either way a task whose registered model is
+    deleted, or loses the alias, is no longer served (its requests get 400) until it has a version at `alias` again."""
     poll_s: PositiveFloat = 30.0
-    """Seconds between two reads of the aliases."""
+    """Seconds between two reads of the registry (moved aliases, new and deleted tasks)."""
     max_rows_per_request: PositiveInt = 64
     """Most task rows in one request; larger requests get HTTP 413."""
     max_body_bytes: int = Field(2**20, ge=1024)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
 from pipelines.serving.engine import ServedCapsule
+from pipelines.tracking import TrackingError
 from pipelines.tracking.serving import (
     alias_version,
     download_verified_version,
@@ -94,17 +96,42 @@ class RegistrySource:
         found = download_verified_version(self.uri, self.name(task), version, self.root)
         return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result)
 
-    def moved(self, serving: dict[str, int]) -> dict[str, int]:
-        """Tasks whose alias now names another version than `serving` has: {task: new version}."""
-        changed = {}
-        for task, current in serving.items():
-            try:
-                version = alias_version(self.uri, self.name(task), self.alias)
-            except Exception as err:  # noqa: BLE001 - whatever failed, the current version keeps answering
-                logger.warning("Cannot read %s@%s (%s); still serving version %d", self.name(task), self.alias,
-                               err, current)
-                continue
-            if version is not None and version != current:
-                changed[task] = version
-        return changed
+    def changes(self, serving: dict[str, int], wanted: Collection[str] | None = None) -> Changes | None:
+        """What a poll must do to `serving` ({task: version}) so that it serves what the alias names now: load the
+        version of a moved alias or of a newly registered task (only tasks in `wanted`; None: every task), drop the
+        tasks whose registered model was deleted or lost the alias. None when the registry cannot be listed
+        (everything served keeps answering).
 
+        One search over the registered models with this base model's prefix, then one alias read per task that has
+        a registered model: never a call per task that could exist.
+        """
+        try:
+            registered = set(self.registered_tasks())
+        except Exception as err:  # noqa: BLE001 - whatever failed, the versions served keep answering
+            logger.warning("Cannot list the registered models %s at %s (%s); still serving %s", self.name("<task>"),
+                           self.uri, err, serving)
+            return None
+        found = Changes({}, [task for task in serving if task not in registered])
+        for task in (t for t in TASK_NAMES if t in registered and (wanted is None or t in wanted)):
+            try:
+                version = self.check_alias(task)
+            except TrackingError:  # deleted between the search and this read
+                version = None
+            except Exception as err:  # noqa: BLE001 - the version served keeps answering
+                logger.warning("Cannot read %s@%s (%s); serving it as before", self.name(task), self.alias, err)
+                continue
+            if version is None and task in serving:
+                found.drop.append(task)
+            elif version is not None and version != serving.get(task):
+                found.load[task] = version
+        return found
+
+
+@dataclass
+class Changes:
+    """What one poll found: versions to load (moved aliases, new tasks) and tasks to drop."""
+
+    load: dict[str, int]
+    """{task: version} of a moved alias or a task registered (or given the alias) since the last poll."""
+    drop: list[str]
+    """Tasks served whose registered model was deleted or no longer has the alias."""

@@ -1,0 +1,111 @@
+"""What listens while the Serve app serves, and what protects each port: the start-up line's list.
+
+A local Ray started by the driver keeps its daemons on 127.0.0.1 (`pipelines.services.private`), but not every
+port: Ray Serve 2.60 starts each replica's inter-deployment gRPC server on ``[::]:<random port>`` (hard-coded in
+``ray/serve/_private/replica.py``), plaintext. With Ray's token auth (``RAY_AUTH_MODE=token``, what the local Ray
+runs with) that server's authentication interceptor answers a call without the token UNAUTHENTICATED; without it
+the port is open. So the start-up line lists every listening socket of the processes serving (the driver, and
+below it the local Ray's daemons and workers: the replicas, Serve's proxy and controller) instead of promising
+that nothing listens beyond loopback. Processes of a remote cluster (RAY_ADDRESS) are not on this machine: the
+line says so, and infra/serve.yaml documents what listens where there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from pipelines.services.private import is_loopback
+
+LOOPBACK = "loopback only"
+RAY_TOKEN = "Ray token"
+SERVE_TOKEN = "serve bearer token"
+OPEN = "NOTHING: open to anyone who reaches it"
+_RAY_DAEMONS = ("gcs_server", "raylet")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening TCP socket of a serving process."""
+
+    ip: str
+    port: int
+    process: str
+    """What the process is: ``ray::ServeReplica:capt:capsules``, ``raylet``, ``this driver``, ..."""
+    guard: str
+    """What protects it: `LOOPBACK`, `RAY_TOKEN`, `SERVE_TOKEN` or `OPEN` (``--no-auth`` on the HTTP port says so)."""
+
+    def __str__(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{host}:{self.port} {self.process} ({self.guard})"
+
+
+def serving_listeners(http_port: int, serve_token: bool, root_pid: int | None = None) -> list[Listener]:
+    """Every TCP socket listening in `root_pid` (default: this process) and its descendants, with its guard.
+
+    One system-wide `psutil.net_connections` read, kept to those processes' pids (a process of another user that
+    cannot be read is not ours and is skipped); sorted beyond-loopback first, then by port.
+    """
+    ray_token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    labels = _process_labels(root_pid or os.getpid())
+    found = set()
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in labels and conn.laddr:
+            label, is_ray = labels[conn.pid]
+            found.add(Listener(conn.laddr.ip, conn.laddr.port, label,
+                               _guard(conn.laddr.ip, conn.laddr.port, is_ray, http_port, serve_token, ray_token)))
+    return sorted(found, key=lambda item: (is_loopback(item.ip), item.port, item.ip))
+
+
+def _guard(ip: str, port: int, is_ray: bool, http_port: int, serve_token: bool, ray_token: bool) -> str:
+    if port == http_port:  # Serve's HTTP proxy: the app checks the bearer token on every route but /health
+        guard = SERVE_TOKEN if serve_token else "NO TOKEN (--no-auth)"
+        return f"{LOOPBACK}, {guard}" if is_loopback(ip) else guard
+    if is_loopback(ip):
+        return LOOPBACK
+    return RAY_TOKEN if is_ray and ray_token else OPEN
+
+
+def _process_labels(root_pid: int) -> dict[int, tuple[str, bool]]:
+    """{pid: (label, is a Ray process)} of `root_pid` and every descendant still alive."""
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    labels = {}
+    for process in processes:
+        try:
+            name, command = process.name(), process.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        joined = " ".join(command)
+        is_ray = name in _RAY_DAEMONS or joined.startswith("ray::") or f"{os.sep}ray{os.sep}" in joined
+        labels[process.pid] = ("this driver" if process.pid == root_pid else _label(name, command), is_ray)
+    return labels
+
+
+def _label(name: str, command: list[str]) -> str:
+    """``ray::ServeReplica:capt:capsules`` for a Ray worker (its title), ``python dashboard.py`` for a script."""
+    if command and command[0].startswith("ray::"):
+        return command[0].split()[0]
+    if name.startswith("python") and len(command) > 1:
+        if "-c" in command[1:]:  # the code itself is no name
+            return f"{name} -c"
+        script = next((arg for arg in command[1:] if not arg.startswith("-")), "")  # a script, or -m's module
+        return f"{name} {Path(script).name}".strip()
+    return name
+
+
+def describe(listeners: list[Listener], remote_cluster: bool) -> str:
+    """The start-up line's part: every port, those beyond loopback first, each with its guard."""
+    beyond = [item for item in listeners if not is_loopback(item.ip)]
+    local = [item for item in listeners if is_loopback(item.ip)]
+    parts = [f"beyond loopback: {', '.join(map(str, beyond)) if beyond else 'none'}",
+             f"on loopback: {', '.join(map(str, local)) if local else 'none'}"]
+    where = ("this machine's processes only; the cluster's nodes: infra/serve.yaml" if remote_cluster else
+             "this driver and its local Ray")
+    return f"listening ({where}): " + "; ".join(parts)

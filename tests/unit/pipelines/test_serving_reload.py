@@ -1,0 +1,59 @@
+"""The engine's side of a registry poll, without Ray: a new task joins a running bank and answers as its pyfunc
+predictor, a retired task is refused but comes back, a capsule of another base model is refused while the bank
+keeps answering as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.registry import train_capsule
+
+from capt.errors import CapsuleArtifactError
+from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from pipelines.serving.engine import CapsuleEngine, ServedCapsule
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("reload-jobs")
+    return {"rte": train_capsule(out / "rte", "rte", 0, max_epochs=1),
+            "cb": train_capsule(out / "cb", "cb", 0, max_epochs=1),
+            "copa-llama": train_capsule(out / "copa", "copa", 0, model="tiny-llama", max_epochs=1)}
+
+
+def _served(result: dict[str, Any], version: int = 1) -> ServedCapsule:
+    return ServedCapsule(result["task"], result["task"], f"capt-tiny-t5-{result['task']}", version,
+                         Path(result["artifact_dir"]), result)
+
+
+def _labels(engine: CapsuleEngine, task: str, rows: list[dict[str, Any]]) -> list[str]:
+    return engine.answer([(task, engine.examples(task, rows))])[0].labels
+
+
+def test_a_new_task_joins_the_bank_and_a_retired_one_comes_back(jobs: dict[str, dict[str, Any]]) -> None:
+    engine = CapsuleEngine([_served(jobs["rte"])])
+    rows = {task: example_rows(task, 4) for task in ("rte", "cb")}
+    before = _labels(engine, "rte", rows["rte"])
+    engine.add(_served(jobs["cb"]))
+    assert engine.names == ["rte", "cb"] and engine.versions() == {"rte": 1, "cb": 1}
+    mixed = engine.answer([(t, engine.examples(t, rows[t])) for t in ("cb", "rte")])
+    assert [a.labels for a in mixed] == [CapsulePredictor(jobs["cb"]["artifact_dir"], jobs["cb"]).predict_rows(
+        rows["cb"]), before]
+    assert (mixed[0].model_name, mixed[0].version) == ("capt-tiny-t5-cb", 1)
+    engine.retire("cb")
+    assert engine.names == ["rte"] and engine.versions() == {"rte": 1}
+    assert _labels(engine, "cb", rows["cb"])  # a request accepted before the retirement still gets its answer
+    engine.add(_served(jobs["cb"], version=2))
+    assert engine.versions() == {"rte": 1, "cb": 2}
+
+
+def test_a_capsule_of_another_base_model_is_refused_and_the_bank_is_unchanged(
+        jobs: dict[str, dict[str, Any]]) -> None:
+    engine = CapsuleEngine([_served(jobs["rte"])])
+    rows = example_rows("rte", 3)
+    before = _labels(engine, "rte", rows)
+    with pytest.raises(CapsuleArtifactError, match="tiny-llama"):
+        engine.add(_served(jobs["copa-llama"]))
+    assert engine.names == ["rte"] and _labels(engine, "rte", rows) == before
