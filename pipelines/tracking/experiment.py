@@ -27,6 +27,11 @@ def runs_url(ui_uri: str, experiment_id: str) -> str:
     return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/{RUNS_VIEW}"
 
 
+def run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
+    """The URL that opens one run's page in the MLflow UI at `ui_uri`."""
+    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def git_commit(root: Path = PROJECT_ROOT) -> str | None:
     """The checked-out commit of the project, or None outside a git checkout (e.g. a Ray job's working dir)."""
     try:
