@@ -177,9 +177,10 @@ class TrialTracker:
 
     @property
     def run_url(self) -> str | None:
-        """The run's page in the MLflow UI at `ui_uri`; None while the run exists only in the spool."""
+        """The run's page in the MLflow UI at `ui_uri`; None while the run exists only in the spool, or when `ui_uri`
+        is no web server (a ``sqlite:`` or file store)."""
         record = read_run_record(self.state_dir)
-        if not record or not record.get("experiment_id"):
+        if not record or not record.get("experiment_id") or not self.ui_uri.startswith(("http://", "https://")):
             return None
         return ui_run_url(self.ui_uri, record["experiment_id"], record["run_id"])
 

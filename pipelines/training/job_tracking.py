@@ -67,11 +67,12 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
     """The job's last line: where its run is, or how to track it."""
     if plan.uri is None:
         return NOT_TRACKED
-    if tracked.run_url is None:
+    if tracked.run_id is None:
         return (f"MLflow run not uploaded yet ({plan.uri} stopped answering): its operations are kept in {folder}; "
                 f"upload them with: python -m pipelines.tracking sync --root {folder}")
+    where = tracked.run_url or f"{tracked.run_id} (experiment {plan.experiment!r} at {plan.uri})"
     reused = " (the finished result already in the folder was reused, not trained again)"
-    return f"MLflow run: {tracked.run_url}" + (reused if tracked.reused else "")
+    return f"MLflow run: {where}" + (reused if tracked.reused else "")
 
 
 def _shown_path(path: str) -> str:
