@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pipelines.config.schema import JobConfig
 from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.probe import ServiceError
 from pipelines.training.tracked import (
     JOB_EXPERIMENT,
     RUN_DESCRIPTION,
@@ -48,8 +50,8 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     if uri is None:
         return RunPlan(None)
     origin = "--tracking-uri" if args.tracking_uri else URI_ENV
-    check_mlflow_server(uri, f"MLflow tracking server ({origin}; give another with --tracking-uri, or leave both "
-                             "unset to run the job untracked)")
+    _refuse_credentials(uri, origin)
+    check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
     from pipelines.methods import registers_model
     from pipelines.tracking.experiment import source_tags
 
@@ -73,6 +75,17 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
     where = tracked.run_url or f"{tracked.run_id} (experiment {plan.experiment!r} at {plan.uri})"
     reused = " (the finished result already in the folder was reused, not trained again)"
     return f"MLflow run: {where}" + (reused if tracked.reused else "")
+
+
+def _refuse_credentials(uri: str, origin: str) -> None:
+    """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        shown = parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+        raise ServiceError(
+            f"{origin} holds credentials ({shown} with a user name or password in it): they would be written into "
+            "the job folder's MLflow run record. Give the URI without them and set MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD in the environment instead.")
 
 
 def _shown_path(path: str) -> str:

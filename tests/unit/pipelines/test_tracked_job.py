@@ -73,4 +73,8 @@ def test_the_cli_plan_is_untracked_without_a_server_and_refuses_one_that_does_no
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ServiceError, match="MLFLOW_TRACKING_URI"):
         job_plan(args, config)
+    args.tracking_uri = "http://me:secret@127.0.0.1:5000"
+    with pytest.raises(ServiceError, match=r"--tracking-uri holds credentials \(http://127.0.0.1:5000 ") as refused:
+        job_plan(args, config)
+    assert "secret" not in str(refused.value)
     assert not (tmp_path / "job").exists()
