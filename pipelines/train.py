@@ -4,8 +4,8 @@
     torchrun --standalone --nproc_per_node 2 -m pipelines.train --config FILE      # 2 processes (gloo on CPU)
 
 `run(config, report=..., log=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
-A single job is not tracked in MLflow (MLFLOW_TRACKING_URI is not read here): a sweep of one trial is
-(`python pipelines/sweep.py --config FILE`, a job's keys under `job:`).
+With `--tracking-uri URI` (or MLFLOW_TRACKING_URI) the job logs one MLflow run as a sweep's trial does
+(`pipelines.training.tracked`, `pipelines.training.job_tracking`).
 """
 
 from __future__ import annotations
@@ -42,18 +42,17 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.dataset_card import dataset_card
 from pipelines.training.disk_full import no_space_reported
+from pipelines.training.job_tracking import TRACKING_HELP, add_tracking_flags, job_plan, tracking_line
 from pipelines.training.loss_curve import Log, curve_point_if_due
-from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
+from pipelines.training.outputs import claim_job_folder, config_hash, finished_result, is_main_process
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
 from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
 from pipelines.training.setup import Job, build_job, num_labels
+from pipelines.training.tracked import tracked_job
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
 
-
-NOT_TRACKED = ("Not tracked in MLflow: a single job logs no run, with or without MLFLOW_TRACKING_URI. To track it, "
-               "run it as a sweep of one trial: python pipelines/sweep.py --config FILE (its job keys under `job:`).")
 
 
 class TrainingDivergedError(RuntimeError):
@@ -261,25 +260,34 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: validate the config (every problem at once), then run the job; exit 2 on bad input."""
+    """CLI: validate the config (every problem at once) and the tracking server, then run the job; exit 2 on bad
+    input."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.train", description=__doc__.split("\n")[0],
-                                     epilog=NOT_TRACKED)
+                                     epilog=TRACKING_HELP)
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
+    add_tracking_flags(parser)
     return cli_main(parser, argv, _train_from_cli, expected=(TrainingDivergedError,))
 
 
 def _train_from_cli(args: argparse.Namespace) -> int:
     config = load_job_config(args.config, args.overrides)
+    plan = job_plan(args, config)  # a given server is checked before anything is written
     folder = config.resolved_output_dir()
     print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
           f" (output_dir {str(folder)!r} taken against the current directory)"), file=sys.stderr)
-    print(NOT_TRACKED, file=sys.stderr)
+    if plan.uri:
+        print(f"Tracking in MLflow at {plan.uri}, experiment {plan.experiment!r}, run {plan.run_name!r}",
+              file=sys.stderr)
     try:
-        result = run(config)
+        tracked = tracked_job(config, plan, lambda report, log: run(config, report, log=log),
+                              is_main=is_main_process())
     finally:
         _leave_process_group()
-    print(json.dumps({"output_dir": str(Path(result["artifact_dir"]).parent), **result["metrics"]}, indent=2))
+    print(json.dumps({"output_dir": str(Path(tracked.result["artifact_dir"]).parent), **tracked.result["metrics"]},
+                     indent=2))
+    if is_main_process():
+        print(tracking_line(plan, tracked, folder.absolute()), file=sys.stderr)
     return 0
 
 

@@ -27,9 +27,14 @@ def runs_url(ui_uri: str, experiment_id: str) -> str:
     return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/{RUNS_VIEW}"
 
 
+def run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
+    """The URL that opens one run's page in the MLflow UI at `ui_uri`."""
+    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def sweep_run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
     """The URL of a sweep's own run with its artifacts (report.png, report.md, summary) in the MLflow UI."""
-    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/artifacts"
+    return run_url(ui_uri, experiment_id, run_id) + "/artifacts"
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str | None:

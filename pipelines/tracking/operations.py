@@ -26,6 +26,11 @@ from pipelines.tracking.spool import (
 )
 
 logger = logging.getLogger(__name__)
+ERROR_TAG = "error"
+"""The tag of a FAILED run: the job's error, ``<type>: <message>``."""
+ERROR_TAG_LIMIT = 5000
+
+
 def _experiment_id(client: MlflowClient, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
@@ -108,6 +113,8 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
         _record_finished(state_dir, version)
         return version
     if kind == "end":
+        if op.get("error"):
+            client.set_tag(run_id, ERROR_TAG, str(op["error"])[:ERROR_TAG_LIMIT])
         return client.set_terminated(run_id, status=op["status"], end_time=op["timestamp"])
     raise TrackingError(f"Unknown pending operation {kind!r} in {state_dir / PENDING_FILE}")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.tracking.client import dir_lock, is_transient, now_ms, own_http_retries
+from pipelines.tracking.experiment import run_url as ui_run_url
 from pipelines.tracking.operations import Replayer, dead_letter
 from pipelines.tracking.run_content import mlflow_metrics
 from pipelines.tracking.scope import ServerScope
@@ -163,13 +164,25 @@ class TrialTracker:
         if record is not None and record.get("status") == "FINISHED" and record.get("run_id"):
             verify_against_run(self.tracking_uri, record["run_id"], result, str(result_path))
 
-    def fail(self) -> None:
-        """End the run FAILED (the trial raised), unless it already finished."""
+    def fail(self, error: BaseException | str | None = None) -> None:
+        """End the run FAILED (the trial raised), unless it already finished; `error` becomes its ``error`` tag."""
         self._uploader.close()
         self._stop_monitor()
         if self.finished:
             return
-        self._submit({"op": "end", "status": "FAILED", "timestamp": now_ms()}, force=True)
+        op = {"op": "end", "status": "FAILED", "timestamp": now_ms()}
+        if error is not None:
+            op["error"] = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self._submit(op, force=True)
+
+    @property
+    def run_url(self) -> str | None:
+        """The run's page in the MLflow UI at `ui_uri`; None while the run exists only in the spool, or when `ui_uri`
+        is no web server (a ``sqlite:`` or file store)."""
+        record = read_run_record(self.state_dir)
+        if not record or not record.get("experiment_id") or not self.ui_uri.startswith(("http://", "https://")):
+            return None
+        return ui_run_url(self.ui_uri, record["experiment_id"], record["run_id"])
 
     def __enter__(self) -> TrialTracker:
         self.start()

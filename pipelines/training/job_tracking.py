@@ -1,0 +1,92 @@
+"""How `python -m pipelines.train` is tracked: its ``--tracking-uri`` / ``--experiment`` / ``--register`` flags, the
+server checked before the job starts, and the line the job ends with (the run's URL, or how to track it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pipelines.config.schema import JobConfig
+from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.probe import ServiceError
+from pipelines.training.tracked import (
+    JOB_EXPERIMENT,
+    RUN_DESCRIPTION,
+    RunPlan,
+    TrackedResult,
+    job_run_name,
+    job_run_tags,
+)
+
+URI_ENV = "MLFLOW_TRACKING_URI"
+ENTRY_POINT = "pipelines/train.py"
+NOT_TRACKED = (f"Not tracked in MLflow (no --tracking-uri and no {URI_ENV}): to log this job as an MLflow run, run "
+               f"it again with --tracking-uri http://HOST:PORT or with {URI_ENV} set.")
+TRACKING_HELP = (
+    f"MLflow: with --tracking-uri URI, or else the environment variable {URI_ENV}, the job logs one MLflow run (in "
+    f"experiment --experiment, default {JOB_EXPERIMENT}) as a sweep's trial does: the resolved config as params, "
+    "the loss curve and every validation, the final scores, the dataset, result.json and the capsule artifact with "
+    "its digest, tags task/model/method/seed; the server is checked before training (exit 2 when it does not "
+    "answer like MLflow), and the run's URL is printed at the end. A job whose finished result is reused "
+    "(train.resume=true, same config) logs no second run. Without either, the job is not tracked.")
+
+
+def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, ``--experiment`` and ``--register``."""
+    parser.add_argument("--tracking-uri", metavar="URI", default=None,
+                        help=f"MLflow tracking server to log this job's run to (default: env {URI_ENV}; "
+                             "neither: the job is not tracked)")
+    parser.add_argument("--experiment", metavar="NAME", default=JOB_EXPERIMENT,
+                        help=f"MLflow experiment of the run (default: {JOB_EXPERIMENT})")
+    parser.add_argument("--register", action="store_true",
+                        help="also register the capsule as a new version of capt-<model>-<task>, as a sweep does")
+
+
+def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
+    """The job's run plan; a given server is checked now, before anything is written (`ServiceError`)."""
+    uri = args.tracking_uri or os.environ.get(URI_ENV) or None
+    if uri is None:
+        return RunPlan(None)
+    origin = "--tracking-uri" if args.tracking_uri else URI_ENV
+    _refuse_credentials(uri, origin)
+    check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
+    from pipelines.methods import registers_model
+    from pipelines.tracking.experiment import source_tags
+
+    config_file = _shown_path(args.config) if args.config else None
+    tags = {**source_tags(ENTRY_POINT), **job_run_tags(config), "run_kind": "job",
+            RUN_DESCRIPTION: f"{config.method.name} on {config.task.name} with base model {config.model.name}, "
+                             f"seed {config.seed} (a single job, python -m pipelines.train)"}
+    if config_file:
+        tags["config_file"] = config_file
+    return RunPlan(uri, args.experiment, job_run_name(config), tags,
+                   register=args.register and registers_model(config.method.name))
+
+
+def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
+    """The job's last line: where its run is, or how to track it."""
+    if plan.uri is None:
+        return NOT_TRACKED
+    if tracked.run_id is None:
+        return (f"MLflow run not uploaded yet ({plan.uri} stopped answering): its operations are kept in {folder}; "
+                f"upload them with: python -m pipelines.tracking sync --root {folder}")
+    where = tracked.run_url or f"{tracked.run_id} (experiment {plan.experiment!r} at {plan.uri})"
+    reused = " (the finished result already in the folder was reused, not trained again)"
+    return f"MLflow run: {where}" + (reused if tracked.reused else "")
+
+
+def _refuse_credentials(uri: str, origin: str) -> None:
+    """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        shown = parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+        raise ServiceError(
+            f"{origin} holds credentials ({shown} with a user name or password in it): they would be written into "
+            "the job folder's MLflow run record. Give the URI without them and set MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD in the environment instead.")
+
+
+def _shown_path(path: str) -> str:
+    return os.path.relpath(path) if Path(path).is_absolute() else path

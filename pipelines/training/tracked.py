@@ -1,0 +1,164 @@
+"""A job tracked in MLflow: its folder claimed, one run per job folder, every validation and loss-curve point logged,
+the result and capsule logged at the end. `python -m pipelines.train` and the sweep's trials both run jobs this way.
+
+`tracked_job` runs the job given as a function of its two callbacks (``train(report, log)``, e.g.
+`pipelines.train.run` bound to its config) and tracks it when `RunPlan.uri` is set; without a URI it only claims
+the folder and runs the job. The run's record lives in the job folder (`pipelines.tracking.spool`): a job whose run
+already finished there (its result reused, `pipelines.training.outputs.finished_result`) logs nothing again, and a
+result reused from an earlier attempt is believed only when its scores are those its run logged.
+
+Imports no mlflow itself: `pipelines.tracking` is imported only when a run is tracked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.config.schema import JobConfig, model_slug
+from pipelines.training.outputs import claim_job_folder, config_hash
+
+Report = Callable[[dict[str, Any]], None]
+Train = Callable[[Report, Report], dict[str, Any]]
+"""The job itself: ``train(report, log)`` returns the result; `report` gets every validation, `log` every point
+of the training-loss curve (the arguments of `pipelines.train.run`)."""
+RUN_DESCRIPTION = "mlflow.note.content"
+"""The run tag MLflow shows as the run's description."""
+JOB_EXPERIMENT = "capt-jobs"
+"""The experiment of single jobs (`python -m pipelines.train`) unless another is given."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a job's MLflow run is: the server, experiment, name and tags, and how it is logged."""
+
+    uri: str | None
+    """Tracking server; None: the job is not tracked."""
+    experiment: str = JOB_EXPERIMENT
+    run_name: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    retry_s: float = 30.0
+    """How long each call retries an unreachable server before spooling it."""
+    system_metrics_interval_s: float = 10.0
+    register: bool = False
+    """Register the capsule as a new version of ``capt-<model>-<task>``."""
+    ui_uri: str | None = None
+    """The server a registered version's loading snippet names, and the run URL's host (default: `uri`)."""
+    moved_from: tuple[str, ...] = ()
+    """Earlier addresses of the same server (a local store served again at a new port)."""
+
+    @classmethod
+    def from_dict(cls, tracking: Mapping[str, Any]) -> RunPlan:
+        """The plan of a sweep trial's ``tracking`` dict (Ray passes plain dicts to its workers)."""
+        known = {k: v for k, v in tracking.items() if k in cls.__dataclass_fields__ and v is not None}
+        known["uri"] = tracking.get("uri")
+        if "moved_from" in known:
+            known["moved_from"] = tuple(known["moved_from"])
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class TrackedResult:
+    """What `tracked_job` returns."""
+
+    result: dict[str, Any]
+    """The job's result (result.json's content)."""
+    reused: bool
+    """The job returned the finished result already in its folder (it trained nothing)."""
+    run_id: str | None = None
+    """The MLflow run; None when not tracked, or while the run exists only in the spool (server unreachable)."""
+    run_url: str | None = None
+    """The run's page in the MLflow UI."""
+
+
+def tracked_job(config: JobConfig, plan: RunPlan, train: Train, report_to: Report | None = None, is_main: bool = True,
+                claim_wait_s: float = 0.0) -> TrackedResult:
+    """Run ``train(report, log)`` with the job folder claimed, tracked by the main process when `plan.uri` is set.
+
+    Every validation goes to `report_to` (finite numbers only) and to MLflow, less its `train_loss`: MLflow's
+    ``train/loss`` is the loss curve's (`pipelines.training.loss_curve`), and two values at one step would draw a
+    zigzag. The run ends FAILED when the job raises, FINISHED with the result, the dataset and the capsule otherwise.
+    `claim_wait_s`: how long to wait for a previous attempt of the same job to let go of its folder.
+    """
+    tracker = None
+
+    def report(metrics: dict[str, Any]) -> None:
+        numeric = numeric_metrics(metrics)
+        if tracker is not None:
+            tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
+        if report_to is not None:
+            report_to(numeric)
+
+    def log(point: dict[str, Any]) -> None:
+        if tracker is not None:
+            tracker.log_metrics(numeric_metrics(point), step=int(point["step"]))
+
+    # The folder is claimed before the tracker reads or writes its run record there.
+    with claim_job_folder(config, wait_s=claim_wait_s):
+        tracker = start_tracker(plan, config) if is_main and plan.uri else None
+        reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
+        stored = stored_digest(config)
+        try:
+            result = train(report, log)
+            if reusing:  # believed only when its scores are those its run logged
+                tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
+        except BaseException as err:
+            if tracker is not None:
+                tracker.fail(err)  # the run ends FAILED; a retried job reopens the same run
+            raise
+        if tracker is not None:
+            tracker.finish(result, Path(result["artifact_dir"]), register=plan.register)
+    reused = stored is not None and result.get("result_digest") == stored
+    if tracker is None:
+        return TrackedResult(result, reused)
+    return TrackedResult(result, reused, tracker.run_id, tracker.run_url)
+
+
+def start_tracker(plan: RunPlan, config: JobConfig):
+    """The job's `pipelines.tracking.TrialTracker`, started (or its run reopened), with the resolved config as
+    params (paths as tags)."""
+    from pipelines.models.shape import model_shape
+    from pipelines.tracking import TrialTracker
+    from pipelines.tracking.run_content import run_params
+    from pipelines.tracking.spool import RetryPolicy
+
+    params, path_tags = run_params(config.to_dict(), model_shape(config.model.name).spec.classifier_head)
+    tracker = TrialTracker(plan.uri, plan.experiment, plan.run_name or job_run_name(config),
+                           {**plan.tags, **path_tags}, state_dir=Path(config.resolved_output_dir()),
+                           retry=RetryPolicy(budget_s=plan.retry_s),
+                           system_metrics_interval_s=plan.system_metrics_interval_s, ui_uri=plan.ui_uri,
+                           moved_from=plan.moved_from)
+    tracker.start()
+    tracker.log_params(params)
+    return tracker
+
+
+def job_run_name(config: JobConfig, method_key: str | None = None) -> str:
+    """``<task>/<model-slug>/<method>/s<seed>``, the name of every job's run (a sweep adds its searched values)."""
+    return f"{config.task.name}/{model_slug(config.model.name)}/{method_key or config.method.name}/s{config.seed}"
+
+
+def job_run_tags(config: JobConfig, method_key: str | None = None) -> dict[str, str]:
+    """The tags every job's run has: task, model, base model, method, seed, real or generated data, config hash."""
+    return {"task": config.task.name, "model": model_slug(config.model.name), "base_model": config.model.name,
+            "method": method_key or config.method.name, "method_name": config.method.name, "seed": str(config.seed),
+            "data": "generated" if config.task.source == "generated" else "real", "config_hash": config_hash(config)}
+
+
+def stored_digest(config: JobConfig) -> str | None:
+    """The digest of the finished result already in the job's folder, if any: the job returns that same result
+    (and trains nothing) when it reuses it; a result trained now has a digest of its own."""
+    try:
+        return json.loads((Path(config.resolved_output_dir()) / "result.json").read_text()).get("result_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Finite numbers only (Tune and MLflow take floats)."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
