@@ -57,3 +57,12 @@ def _is_mlflow_answer(body: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and ("experiment" in data or "error_code" in data)
+
+
+def credentials_in_uri(uri: str) -> str | None:
+    """`uri` as it may be shown (without its user name and password) when it holds `user:password@`, else None:
+    such a URI would travel into Ray's job metadata and the run records written in job folders."""
+    parts = urlsplit(uri)
+    if not (parts.username or parts.password):
+        return None
+    return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from capt.errors import CaptError
 from pipelines.config.schema import model_slug
@@ -216,9 +215,9 @@ class TrackingEndpoint:
 
 def refuse_credentials_in_uri(uri: str) -> None:
     """A tracking URI with `user:password@` would travel to every trial in Ray's metadata and run records."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        shown = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
+    from pipelines.services.mlflow_probe import credentials_in_uri
+
+    if (shown := credentials_in_uri(uri)) is not None:
         raise JobConfigError(
             f"tracking.uri (or MLFLOW_TRACKING_URI) holds credentials ({shown} with a user name or password in "
             "it): they would be visible in Ray's job metadata and in every trial's run record. Give the URI "

@@ -14,7 +14,6 @@ every validation reported, the capsule registered before the final report.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -30,11 +29,10 @@ from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
-from pipelines.training.outputs import claim_job_folder, config_hash
+from pipelines.training.outputs import config_hash
+from pipelines.training.tracked import RUN_DESCRIPTION, numeric_metrics
 
 logger = logging.getLogger(__name__)
-RUN_DESCRIPTION = "mlflow.note.content"
-"""The run tag MLflow shows as the run's description."""
 PROGRESS_EVERY_S = 30.0
 """How often a trial's progress bar redraws: parallel trials share the driver's console, one line per redraw."""
 CLAIM_WAIT_S = 60.0
@@ -151,83 +149,28 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 
 def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,
                 base_models=None, final_extra: Callable[[], dict[str, float]] | None = None) -> None:
-    """Run the job of `loop_config` in this process: every validation goes to `report_to` (and to MLflow from the
-    main process, less its `train_loss`: MLflow's ``train/loss`` is the loss curve's, `pipelines.training.loss_curve`,
-    and two values at one step would draw a zigzag), then the final result, after the tracker finished."""
+    """Run the job of `loop_config` in this process (`pipelines.training.tracked.tracked_job`: the folder claimed,
+    the main process tracking it): every validation goes to `report_to`, then the final result, after the tracker
+    finished (so the capsule is registered when Tune sees the trial end)."""
     from pipelines.train import run
+    from pipelines.training.tracked import RunPlan
+    from pipelines.training.tracked import tracked_job as track
 
     config = validate_job_config(loop_config["job"])
-    tracker = None
-
-    def report(metrics: dict[str, Any]) -> None:
-        numeric = _numeric(metrics)
-        if tracker is not None:
-            tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
-        report_to(numeric)
-
-    def log(point: dict[str, Any]) -> None:
-        if tracker is not None:
-            tracker.log_metrics(_numeric(point), step=int(point["step"]))
-
-    # The folder is claimed before the tracker reads or writes its run record there. A restarted worker
-    # group or trial can start while the previous attempt's process is still exiting, hence the wait.
-    with claim_job_folder(config, wait_s=CLAIM_WAIT_S):
-        tracker = _start_tracker(loop_config["tracking"], config) if is_main else None
-        reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
-        stored = _stored_digest(config)
-        try:
-            result = run(config, report, base_models=base_models, log=log, progress_every_s=PROGRESS_EVERY_S)
-            if reusing:  # believed only when its scores are those its run logged
-                tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
-        except BaseException:
-            if tracker is not None:
-                tracker.fail()  # the run ends FAILED; a retried trial reopens the same run
-            raise
-        if tracker is not None:  # before the last report, so the capsule is registered when Tune sees the trial end
-            tracker.finish(result, Path(result["artifact_dir"]), register=loop_config["tracking"]["register"])
-    report_to(_final_report(result, stored, final_extra))
+    done = track(config, RunPlan.from_dict(loop_config["tracking"]),
+                 lambda report, log: run(config, report, base_models=base_models, log=log,
+                                         progress_every_s=PROGRESS_EVERY_S),
+                 report_to, is_main=is_main, claim_wait_s=CLAIM_WAIT_S)
+    report_to(_final_report(done.result, done.reused, final_extra))
 
 
-def _final_report(result: dict[str, Any], stored_digest: str | None,
+def _final_report(result: dict[str, Any], reused: bool,
                   final_extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
     """The trial's last report: the final scores, the steps, `final_extra`'s figures and ``reused``: 1 when the job
-    returned the finished result already in its folder (its digest; a result trained now has one of its own)."""
+    returned the finished result already in its folder."""
     final = result["metrics"]
     extra = final_extra() if final_extra is not None else {}
-    reused = stored_digest is not None and result.get("result_digest") == stored_digest
-    return {**_numeric(final), "validation_score": final["best_validation_score"], "step": result["steps"],
-            "reused": float(reused), **_numeric(extra)}
+    return {**numeric_metrics(final), "validation_score": final["best_validation_score"], "step": result["steps"],
+            "reused": float(reused), **numeric_metrics(extra)}
 
 
-def _stored_digest(config) -> str | None:
-    """The digest of the finished result already in the job's folder, if any: the job returns that same result
-    (and trains nothing) when it reuses it; a result trained now has a digest of its own."""
-    try:
-        return json.loads((Path(config.resolved_output_dir()) / "result.json").read_text()).get("result_digest")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _start_tracker(tracking: dict[str, Any], config):
-    if not tracking["uri"]:
-        return None
-    from pipelines.models.shape import model_shape
-    from pipelines.tracking import TrialTracker
-    from pipelines.tracking.run_content import run_params
-    from pipelines.tracking.spool import RetryPolicy
-
-    params, path_tags = run_params(config.to_dict(), model_shape(config.model.name).spec.classifier_head)
-    tracker = TrialTracker(tracking["uri"], tracking["experiment"], tracking["run_name"],
-                           {**tracking["tags"], **path_tags}, state_dir=Path(config.resolved_output_dir()),
-                           retry=RetryPolicy(budget_s=tracking["retry_s"]),
-                           system_metrics_interval_s=tracking.get("system_metrics_interval_s", 10.0),
-                           ui_uri=tracking.get("ui_uri"), moved_from=tuple(tracking.get("moved_from", ())))
-    tracker.start()
-    tracker.log_params(params)
-    return tracker
-
-
-def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
-    """Finite numbers only (Tune and MLflow take floats)."""
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from pipelines.config.schema import JobConfig
 from pipelines.services.mlflow_probe import check_mlflow_server
@@ -79,9 +78,9 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
 
 def _refuse_credentials(uri: str, origin: str) -> None:
     """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        shown = parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+    from pipelines.services.mlflow_probe import credentials_in_uri
+
+    if (shown := credentials_in_uri(uri)) is not None:
         raise ServiceError(
             f"{origin} holds credentials ({shown} with a user name or password in it): they would be written into "
             "the job folder's MLflow run record. Give the URI without them and set MLFLOW_TRACKING_USERNAME / "
