@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from pipelines.config.schema import STRICT
+from pipelines.config.schema import STRICT, NonNegativeFloat, PositiveFloat
 from pipelines.config.sources import JobConfigError
 
 
@@ -44,13 +44,13 @@ class ServeSettings:
     """SHA-256 (hex) of the bearer token; the token itself never enters the settings (pipelines.serving.auth)."""
     max_batch_requests: PositiveInt = 16
     """Most requests Serve batches together into one mixed batch (`serve.batch` max_batch_size)."""
-    batch_wait_s: float = Field(0.01, ge=0.0)
+    batch_wait_s: NonNegativeFloat = 0.01
     """How long a batch waits for more requests once the first arrived (`serve.batch` batch_wait_timeout_s)."""
     num_replicas: PositiveInt = 1
     """Replicas; each holds one copy of the base model and every capsule."""
-    num_cpus: float = Field(1.0, gt=0.0)
+    num_cpus: PositiveFloat = 1.0
     """CPUs each replica reserves."""
-    num_gpus: float = Field(0.0, ge=0.0)
+    num_gpus: NonNegativeFloat = 0.0
     """GPUs each replica reserves (0: CPU)."""
 
     @model_validator(mode="after")

@@ -97,5 +97,8 @@ def test_bad_serve_settings_name_the_key() -> None:
     with pytest.raises(JobConfigError, match=r"poll_s: .*greater than 0 \(given -1\)"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "poll_s": -1,
                                  "auth": False})
+    with pytest.raises(JobConfigError, match=r"poll_s: .*finite"):  # inf would never poll again
+        ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x",
+                                 "poll_s": float("inf"), "auth": False})
     with pytest.raises(JobConfigError, match="Allowed keys: model, tasks"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "polls": 3})
