@@ -105,15 +105,21 @@ def test_an_interrupted_job_ends_its_run_failed_with_the_error(mlflow_server: Lo
                                                                tmp_path: Path) -> None:
     experiment = f"test-train-job-{uuid.uuid4().hex[:8]}"
     job = [*JOB, "train.max_steps=100000", "train.max_epochs=1000", "train.patience=null", f"output_dir={tmp_path}"]
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.train", *job, "--tracking-uri", mlflow_server.uri,
-                             "--experiment", experiment], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: (tmp_path / "checkpoints" / "latest").is_dir() or proc.poll() is not None, 240)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    log = tmp_path.parent / f"{tmp_path.name}-stderr.log"  # a file, not a pipe: nothing blocks on a full buffer
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.train", *job, "--tracking-uri", mlflow_server.uri,
+                                 "--experiment", experiment], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            _wait_for(lambda: (tmp_path / "checkpoints" / "latest").is_dir() or proc.poll() is not None, 240)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the job did not end within 240 s of SIGINT: {log.read_text()[-4000:]}")
+        finally:
+            proc.kill()
+    err = log.read_text()
     assert proc.returncode != 0, err[-4000:]
     [run] = _runs(MlflowClient(mlflow_server.uri), experiment)
     assert run.info.status == "FAILED" and run.data.tags["error"].startswith("KeyboardInterrupt"), err[-4000:]
