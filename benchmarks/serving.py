@@ -35,11 +35,12 @@ def settings(quick: bool) -> dict[str, Any]:
     """Load shape and repetitions (quick: tiny models, 2 tasks, counts 1, 2 and 6, 1 round; seconds of load)."""
     common = {"rows_per_request": 2, "concurrency": 8, "max_batch_requests": 8, "batch_wait_s": 0.005,
               "train_steps": 2, "memory_slack": 0.10, "ratio_goal": 0.9, "num_cpus": 0.2}
+    # engine_rounds: rounds of the in-process batches (`serving_engine`)
     if quick:
         return {**common, "models": ["tiny-t5", "tiny-bert"], "tasks": ["rte", "cb"], "task_counts": [1, 2, 6],
-                "requests": {"tiny-t5": 16, "tiny-bert": 16}, "rounds": 1, "duration_s": 30.0}
+                "requests": {"tiny-t5": 16, "tiny-bert": 16}, "rounds": 1, "duration_s": 30.0, "engine_rounds": 2}
     return {**common, "models": ["tiny-t5", "minilm"], "tasks": list(TASKS), "task_counts": [1, 7, 50, 1000],
-            "requests": {"tiny-t5": 240, "minilm": 96}, "rounds": 3, "duration_s": 60.0}
+            "requests": {"tiny-t5": 240, "minilm": 96}, "rounds": 3, "duration_s": 60.0, "engine_rounds": 5}
 
 
 def schedule(apps: list[tuple[str, int]], rounds: int) -> list[list[tuple[str, int]]]:
@@ -103,6 +104,7 @@ def measure(config: dict[str, Any], sets: dict[str, dict[int, list]], rows: dict
 
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Train the capsules, serve them on a local Ray, load the applications round by round, tabulate."""
+    from benchmarks import serving_engine
     from pipelines.capsule_predictor import example_rows
     from pipelines.services.ray_connect import ray_cluster
 
@@ -117,7 +119,9 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
         with ray_cluster(2):
             apps, adds = measure(config, sets, rows, extras)
-    return tabulate(result, apps, adds)
+        engine = {model: serving_engine.measure(model, by_count[max(by_count)], rows, config["engine_rounds"])
+                  for model, by_count in sets.items()}
+    return tabulate(result, apps, adds, engine)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -129,12 +133,13 @@ def _rates(got: dict[str, Any], rows_per_request: int) -> list[float]:
     return [r["requests"] * rows_per_request / r["elapsed"] for r in got["rounds"]]
 
 
-def tabulate(result: BenchResult, apps: dict[str, dict[int, dict[str, Any]]],
-             adds: dict[str, dict[str, Any]]) -> BenchResult:
-    """The tables (per application, per round, load and hot add) and the throughput and memory targets."""
+def tabulate(result: BenchResult, apps: dict[str, dict[int, dict[str, Any]]], adds: dict[str, dict[str, Any]],
+             engine: dict[str, dict[str, Any]]) -> BenchResult:
+    """The tables (per application, per round, load and hot add, the engine alone) and the throughput and memory
+    targets."""
     config = result.settings
     mix, goal, rounds = len(config["tasks"]), config["ratio_goal"], config["rounds"]
-    summary, per_round, loads = [], [], []
+    summary, per_round, loads, models = [], [], [], list(apps)
     for model, by_count in apps.items():
         single, mixed = _rates(by_count[1], config["rows_per_request"]), _rates(by_count[mix],
                                                                                   config["rows_per_request"])
@@ -168,13 +173,21 @@ def tabulate(result: BenchResult, apps: dict[str, dict[int, dict[str, Any]]],
                       "rss_after_add_mb": add["rss_mb"], "tasks_after_add": add["tasks"]})
         result.targets.append(at_most(f"{model}: replica memory, {max(by_count)} tasks over 1 task, / the extra "
                                       "capsules' bytes", growth / extra_mb, 1 + config["memory_slack"]))
+    alone = [row for model in models for row in engine[model]["table"]]
+    ops = [row for model in models for row in engine[model]["extra_ops"]]
     shape = (f"{config['rows_per_request']} rows per request, {config['concurrency']} client threads, "
              f"{rounds} interleaved round(s), Serve batches up to {config['max_batch_requests']} requests")
     result.tables += [
         Table(f"Per application ({shape}); vs_*: ratio to the same round's 1-task / {mix}-task rate, min, median, max "
               "over rounds", list(summary[0]), summary),
         Table("Per round (rows/s and its ratios within the round)", list(per_round[0]), per_round),
-        Table("Loading the most capsules and adding one to the running application", list(loads[0]), loads)]
+        Table("Loading the most capsules and adding one to the running application", list(loads[0]), loads),
+        Table("The engine alone (`serving_engine`: CapsuleEngine.answer in process, one torch thread, a batch of 8 "
+              "requests of 2 rows)", list(alone[0]), alone),
+        Table("Ops with the most extra self CPU time, task-mix batch against the 1-capsule batch (torch.profiler)",
+              list(ops[0]), ops)]
+    result.profiles.update({f"{m}: task-mix batch, CapsuleEngine.answer (one thread)": engine[m]["profile"]
+                            for m in models})
     result.notes += [
         "Each (model, tasks) row is one Serve application (one replica, one base model, all its capsules in one "
         "CapsuleBank; encoder classifiers with each capsule's task head) on the same local Ray; requests cycle "

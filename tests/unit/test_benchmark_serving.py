@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import serving  # noqa: E402
+from benchmarks import serving, serving_engine  # noqa: E402
 from benchmarks.common import BenchResult  # noqa: E402
 from benchmarks.serving_capsules import capsule_sets, weight_bytes  # noqa: E402
 
@@ -56,7 +56,9 @@ def test_the_targets_take_the_worst_round_and_the_memory_beyond_the_capsules() -
                   50: _app([95, 50, 80], 449.0, 50 * mib), 1000: _app([92, 46, 95], 1400.0, 1000 * mib)}}
     adds = {"m": {"tasks": 1000, "add_s": 3.0, "call_s": 3.1, "first_answer_s": 3.3, "rss_mb": 1510.0,
                   "first_request_s": 0.2}}
-    result = serving.tabulate(BenchResult(serving.NAME, serving.TITLE, config), apps, adds)
+    engine = {"m": {"table": [{"model": "m", "batch": "1 capsule", "ms_per_batch": 10.0}],
+                    "extra_ops": [{"model": "m", "op": "aten::nonzero", "extra_ms": 1.0}], "profile": "top ops"}}
+    result = serving.tabulate(BenchResult(serving.NAME, serving.TITLE, config), apps, adds, engine)
     rows = {row["tasks"]: row for row in result.tables[0].rows}
     assert (rows[50]["vs_single_min"], rows[50]["vs_single_max"]) == (0.8, 1.0) and rows[1000]["p99_ms"] == 500.0
     assert rows[7]["vs_7_median"] == 1.0 and len(result.tables[1].rows) == 12
@@ -66,6 +68,22 @@ def test_the_targets_take_the_worst_round_and_the_memory_beyond_the_capsules() -
                    "m: replica memory, 1000 tasks over 1 task, / the extra capsules' bytes": (True, 1.001)}
     load = result.tables[2].rows[0]
     assert (load["rss_growth_mb"], load["capsules_mb"], load["add_s"]) == (1000.0, 999.0, 3.0)
+    assert result.tables[3].rows == engine["m"]["table"] and list(result.profiles.values()) == ["top ops"]
+
+
+def test_the_engine_batches_separate_distinct_capsules_other_tasks_and_bank_size(tmp_path: Path) -> None:
+    (tmp_path / "artifact").mkdir()
+    results = {task: {"task": task, "artifact_dir": str(tmp_path / "artifact")} for task in serving.TASKS}
+    capsules = capsule_sets(results, [1000], tmp_path / "copies")[1000]
+    rows = {task: [{"task": task}] for task in serving.TASKS}
+    chosen = serving_engine.batches(capsules, rows, 8)
+    engine, alone = chosen["1 capsule"]
+    assert engine == "small" and alone == [("rte", rows["rte"])] * 8
+    distinct = chosen["8 RTE capsules"][1]
+    assert len({name for name, _ in distinct}) == 8 and all(given == rows["rte"] for _, given in distinct)
+    assert chosen["task mix"][1] == chosen["task mix, all capsules loaded"][1]
+    assert {name for name, _ in chosen["task mix"][1]} == {*serving.TASKS, "boolq-7"}
+    assert chosen["task mix, all capsules loaded"][0] == "all"
 
 
 @pytest.mark.slow
@@ -75,7 +93,7 @@ def test_quick_mode_serves_both_kinds_of_model_and_adds_a_capsule_while_running(
     result = run_benchmark(serving, True, tmp_path)
     assert result.error is None, result.error
     config = result.settings
-    summary, per_round, loads = result.tables
+    summary, per_round, loads, engine, ops = result.tables
     apps = [(row["model"], row["tasks"]) for row in summary.rows]
     assert apps == [(model, count) for model in config["models"] for count in config["task_counts"]]
     for row in summary.rows:
@@ -86,4 +104,7 @@ def test_quick_mode_serves_both_kinds_of_model_and_adds_a_capsule_while_running(
     assert [row["model"] for row in loads.rows] == config["models"]
     assert all(row["tasks_after_add"] == max(config["task_counts"]) + 1 and row["add_s"] > 0 for row in loads.rows)
     assert len(result.targets) == 2 * len(config["models"])  # throughput at the largest count, memory
+    labels = ["1 capsule", "8 RTE capsules", "task mix", "task mix, all capsules loaded"]
+    assert [row["batch"] for row in engine.rows] == labels * len(config["models"])
+    assert all(row["ms_per_batch"] > 0 for row in engine.rows) and ops.rows and len(result.profiles) == 2
     assert (tmp_path / "serving.json").is_file()
