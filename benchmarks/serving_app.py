@@ -9,6 +9,7 @@ HTTP route for it). Requests go over HTTP on 127.0.0.1 with the bearer token the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -43,8 +44,12 @@ class TimedServer(CapsuleServer):
         """The app's GET /tasks, plus the memory at the constructor's start and its time."""
         return {**super().describe(), "start_rss_mb": self.start_rss_mb, "init_s": self.init_s}
 
-    def add(self, served: Any) -> dict[str, Any]:
-        """Serve one more capsule from the next batch on (`CapsuleEngine.add`); its time and the memory after."""
+    async def add(self, served: Any) -> dict[str, Any]:
+        """Serve one more capsule from the next batch on (`CapsuleEngine.add`, in a thread: the replica's event loop
+        keeps answering health checks and taking requests); its time and the memory after."""
+        return await asyncio.to_thread(self._add, served)
+
+    def _add(self, served: Any) -> dict[str, Any]:
         started = time.perf_counter()
         self.engine.add(served)
         return {"add_s": time.perf_counter() - started, "rss_mb": _rss_mb(), "tasks": len(self.engine.names)}
