@@ -153,7 +153,8 @@ def tabulate(result: BenchResult, apps: dict[str, dict[int, dict[str, Any]]], ad
                 "vs_single_min": min(vs_single), "vs_single_median": statistics.median(vs_single),
                 "vs_single_max": max(vs_single), f"vs_{mix}_median": statistics.median(vs_mix),
                 "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * _percentile(latencies, 0.99),
-                "ready_s": got["ready_s"], "start_rss_mb": got["start_rss_mb"], "loaded_rss_mb": got["loaded_rss_mb"],
+                "ready_s": got["ready_s"], "init_s": got["init_s"], "start_rss_mb": got["start_rss_mb"],
+                "loaded_rss_mb": got["loaded_rss_mb"],
                 "rss_after_load_test_mb": got["rss_mb"], "capsule_bytes": got["capsule_bytes"]})
             per_round += [{"model": model, "tasks": count, "round": r["round"], "rows_per_s": rate,
                            "vs_single": ratio, f"vs_{mix}": other}
