@@ -40,7 +40,7 @@ def settings(quick: bool) -> dict[str, Any]:
         return {**common, "models": ["tiny-t5", "tiny-bert"], "tasks": ["rte", "cb"], "task_counts": [1, 2, 6],
                 "requests": {"tiny-t5": 16, "tiny-bert": 16}, "rounds": 1, "duration_s": 30.0, "engine_rounds": 2}
     return {**common, "models": ["tiny-t5", "minilm"], "tasks": list(TASKS), "task_counts": [1, 7, 50, 1000],
-            "requests": {"tiny-t5": 240, "minilm": 96}, "rounds": 3, "duration_s": 60.0, "engine_rounds": 5}
+            "requests": {"tiny-t5": 360, "minilm": 144}, "rounds": 3, "duration_s": 60.0, "engine_rounds": 5}
 
 
 def schedule(apps: list[tuple[str, int]], rounds: int) -> list[list[tuple[str, int]]]:
