@@ -1,112 +1,127 @@
-"""Benchmark 6: the Ray Serve app under a bounded local load, 1 task alone against 7 and 50 tasks mixed.
+"""Benchmark 6: the Ray Serve app under a bounded local load, 1 task alone against 7, 50 and 1,000 tasks mixed.
 
-Seven real capsules (one tiny-t5 CaPT job per task on generated data, a few steps each) are served by
-`pipelines.serving.app` exactly as `python -m pipelines.serve` serves registry versions, minus the
-registry: three applications on one local Ray + Serve, HTTP on 127.0.0.1 only, holding 1 capsule (RTE),
-the 7, and 50 (copies of the 7 on disk, each loaded as its own capsule). A fixed number of requests
-(each a few raw rows of its capsule's task, cycling through the capsules) is sent by a fixed number of
-client threads, stopped early at a time limit; the three are measured round-robin, several rounds.
-Reported: rows per second, request latency p50/p99, the replica's resident memory and the capsules' bytes.
+Per base model (tiny-t5 and MiniLM, an encoder whose capsules each bring their task head), seven real capsules
+(one CaPT job per task on generated data, a few steps each) are served by `pipelines.serving.app`'s replica
+(`serving_app.TimedServer`: the same class, timed) as `python -m pipelines.serve` serves registry versions,
+minus the registry: one application per task count on one local Ray + Serve, HTTP on 127.0.0.1 only, holding
+1 capsule (RTE), the 7, 50 and 1,000 (copies of the 7 on disk, each loaded as its own capsule). A fixed number
+of requests (each a few raw rows of its capsule's task, cycling through the capsules) is sent by a fixed number
+of client threads, stopped early at a time limit. Rounds are interleaved: each round loads every (model, count)
+application once, in an order rotated from round to round, and every ratio is taken within one round.
+Reported: rows per second and its ratio to the round's 1-task and 7-task rates, request latency p50/p99, the
+time from `serve.run` to a running application, the replica's resident memory before and after its capsules
+load against the capsules' bytes, and the time to add one capsule to the running 1,000-task application.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import secrets
-import shutil
 import statistics
 import tempfile
-import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, Table, at_least, at_most
-
-TOKEN = secrets.token_urlsafe(32)
-"""The bearer token of the applications under load (checked on every request, as when served)."""
-HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+from benchmarks.serving_capsules import capsule_sets, extra_capsule, train_capsules, weight_bytes
 
 logger = logging.getLogger(__name__)
 
 NAME = "serving"
-TITLE = "Serving: Ray Serve app, one frozen base model, 1 task alone vs 7 and 50 tasks mixed"
+TITLE = "Serving: Ray Serve app, one frozen base model, 1 task alone vs 7, 50 and 1,000 tasks mixed"
 TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
-SINGLE = "rte"
 
 
 def settings(quick: bool) -> dict[str, Any]:
-    """Load shape and repetitions (quick: fewer requests and rounds)."""
-    common = {"model": "tiny-t5", "task_counts": [1, 7, 50], "rows_per_request": 2, "concurrency": 8,
-              "max_batch_requests": 8, "batch_wait_s": 0.005, "train_steps": 2, "memory_limit_mb": 16.0}
+    """Load shape and repetitions (quick: tiny models, 2 tasks, counts 1, 2 and 6, 1 round; seconds of load)."""
+    common = {"rows_per_request": 2, "concurrency": 8, "max_batch_requests": 8, "batch_wait_s": 0.005,
+              "train_steps": 2, "memory_slack": 0.10, "ratio_goal": 0.9, "num_cpus": 0.2}
+    # engine_rounds: rounds of the in-process batches (`serving_engine`)
     if quick:
-        return {**common, "requests": 40, "rounds": 1, "duration_s": 60.0}
-    return {**common, "requests": 240, "rounds": 3, "duration_s": 120.0}
+        return {**common, "models": ["tiny-t5", "tiny-bert"], "tasks": ["rte", "cb"], "task_counts": [1, 2, 6],
+                "requests": {"tiny-t5": 16, "tiny-bert": 16}, "rounds": 1, "duration_s": 30.0, "engine_rounds": 2}
+    return {**common, "models": ["tiny-t5", "minilm"], "tasks": list(TASKS), "task_counts": [1, 7, 50, 1000],
+            "requests": {"tiny-t5": 360, "minilm": 144}, "rounds": 3, "duration_s": 60.0, "engine_rounds": 5}
 
 
-def train_capsules(directory: Path, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """One short real CaPT job per task; {task: its result dict}."""
-    from pipelines.config.load import load_job_config
-    from pipelines.train import run
-
-    results = {}
-    for task in TASKS:
-        job = load_job_config(None, [], base={
-            "model": {"name": config["model"], "max_length": 96},
-            "task": {"name": task, "source": "generated", "generated_size": 16, "max_eval_examples": 4},
-            "method": {"name": "capt"}, "output_dir": str(directory / task),
-            "train": {"batch_size": 8, "eval_batch_size": 8, "max_steps": config["train_steps"],
-                      "eval_every_steps": config["train_steps"], "eval_mode": "rank", "patience": None}})
-        results[task] = run(job)
-    return results
+def schedule(apps: list[tuple[str, int]], rounds: int) -> list[list[tuple[str, int]]]:
+    """Each round runs every application once, starting a further share of the list on each round."""
+    shift = max(1, len(apps) // max(1, rounds))
+    return [apps[(r * shift) % len(apps):] + apps[:(r * shift) % len(apps)] for r in range(rounds)]
 
 
-def capsule_sets(results: dict[str, dict[str, Any]], counts: list[int], directory: Path) -> dict[int, list]:
-    """{count: served capsules}: 1 is RTE alone, 7 the real ones, more are on-disk copies of them in turn."""
-    from pipelines.serving.engine import ServedCapsule
+def measure(config: dict[str, Any], sets: dict[str, dict[int, list]], rows: dict[str, list],
+            extras: dict[str, Any]) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Deploy every (model, count) application, load them round by round, add one capsule to each model's largest;
+    ({model: {count: measurements}}, {model: hot add})."""
+    from ray import serve
 
-    def served(name: str, task: str, folder: Path) -> ServedCapsule:
-        return ServedCapsule(name, task, f"local-{name}", 1, folder, results[task])
+    from benchmarks import serving_app
+    from pipelines.services import LOCALHOST, free_port
+    from pipelines.serving.auth import digest
+    from pipelines.serving.settings import ServeSettings
 
-    sets = {}
-    for count in counts:
-        if count == 1:
-            sets[count] = [served(SINGLE, SINGLE, Path(results[SINGLE]["artifact_dir"]))]
-            continue
-        chosen = []
-        for i in range(count):
-            task = TASKS[i % len(TASKS)]
-            folder = Path(results[task]["artifact_dir"])
-            if i >= len(TASKS):
-                folder = Path(shutil.copytree(folder, directory / f"copy-{i}-{task}"))
-            chosen.append(served(task if i < len(TASKS) else f"{task}-{i}", task, folder))
-        sets[count] = chosen
-    return sets
+    port = free_port(LOCALHOST)
+    serve.start(http_options={"host": LOCALHOST, "port": port})
+    apps: dict[str, dict[int, dict[str, Any]]] = {model: {} for model in sets}
+    bodies, urls = {}, {}
+    for model, by_count in sets.items():
+        for count, capsules in by_count.items():
+            options = ServeSettings(model=model, tasks=[c.name for c in capsules], tracking_uri="local capsules",
+                                    token_sha256=digest(serving_app.TOKEN),
+                                    max_rows_per_request=config["rows_per_request"],
+                                    max_batch_requests=config["max_batch_requests"],
+                                    batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"])
+            prefix, ready_s = serving_app.deploy(options, capsules, f"{model}-{count}")
+            urls[model, count] = f"http://{LOCALHOST}:{port}{prefix}"
+            bodies[model, count] = [{"task": c.name, "inputs": rows[c.task]} for c in capsules]
+            serving_app.load(urls[model, count], bodies[model, count], config["concurrency"], config["concurrency"],
+                             config["duration_s"])  # warm-up
+            described = serving_app.status(urls[model, count])
+            apps[model][count] = {"ready_s": ready_s, "rounds": [], "capsule_bytes": sum(
+                weight_bytes(c.capsule_dir) for c in capsules), **{k: described[k] for k in (
+                    "init_s", "start_rss_mb", "loaded_rss_mb")}}
+            logger.info("%s, %d tasks: running %.1f s after serve.run (constructor %.1f s)", model, count, ready_s,
+                        described["init_s"])
+    for number, order in enumerate(schedule([(m, c) for m in sets for c in sets[m]], config["rounds"])):
+        for model, count in order:
+            requests = config["requests"][model]
+            got = serving_app.load(urls[model, count], bodies[model, count], requests, config["concurrency"],
+                                   config["duration_s"], offset=number * requests)
+            apps[model][count]["rounds"].append({**got, "round": number})
+            logger.info("round %d, %s, %d tasks: %.1f rows/s", number, model, count,
+                        got["requests"] * config["rows_per_request"] / got["elapsed"])
+    adds = {}
+    for model, by_count in sets.items():
+        for count in by_count:
+            apps[model][count]["rss_mb"] = serving_app.status(urls[model, count])["rss_mb"]
+        most = max(by_count)
+        added = extras[model]
+        adds[model] = {"tasks": most, **serving_app.hot_add(f"{model}-{most}", urls[model, most], added,
+                                                            {"task": added.name, "inputs": rows[added.task]})}
+    serve.shutdown()
+    return apps, adds
 
 
-def _post(url: str, body: dict[str, Any]) -> float:
-    started = time.perf_counter()
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=HEADERS)
-    with urllib.request.urlopen(request, timeout=120) as response:
-        response.read()
-    return time.perf_counter() - started
+def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
+    """Train the capsules, serve them on a local Ray, load the applications round by round, tabulate."""
+    from benchmarks import serving_engine
+    from pipelines.capsule_predictor import example_rows
+    from pipelines.services.ray_connect import ray_cluster
 
-
-def load(url: str, capsules: list, rows: dict[str, list], config: dict[str, Any]) -> dict[str, Any]:
-    """Send the fixed request count (stopping at the time limit); rows/s and per-request latencies."""
-    bodies = [{"task": c.name, "inputs": rows[c.task]} for c in capsules]
-    deadline = time.perf_counter() + config["duration_s"]
-
-    def one(i: int) -> float | None:
-        return None if time.perf_counter() > deadline else _post(url, bodies[i % len(bodies)])
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(config["concurrency"]) as pool:
-        latencies = [t for t in pool.map(one, range(config["requests"])) if t is not None]
-    elapsed = time.perf_counter() - started
-    return {"rows": len(latencies) * config["rows_per_request"], "elapsed": elapsed, "latencies": latencies}
+    result = BenchResult(NAME, TITLE, config)
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        sets, extras = {}, {}
+        for model in config["models"]:
+            folder = Path(tmp) / model
+            trained = train_capsules(folder, model, config["tasks"], config["train_steps"])
+            sets[model] = capsule_sets(trained, config["task_counts"], folder)
+            extras[model] = extra_capsule(trained, folder)
+        rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
+        with ray_cluster(2):
+            apps, adds = measure(config, sets, rows, extras)
+        engine = {model: serving_engine.measure(model, by_count[max(by_count)], rows, config["engine_rounds"])
+                  for model, by_count in sets.items()}
+    return tabulate(result, apps, adds, engine)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -114,90 +129,78 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(urllib.request.Request(url + "/tasks", headers=HEADERS), timeout=30) as response:
-        return json.loads(response.read())
+def _rates(got: dict[str, Any], rows_per_request: int) -> list[float]:
+    return [r["requests"] * rows_per_request / r["elapsed"] for r in got["rounds"]]
 
 
-def measure(config: dict[str, Any], sets: dict[int, list], rows: dict[str, list]) -> dict[int, dict[str, Any]]:
-    """Deploy one application per capsule set, then load them round-robin; per set the pooled measurements."""
-    from ray import serve
-
-    from pipelines.services import LOCALHOST, free_port
-    from pipelines.serving.app import deployment
-    from pipelines.serving.auth import digest
-    from pipelines.serving.settings import ServeSettings
-
-    port = free_port(LOCALHOST)
-    serve.start(http_options={"host": LOCALHOST, "port": port})
-    urls = {}
-    for count, capsules in sets.items():
-        options = ServeSettings(model=config["model"], tasks=[c.name for c in capsules], tracking_uri="local capsules",
-                                token_sha256=digest(TOKEN),
-                                max_rows_per_request=config["rows_per_request"],
-                                max_batch_requests=config["max_batch_requests"], batch_wait_s=config["batch_wait_s"],
-                                num_cpus=0.5)
-        serve.run(deployment(options, capsules), name=f"tasks{count}", route_prefix=f"/tasks{count}")
-        urls[count] = f"http://{LOCALHOST}:{port}/tasks{count}"
-        load(urls[count], capsules, rows, {**config, "requests": config["concurrency"]})  # warm-up
-    pooled = {count: {"rows": 0, "elapsed": 0.0, "latencies": []} for count in sets}
-    for _ in range(config["rounds"]):
-        for count, capsules in sets.items():
-            got = load(urls[count], capsules, rows, config)
-            for key in pooled[count]:
-                pooled[count][key] += got[key]
-    for count in sets:
-        status = _get(urls[count])
-        pooled[count].update(rss_mb=status["rss_mb"], loaded_rss_mb=status["loaded_rss_mb"])
-    serve.shutdown()
-    return pooled
-
-
-def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
-    """Train the capsules, serve them on a local Ray, load the three applications, tabulate."""
-    from pipelines.capsule_predictor import example_rows
-    from pipelines.services.ray_connect import ray_cluster
-    from pipelines.serving.engine import capsule_bytes
-
-    result = BenchResult(NAME, TITLE, config)
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
-        sets = capsule_sets(train_capsules(Path(tmp), config), config["task_counts"], Path(tmp))
-        rows = {task: example_rows(task, config["rows_per_request"]) for task in TASKS}
-        with ray_cluster(2):
-            pooled = measure(config, sets, rows)
-        sizes = {count: sum(capsule_bytes(c.capsule_dir) for c in capsules) for count, capsules in sets.items()}
-    return tabulate(result, pooled, sizes)
-
-
-def tabulate(result: BenchResult, pooled: dict[int, dict[str, Any]], sizes: dict[int, int]) -> BenchResult:
-    """The table, the throughput targets (mixed over single) and the memory target, from pooled measurements."""
+def tabulate(result: BenchResult, apps: dict[str, dict[int, dict[str, Any]]], adds: dict[str, dict[str, Any]],
+             engine: dict[str, dict[str, Any]]) -> BenchResult:
+    """The tables (per application, per round, load and hot add, the engine alone) and the throughput and memory
+    targets."""
     config = result.settings
-    single = pooled[1]["rows"] / pooled[1]["elapsed"]
-    table = []
-    for count, got in pooled.items():
-        speed = got["rows"] / got["elapsed"]
-        table.append({"tasks": count, "requests": len(got["latencies"]), "rows_per_s": speed,
-                      "vs_single": speed / single, "p50_ms": 1000 * statistics.median(got["latencies"]),
-                      "p99_ms": 1000 * _percentile(got["latencies"], 0.99), "loaded_rss_mb": got["loaded_rss_mb"],
-                      "rss_after_load_test_mb": got["rss_mb"],
-                      "capsule_bytes": sizes[count]})
-    result.tables.append(Table(
-        f"{config['model']}, {config['rows_per_request']} rows per request, {config['concurrency']} client threads, "
-        f"{config['rounds']} round(s) round-robin, Serve batches up to {config['max_batch_requests']} requests",
-        ["tasks", "requests", "rows_per_s", "vs_single", "p50_ms", "p99_ms", "loaded_rss_mb", "rss_after_load_test_mb",
-         "capsule_bytes"], table))
-    for row in table[1:]:
-        result.targets.append(at_least(f"throughput, {row['tasks']} tasks mixed / 1 task", row["vs_single"], 0.9))
-    most = table[-1]
-    capsules_mb = (most["capsule_bytes"] - table[0]["capsule_bytes"]) / 2**20
-    growth = most["loaded_rss_mb"] - table[0]["loaded_rss_mb"] - capsules_mb
-    result.targets.append(at_most(f"replica memory, {most['tasks']} tasks over 1 task beyond the capsules' bytes",
-                                  growth, config["memory_limit_mb"], " MB"))
+    mix, goal, rounds = len(config["tasks"]), config["ratio_goal"], config["rounds"]
+    summary, per_round, loads, models = [], [], [], list(apps)
+    for model, by_count in apps.items():
+        single, mixed = _rates(by_count[1], config["rows_per_request"]), _rates(by_count[mix],
+                                                                                  config["rows_per_request"])
+        for count, got in by_count.items():
+            rates = _rates(got, config["rows_per_request"])
+            vs_single = [rate / base for rate, base in zip(rates, single, strict=True)]
+            vs_mix = [rate / base for rate, base in zip(rates, mixed, strict=True)]
+            latencies = [t for r in got["rounds"] for t in r["latencies"]]
+            summary.append({
+                "model": model, "tasks": count, "requests": len(latencies), "rows_per_s": statistics.median(rates),
+                "vs_single_min": min(vs_single), "vs_single_median": statistics.median(vs_single),
+                "vs_single_max": max(vs_single), f"vs_{mix}_median": statistics.median(vs_mix),
+                "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * _percentile(latencies, 0.99),
+                "ready_s": got["ready_s"], "init_s": got["init_s"], "start_rss_mb": got["start_rss_mb"],
+                "loaded_rss_mb": got["loaded_rss_mb"],
+                "rss_after_load_test_mb": got["rss_mb"], "capsule_bytes": got["capsule_bytes"]})
+            per_round += [{"model": model, "tasks": count, "round": r["round"], "rows_per_s": rate,
+                           "vs_single": ratio, f"vs_{mix}": other}
+                          for r, rate, ratio, other in zip(got["rounds"], rates, vs_single, vs_mix, strict=True)]
+            if count > mix:
+                result.targets.append(at_least(f"{model}: throughput, {count} tasks mixed / 1 task, worst of "
+                                               f"{rounds} round(s)", min(vs_single), goal))
+        most, one = by_count[max(by_count)], by_count[1]
+        growth = most["loaded_rss_mb"] - one["loaded_rss_mb"]
+        extra_mb = (most["capsule_bytes"] - one["capsule_bytes"]) / 2**20
+        add = adds[model]
+        loads.append({"model": model, "tasks": max(by_count), "ready_s": most["ready_s"],
+                      "ready_1_task_s": one["ready_s"], "init_s": most["init_s"], "init_1_task_s": one["init_s"],
+                      "rss_growth_mb": growth,
+                      "capsules_mb": extra_mb, "growth_over_bytes": growth / extra_mb, "add_s": add["add_s"],
+                      "add_call_s": add["call_s"], "add_to_first_answer_s": add["first_answer_s"],
+                      "rss_after_add_mb": add["rss_mb"], "tasks_after_add": add["tasks"]})
+        result.targets.append(at_most(f"{model}: replica memory, {max(by_count)} tasks over 1 task, / the extra "
+                                      "capsules' bytes", growth / extra_mb, 1 + config["memory_slack"]))
+    alone = [row for model in models for row in engine[model]["table"]]
+    ops = [row for model in models for row in engine[model]["extra_ops"]]
+    shape = (f"{config['rows_per_request']} rows per request, {config['concurrency']} client threads, "
+             f"{rounds} interleaved round(s), Serve batches up to {config['max_batch_requests']} requests")
+    result.tables += [
+        Table(f"Per application ({shape}); vs_*: ratio to the same round's 1-task / {mix}-task rate, min, median, max "
+              "over rounds", list(summary[0]), summary),
+        Table("Per round (rows/s and its ratios within the round)", list(per_round[0]), per_round),
+        Table("Loading the most capsules and adding one to the running application", list(loads[0]), loads),
+        Table("The engine alone (`serving_engine`: CapsuleEngine.answer in process, one torch thread, a batch of 8 "
+              "requests of 2 rows)", list(alone[0]), alone),
+        Table("Ops with the most extra self CPU time, task-mix batch against the 1-capsule batch (torch.profiler)",
+              list(ops[0]), ops)]
+    result.profiles.update({f"{m}: task-mix batch, CapsuleEngine.answer (one thread)": engine[m]["profile"]
+                            for m in models})
     result.notes += [
-        "Each row is one Serve application (one replica, one base model, all its capsules in one CapsuleBank) on the "
-        "same local Ray; requests cycle through the application's capsules, so every batch Serve forms mixes tasks.",
-        "loaded_rss_mb: the replica's resident memory once its base model and capsules are loaded, before any request "
-        "(the memory target compares it); rss_after_load_test_mb: after the load test (allocator caches of the batch "
-        "shapes seen included); capsule_bytes: its capsule.safetensors files.",
+        "Each (model, tasks) row is one Serve application (one replica, one base model, all its capsules in one "
+        "CapsuleBank; encoder classifiers with each capsule's task head) on the same local Ray; requests cycle "
+        f"through the application's capsules, so every batch Serve forms mixes tasks; the {mix}-task, 50- and "
+        "1,000-task applications send the same mix of the tasks' rows, the 1-task one only RTE rows.",
+        "ready_s: serve.run to the application running (replica actor start, imports, base model, capsules); "
+        "init_s: the replica's constructor; start_rss_mb / loaded_rss_mb: the replica's resident memory at the "
+        "constructor's start and once its base model and capsules are loaded, before any request; "
+        "rss_after_load_test_mb: after the rounds; capsule_bytes: the capsules' *.safetensors files (capsule and "
+        "task head).",
+        "Hot add: `CapsuleEngine.add` in the running replica through a Serve handle (`serving_app.TimedServer.add`, "
+        "the call the registry poll makes for a new task; the app has no HTTP route to add a capsule): add_s in the "
+        "replica, add_call_s through the handle, add_to_first_answer_s until the new capsule's first HTTP answer.",
     ]
     return result

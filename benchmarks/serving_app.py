@@ -1,0 +1,110 @@
+"""The serving benchmark's side of Ray Serve: the app's replica with timers, HTTP load, the hot add.
+
+`TimedServer` is `pipelines.serving.app.CapsuleServer` unchanged but for three readings: resident memory at the
+start of its constructor, the constructor's time (base model and every capsule loaded), and an ``add`` method
+that a Serve handle calls to put one more capsule into the running replica through `CapsuleEngine.add` (what
+the registry poll, `pipelines.serving.reload.Reloader`, calls when a new task's version appears; the app has no
+HTTP route for it). Requests go over HTTP on 127.0.0.1 with the bearer token the app checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+from pipelines.serving.app import CapsuleServer
+
+TOKEN = secrets.token_urlsafe(32)
+"""The bearer token of the applications under load (checked on every request, as when served)."""
+HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+class TimedServer(CapsuleServer):
+    """`CapsuleServer` with its start-up timed and a hot add reachable through a Serve handle."""
+
+    def __init__(self, settings: dict[str, Any], capsules: list | None = None) -> None:
+        self.start_rss_mb = _rss_mb()
+        started = time.perf_counter()
+        super().__init__(settings, capsules)
+        self.init_s = time.perf_counter() - started
+
+    def describe(self) -> dict[str, Any]:
+        """The app's GET /tasks, plus the memory at the constructor's start and its time."""
+        return {**super().describe(), "start_rss_mb": self.start_rss_mb, "init_s": self.init_s}
+
+    async def add(self, served: Any) -> dict[str, Any]:
+        """Serve one more capsule from the next batch on (`CapsuleEngine.add`, in a thread: the replica's event loop
+        keeps answering health checks and taking requests); its time and the memory after."""
+        return await asyncio.to_thread(self._add, served)
+
+    def _add(self, served: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.engine.add(served)
+        return {"add_s": time.perf_counter() - started, "rss_mb": _rss_mb(), "tasks": len(self.engine.names)}
+
+
+def deploy(settings: Any, capsules: list, name: str) -> tuple[str, float]:
+    """Run `TimedServer` as application `name` with the options `pipelines.serving.app.deployment` gives;
+    (its route prefix, seconds from `serve.run` to the application running)."""
+    from ray import serve
+
+    server = serve.deployment(TimedServer, name="capsules", num_replicas=settings.num_replicas,
+                              ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
+                              max_ongoing_requests=settings.max_batch_requests * 4)
+    started = time.perf_counter()
+    serve.run(server.bind(asdict(settings), list(capsules)), name=name, route_prefix=f"/{name}")
+    return f"/{name}", time.perf_counter() - started
+
+
+def post(url: str, body: dict[str, Any]) -> float:
+    """Seconds one POST took to answer (an HTTP error raises)."""
+    started = time.perf_counter()
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=HEADERS)
+    with urllib.request.urlopen(request, timeout=120) as response:
+        response.read()
+    return time.perf_counter() - started
+
+
+def status(url: str) -> dict[str, Any]:
+    """The application's GET /tasks."""
+    with urllib.request.urlopen(urllib.request.Request(url + "/tasks", headers=HEADERS), timeout=60) as response:
+        return json.loads(response.read())
+
+
+def load(url: str, bodies: list[dict[str, Any]], requests: int, threads: int, duration_s: float,
+         offset: int = 0) -> dict[str, Any]:
+    """`requests` POSTs from `threads` client threads, request i carrying bodies[(offset + i) % len], none started
+    after `duration_s`; the requests answered, the wall time and each request's latency."""
+    deadline = time.perf_counter() + duration_s
+
+    def one(i: int) -> float | None:
+        return None if time.perf_counter() > deadline else post(url, bodies[(offset + i) % len(bodies)])
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        latencies = [t for t in pool.map(one, range(requests)) if t is not None]
+    return {"requests": len(latencies), "elapsed": time.perf_counter() - started, "latencies": latencies}
+
+
+def hot_add(app: str, url: str, served: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Add `served` to the running application `app` through a Serve handle, then ask it over HTTP: the add's
+    time in the replica, the handle call's, until the first answer for the new capsule, and the memory after."""
+    from ray import serve
+
+    started = time.perf_counter()
+    added = serve.get_app_handle(app).add.remote(served).result(timeout_s=600)
+    call_s = time.perf_counter() - started
+    first = post(url, body)
+    return {**added, "call_s": call_s, "first_answer_s": time.perf_counter() - started, "first_request_s": first}
