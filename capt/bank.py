@@ -78,6 +78,29 @@ class CapsuleBank(CapsuleModel):
         if name not in self.names:
             raise CapsuleArtifactError(f"This bank holds no capsule {name!r}; it holds {self.names}.")
         index = self.names.index(name)
+        self._check_fits(name, capsule, head)
+        if self.heads is not None and head is not None:
+            self.heads.replace(index, head)  # checked before anything changes
+        self.capsules[index] = capsule
+        self.metadata[name] = metadata
+        self._rehook()
+
+    def add(self, name: str, capsule: Capsule, metadata: CapsuleMetadata, head: TaskHead | None = None) -> None:
+        """Hold one more capsule, `name`, at the next index (from `capt.capsule.read_capsule`, so already checked
+        against the base). The capsules held stay as they are: nothing is read again. The caller must not run the
+        bank meanwhile."""
+        if name in self.names:
+            raise CapsuleArtifactError(f"This bank holds a capsule {name!r} already: replace it instead.")
+        self._check_fits(name, capsule, head)
+        if self.heads is not None and head is not None:
+            self.heads.append(head)  # checked before anything changes
+        self.capsules.append(capsule)
+        self.selector.append(name)
+        self.metadata[name] = metadata
+        self._rehook()
+
+    def _check_fits(self, name: str, capsule: Capsule, head: TaskHead | None) -> None:
+        """A capsule joining this bank occupies its slot count and brings a head exactly when the others do."""
         if capsule.config.num_slots != self.num_slots:
             raise CapsuleArtifactError(
                 f"The new capsule for {name!r} occupies {capsule.config.num_slots} slots; this bank's capsules occupy "
@@ -85,10 +108,8 @@ class CapsuleBank(CapsuleModel):
         if (head is None) != (self.heads is None):
             raise CapsuleArtifactError(f"The new capsule for {name!r} must come with its task head exactly when this "
                                        f"bank's capsules do ({'with' if self.heads else 'without'} heads).")
-        if self.heads is not None and head is not None:
-            self.heads.replace(index, head)  # checked before anything changes
-        self.capsules[index] = capsule
-        self.metadata[name] = metadata
+
+    def _rehook(self) -> None:
         for handle in self._handles:  # the set of capsule layers may have changed
             handle.remove()
         self._handles = self._register_hooks()

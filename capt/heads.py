@@ -137,6 +137,11 @@ class TaskHeads(nn.Module):
         self.heads[index] = self._checked(head)
         self._stack()
 
+    def append(self, head: TaskHead) -> None:
+        """The head of one more capsule, at the next index."""
+        self.heads.append(self._checked(head))
+        self._stack()
+
     @property
     def label_counts(self) -> list[int]:
         """C per capsule index."""

@@ -153,23 +153,20 @@ class CapsuleEngine:
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
 
     def add(self, served: ServedCapsule) -> None:
-        """Serve `served` from the next batch on: a new version of a name the bank holds (`replace`), or a new
-        name, for which the bank is rebuilt around the same base model (the capsules served keep answering as
-        before; if the new one does not load, the bank is rebuilt without it and the error raised)."""
+        """Serve `served` from the next batch on: a new version of a name the bank holds (`replace`), or a new name,
+        added to the bank beside the capsules served (checked against the base model first; they are not read
+        again)."""
         if served.name in self.bank.names:
             self.replace(served)
             return
         _check_same_base([served], self.base_name)
         _check_method(served)
+        head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
+        capsule, metadata = read_with_head(self.bank.base_model, served.capsule_dir, head)
+        capsule = capsule.to(self.device).eval()
         settings = self._settings(served)
-        before = [s.served for s in self.settings.values()]
         with self.lock:
-            base = self.bank.detach()  # a base model carries one bank's hooks at a time
-            try:
-                self.bank = self._bank(base, [*before, served])
-            except Exception:
-                self.bank = self._bank(base, before)
-                raise
+            self.bank.add(served.name, capsule, metadata, head)
             self.settings[served.name] = settings
         logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
 

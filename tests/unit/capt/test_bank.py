@@ -105,3 +105,31 @@ def test_replace_swaps_one_capsule_in_place_and_refuses_another_slot_count(kind,
         bank.replace("rte", *read_capsule(base, tmp_path / "wide"))
     with pytest.raises(capt.CapsuleArtifactError, match="holds no capsule 'boolq'"):
         bank.replace("boolq", *read_capsule(base, capsule_dirs["cb"]))
+
+
+@pytest.mark.parametrize("kind", ["t5", "llama"])
+def test_add_holds_one_more_capsule_and_leaves_the_others_as_they_answered(kind, capsule_dirs, tmp_path):
+    """A capsule added to a running bank answers its rows as a bank built with it; the others are untouched; a
+    name held already or a capsule of another slot count is refused before anything changes."""
+    base = BUILDERS[kind]()
+    inputs = random_batch(kind, batch=3)
+    choice = ["rte", "cb", "copa"]
+    built = capt.CapsuleBank(base, {name: capsule_dirs[name] for name in ("rte", "copa", "cb")})
+    with torch.no_grad():
+        expected = built(**inputs, capsule=choice).logits
+    built.detach()
+    bank = capt.CapsuleBank(base, {"rte": capsule_dirs["rte"], "copa": capsule_dirs["copa"]})
+    bank.add("cb", *read_capsule(base, capsule_dirs["cb"]))
+    assert bank.names == ["rte", "copa", "cb"] and sorted(bank.metadata) == ["cb", "copa", "rte"]
+    with torch.no_grad():
+        got = bank(**inputs, capsule=choice).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    wide = capt.attach(BUILDERS[kind](), capt.CapsuleConfig(length=2))
+    capt.save_capsule(wide, tmp_path / "wide")
+    wide.detach()
+    with pytest.raises(capt.CapsuleArtifactError, match="holds a capsule 'cb' already"):
+        bank.add("cb", *read_capsule(base, capsule_dirs["cb"]))
+    with pytest.raises(capt.CapsuleArtifactError, match="occupies 2 slots; this bank's capsules occupy 1"):
+        bank.add("wic", *read_capsule(base, tmp_path / "wide"))
+    assert bank.names == ["rte", "copa", "cb"] and len(bank.capsules) == 3

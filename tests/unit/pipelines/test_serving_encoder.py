@@ -69,6 +69,18 @@ def test_a_mixed_batch_of_three_label_counts_answers_as_each_task_alone(jobs: di
     assert [len(s[0]) for s in (answers[0].scores, answers[1].scores, answers[2].scores)] == [3, 2, 5]
 
 
+def test_a_task_added_while_serving_brings_its_head_and_answers_as_alone(jobs: dict[str, Any]) -> None:
+    engine = CapsuleEngine([_served(jobs["rte"]), _served(jobs["cb"])])
+    engine.add(_served(jobs["csqa"]))
+    assert engine.bank.names == ["rte", "cb", "csqa"] and engine.bank.heads.label_counts == [2, 3, 5]
+    rows = {task: example_rows(task, 4) for task in ("csqa", "rte")}
+    answers = engine.answer([(task, engine.examples(task, part)) for task, part in rows.items()])
+    for task, answer in zip(rows, answers, strict=True):
+        labels, scores = _alone(jobs[task], rows[task])
+        assert answer.labels == labels
+        assert torch.allclose(torch.tensor(answer.scores), scores, atol=ATOL)
+
+
 def test_a_swap_brings_its_own_head_and_readout(jobs: dict[str, Any]) -> None:
     engine = CapsuleEngine([_served(jobs["rte"]), _served(jobs["cb"])])
     rows = example_rows("rte", 4)
