@@ -11,7 +11,9 @@ tasks (different label counts): `member_logits` returns each member's logits ove
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +23,9 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from capt.arch.readout import bare_encoder, row_readout_vectors
 from capt.capsule import Capsule
 from capt.errors import CaptError
+from capt.heads import TaskHead
 from capt.inject import CapsuleModel
+from capt.io import describe, write_capsule
 
 PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "prompt_mask": 0, "labels": -100}
 """Padding of each collated key when batches are merged; input_ids take the tokenizer's pad id."""
@@ -74,6 +78,24 @@ class PackedCapsules(CapsuleModel):
         if self.heads is not None:
             params.update({f"head.{n}": p for n, p in self.heads[index].named_parameters()})
         return params
+
+    def member_head(self, index: int) -> TaskHead | None:
+        """Member `index`'s head as a `TaskHead` (None for language models)."""
+        if self.heads is None:
+            return None
+        head = self.heads[index]
+        return TaskHead(head.weight.detach(), None if head.bias is None else head.bias.detach(), self.readouts[index])
+
+    def save_member(self, index: int, directory: str | os.PathLike, task: str | None = None,
+                    metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
+        """Write member `index`'s capsule as a single-capsule artifact (`capt.io`), as `CapsuleModel.save` does.
+
+        An encoder classifier's artifact is checked against the base model with its own head in place: install
+        `member_head(index)` meanwhile (`capt.heads.head_installed`), since the fingerprint covers the head.
+        """
+        capsule = self.capsules[index]
+        metadata = describe(self.base_model, capsule.config, capsule.layers, task, metrics)
+        return write_capsule(directory, capsule.state_dict(), metadata, overwrite)
 
     def member(self, index: int) -> MemberView:
         """Member `index` alone, as a model whose `forward` and `generate` mirror a single-capsule model's."""

@@ -49,6 +49,8 @@ class PackOptions:
     """Keep the base model's dropout active while training, as a single job does (False: eval mode throughout)."""
     seed: int | None = None
     """Seed of the pack's own random stream (dropout masks of the whole batch); None: the first member's seed."""
+    write_artifacts: bool = True
+    """Write each member's best capsule (and head) as an artifact in its own output_dir, as a single job does."""
 
 
 class EpochSampler(torch.utils.data.Sampler):

@@ -11,8 +11,9 @@ early stopping) written as a generator that yields its batches: it validates bet
 ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
 
 What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume, curve callbacks,
-tracking or artifacts yet (each member's best state is kept in memory and returned); dropout masks are drawn from
-the pack's one random stream over the whole batch, so a member's masks are not the ones it draws alone.
+tracking or result.json yet (each member's best state is kept in memory and returned, and written as an artifact in
+its output_dir, `pipelines.training.pack_outputs`); dropout masks are drawn from the pack's one random stream over
+the whole batch, so a member's masks are not the ones it draws alone (a pack of one draws the single job's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.training.pack_outputs import save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
 logger = logging.getLogger(__name__)
@@ -157,11 +159,13 @@ def _finish(pack: Pack, member: Member) -> dict[str, Any]:
             param.copy_(member.best[name].to(param.device, param.dtype))
     test = _evaluate(pack, member, member.splits.test)
     config, loop = member.config, member.loop
+    metrics = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
+               **{f"test_{k}": v for k, v in test.items()}}
+    artifact = save_member_artifact(pack, member, metrics) if pack.options.write_artifacts else None
     return {
         "member": member.index, "task": config.task.name, "model": config.model.name,
         "method": config.method.name, "seed": config.seed,
-        "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-                    **{f"test_{k}": v for k, v in test.items()}},
+        "metrics": metrics, "artifact_dir": None if artifact is None else str(artifact),
         "history": loop.history, "losses": member.losses, "steps": loop.step, "epochs": loop.epoch,
         "best_step": loop.best_step, "stopped_early": member.stopped_early, "total_steps": member.total_steps,
         "best_state": member.best, "final_state": final, "config": config.to_dict(),

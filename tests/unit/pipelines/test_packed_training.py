@@ -118,6 +118,30 @@ def test_dropout_masks_are_drawn_per_row(tmp_path):
     assert still[0]["losses"] == pytest.approx(still[1]["losses"], rel=RTOL)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-t5", "minilm"])
+def test_each_member_writes_an_artifact_a_job_loads(model, tmp_path):
+    """Each member's best capsule (and head) in its own output_dir, loaded as any job's artifact, answers as the
+    member does in the pack (MiniLM: a 2-label and a 3-label head on one base loaded with 2 labels)."""
+    from pipelines.methods import load_artifact, model_inputs
+    from pipelines.models.loading import load_model
+    from pipelines.training.packed import fit_pack
+    from pipelines.training.setup import num_labels
+
+    pack = build_pack([job(model, "rte", 0, tmp_path, "train.max_steps=2", "optim.lr=0.1"),
+                       job(model, "cb", 1, tmp_path, "train.max_steps=2", "optim.lr=0.1")], NO_DROPOUT)
+    results = fit_pack(pack)
+    for member, result in zip(pack.members, results, strict=True):
+        assert result["artifact_dir"] == str(tmp_path / f"{member.config.task.name}-s{member.config.seed}" / "artifact")
+        adapted = load_artifact(load_model(model, num_labels(member.config)).model, result["artifact_dir"])
+        batch = member.collator(list(member.splits.test)[:4])
+        inputs = {**model_inputs(batch), **({} if pack.spec.classifier_head else {"labels": batch["labels"]})}
+        with torch.no_grad():
+            expected = pack.model.member(member.index)(**inputs).logits
+            loaded = adapted.eval()(**inputs).logits
+        torch.testing.assert_close(loaded, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
+
+
 def small(*overrides: str):
     return load_job_config(None, ["task.source=generated", "train.cpu=true", *overrides])
 
