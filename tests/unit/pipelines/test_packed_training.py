@@ -36,10 +36,12 @@ def job(model: str, task: str, seed: int, folder, *overrides: str):
 
 
 def members(model: str, folder) -> list:
-    """Three members of a mixed-task pack: other task, other seeds, other learning rates, a shorter budget."""
+    """Three members of a mixed-task pack: other task, other seeds, other learning rates; the third validates every
+    step and, at a learning rate too small to change its score, runs out of patience at its second validation."""
     return [job(model, "rte", 0, folder),
             job(model, "cb", 1, folder, "optim.lr=0.05"),
-            job(model, "rte", 2, folder, "optim.lr=0.01", "train.max_steps=3", "train.patience=1")]
+            job(model, "rte", 2, folder, "optim.lr=1e-6", "optim.head_lr=1e-6", "train.max_steps=4",
+                "train.eval_every_steps=1", "train.patience=1")]
 
 
 def assert_same_run(packed: dict, alone: dict) -> None:
@@ -74,8 +76,9 @@ def test_each_member_trains_as_it_would_alone(pack_and_alone):
 @pytest.mark.slow
 def test_members_leave_the_pack_at_their_own_step(pack_and_alone):
     _, packed, _ = pack_and_alone
-    assert [r["total_steps"] for r in packed] == [5, 5, 3]
-    assert packed[2]["steps"] <= 3 < packed[0]["steps"]
+    assert [r["total_steps"] for r in packed] == [5, 5, 4]
+    assert [r["stopped_early"] for r in packed] == [False, False, True]
+    assert packed[2]["steps"] == 2 and packed[0]["steps"] == packed[1]["steps"] == 5
     assert all(len(r["losses"]) == r["steps"] for r in packed)
     assert all(r["best_state"] and r["history"][-1]["step"] == r["steps"] for r in packed)
 
