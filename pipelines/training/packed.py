@@ -10,6 +10,12 @@ schedule. A member's loop is `pipelines.train`'s (same data order, step budget, 
 early stopping) written as a generator that yields its batches: it validates between the pack's steps, and when it
 ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
 
+Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.train.run` step for step
+(the same data order, `pack_setup.EpochSampler` being Accelerate's seedable sampler; the same optimiser groups,
+schedule, clipping, validation points and early stopping; the same dropout stream), so its capsule and history are
+the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
+one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
+
 What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume, curve callbacks,
 tracking or result.json yet (each member's best state is kept in memory and returned, and written as an artifact in
 its output_dir, `pipelines.training.pack_outputs`); dropout masks are drawn from the pack's one random stream over
