@@ -39,7 +39,7 @@ def settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {**common, "models": ["tiny-t5"], "ks": [1, 2], "steps": 2, "max_train_examples": 32,
                 "max_eval_examples": 4}
-    return {**common, "models": ["minilm", "tiny-t5"], "ks": [1, 3, 9], "steps": 12, "max_train_examples": 200,
+    return {**common, "models": ["minilm", "tiny-t5"], "ks": [1, 3, 9], "steps": 6, "max_train_examples": 200,
             "max_eval_examples": 16}
 
 
@@ -63,43 +63,56 @@ def members(config: dict[str, Any], model: str, count: int, folder: Path) -> lis
     return [load_job_config(None, member_overrides(config, model, i, folder)) for i in range(count)]
 
 
-def timed(fn) -> float:
-    """Wall seconds of `fn()`."""
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of `fn()`: CPU time is what other processes on a shared machine
+    change least."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def sequential_times(configs: list) -> dict[str, list[float]]:
-    """Each member's wall time alone: through `pipelines.train.run` (shared base-model cache) and as a pack of one."""
-    from pipelines.models.cache import BaseModelCache
+def sequential_times(config: dict[str, Any], model: str, indices: range, folder: Path, cache) -> dict[str, list[float]]:
+    """Members `indices` each alone: wall time through `pipelines.train.run` (the shared base-model cache `cache`)
+    and as a pack of one, each route writing to folders of its own."""
     from pipelines.train import run
     from pipelines.training.packed import train_pack
 
-    cache = BaseModelCache()
-    return {"run": [timed(lambda c=c: run(c, base_models=cache, progress_every_s=60)) for c in configs],
-            "pack_of_one": [timed(lambda c=c: train_pack([c])) for c in configs]}
+    jobs = members(config, model, indices.stop, folder / "run")[indices.start:]
+    packs = members(config, model, indices.stop, folder / "pack_of_one")[indices.start:]
+    return {"run": [timed(lambda c=c: run(c, base_models=cache, progress_every_s=60)) for c in jobs],
+            "pack_of_one": [timed(lambda c=c: train_pack([c])) for c in packs]}
 
 
 def measure(config: dict[str, Any], model: str, folder: Path) -> list[dict[str, Any]]:
-    """One row per K: packed wall time against the sum of the same members' sequential times."""
+    """One row per K: the packed wall time, then, right after it (so both see the same machine load), the members
+    new at this K alone; the sequential time of K members is the sum of their own times."""
+    from pipelines.models.cache import BaseModelCache
     from pipelines.training.packed import train_pack
 
-    largest = max(config["ks"])
-    configs = members(config, model, largest, folder / model)
-    train_pack(configs[:1])  # untimed: first-use costs (imports, tokenizer, data files) stay out of the timing
-    alone = sequential_times(configs)
-    rows = []
-    for k in config["ks"]:
-        packed = timed(lambda k=k: train_pack(configs[:k]))
-        run_s, one_s = sum(alone["run"][:k]), sum(alone["pack_of_one"][:k])
-        best = min(run_s, one_s)
-        rows.append({"model": model, "K": k, "packed_s": packed, "sequential_run_s": run_s,
-                     "sequential_pack_of_one_s": one_s, "capsules_per_hour_packed": 3600 * k / packed,
-                     "capsules_per_hour_sequential": 3600 * k / best, "ratio": best / packed})
-        logger.info("%s K=%d: packed %.1f s, sequential %.1f s (run) / %.1f s (packs of one)", model, k, packed,
-                    run_s, one_s)
+    # untimed: first-use costs (imports, tokenizer, data files) stay out of the timing
+    train_pack(members(config, model, 1, folder / model / "warm"))
+    cache, alone, rows = BaseModelCache(), {"run": [], "pack_of_one": []}, []
+    for k in sorted(config["ks"]):
+        configs = members(config, model, k, folder / model / f"packed-{k}")
+        packed = timed(lambda configs=configs: train_pack(configs))
+        for route, times in sequential_times(config, model, range(len(alone["run"]), k), folder / model,
+                                             cache).items():
+            alone[route] += times
+        rows.append(row(model, k, packed, alone))
+        logger.info("%s K=%d: %s", model, k, rows[-1])
     return rows
+
+
+def row(model: str, k: int, packed: tuple[float, float], alone: dict[str, list[tuple[float, float]]]) -> dict:
+    """The table row of K members: wall and CPU seconds packed and sequential (sums over the first K members alone);
+    the ratios are against the faster sequential route, by wall time and by CPU time."""
+    run_s, one_s = (sum(w for w, _ in alone[r][:k]) for r in ("run", "pack_of_one"))
+    run_cpu, one_cpu = (sum(c for _, c in alone[r][:k]) for r in ("run", "pack_of_one"))
+    best, best_cpu = min(run_s, one_s), min(run_cpu, one_cpu)
+    return {"model": model, "K": k, "packed_s": packed[0], "sequential_run_s": run_s,
+            "sequential_pack_of_one_s": one_s, "capsules_per_hour_packed": 3600 * k / packed[0],
+            "capsules_per_hour_sequential": 3600 * k / best, "ratio": best / packed[0],
+            "packed_cpu_s": packed[1], "sequential_cpu_s": best_cpu, "ratio_cpu": best_cpu / packed[1]}
 
 
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
@@ -109,7 +122,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         rows = [row for model in config["models"] for row in measure(config, model, Path(tmp))]
     result.tables.append(Table("Capsules per hour: packed vs one after another",
                                ["model", "K", "packed_s", "sequential_run_s", "sequential_pack_of_one_s",
-                                "capsules_per_hour_packed", "capsules_per_hour_sequential", "ratio"], rows))
+                                "capsules_per_hour_packed", "capsules_per_hour_sequential", "ratio", "packed_cpu_s",
+                                "sequential_cpu_s", "ratio_cpu"], rows))
     model, k, goal = TARGET
     for row in rows:
         if (row["model"], row["K"]) == (model, k):
@@ -120,10 +134,13 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         f"{config['steps']} steps of batch {config['batch_size']} each, max_length {config['max_length']}, one "
         f"validation and one test of {config['max_eval_examples']} examples each (rank evaluation), "
         f"{config['source']} data.",
-        "Sequential times are each member's own wall time, measured once per member; the time for K members is the "
-        "sum over the first K. The ratio is against the faster sequential route. `pipelines.train.run` also writes "
+        "Sequential times are each member's own wall time, measured once per member right after the pack that first "
+        "holds it (so packed and sequential runs see the same machine load); the time for K members is the sum over "
+        "the first K. The ratio is against the faster sequential route. `pipelines.train.run` also writes "
         "its checkpoint, artifact and result.json, which the pack does not yet do; packs of one load the base "
         "model once per member, which `run` with the shared cache does not.",
+        "CPU seconds are this process's (all its threads): other processes on a shared machine change them far less "
+        "than wall time; `ratio_cpu` compares those.",
         "One untimed pack of one first takes the first-use costs (imports, tokenizer, data) out of the timing.",
     ]
     return result

@@ -4,14 +4,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from capt.heads import head_installed
 from capt.packing import PackedCapsules
 from pipelines.methods import save_artifact
-from pipelines.training.pack_setup import Member, Pack
+from pipelines.training.outputs import claim_job_folder
+from pipelines.training.pack_setup import Member, Pack, PackError
 
 
 class _MemberSaver:
@@ -38,3 +40,19 @@ def save_member_artifact(pack: Pack, member: Member, metrics: dict[str, float]) 
         save_artifact(_MemberSaver(pack.model, member.index), base, config.method.name, directory, config.task.name,
                       metrics, config.model.readout)
     return directory
+
+
+@contextlib.contextmanager
+def claimed_member_folders(configs: list) -> Iterator[None]:
+    """Hold every member's output_dir as a single job holds its own (`pipelines.training.outputs.claim_job_folder`):
+    locked for the pack's duration, another config's outputs refused, the member's config recorded."""
+    folders = [str(config.resolved_output_dir().resolve()) for config in configs]
+    shared = [(i, folder) for i, folder in enumerate(folders) if folders.index(folder) != i]
+    if shared:
+        i, folder = shared[0]
+        raise PackError(f"member {i} writes to output_dir={folder}, as member {folders.index(folder)} does: each "
+                        "member writes its artifact to a folder of its own (give it another output_dir)")
+    with contextlib.ExitStack() as stack:
+        for config in configs:
+            stack.enter_context(claim_job_folder(config))
+        yield

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from pipelines.config.load import require_resolved
 from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.training.pack_outputs import save_member_artifact
+from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,14 @@ class PackDivergedError(RuntimeError):
 
 
 def train_pack(configs: list, options: PackOptions | None = None) -> list[dict[str, Any]]:
-    """Train the jobs `configs` (resolved `JobConfig`s) as one pack; one result per member, in order."""
-    return fit_pack(build_pack(configs, options))
+    """Train the jobs `configs` (resolved `JobConfig`s) as one pack; one result per member, in order.
+
+    When the members write artifacts (`PackOptions.write_artifacts`), each member's output_dir is claimed as a job
+    claims its folder, for the whole pack."""
+    options = options or PackOptions()
+    configs = [require_resolved(config, "train_pack") for config in configs]
+    with claimed_member_folders(configs if options.write_artifacts else []):
+        return fit_pack(build_pack(configs, options))
 
 
 def fit_pack(pack: Pack) -> list[dict[str, Any]]:

@@ -115,9 +115,9 @@ def test_dropout_masks_are_drawn_per_row(tmp_path):
     """Two members with the same config and seed see the same rows; with dropout on their first losses differ (each
     row draws its own masks from the pack's stream), with dropout off they are equal."""
     config = job("minilm", "rte", 0, tmp_path, "train.max_steps=1")
-    twins = train_pack([config, config])
+    twins = train_pack([config, config], PackOptions(write_artifacts=False))  # one output_dir: nothing written
     assert twins[0]["losses"] != twins[1]["losses"]
-    still = train_pack([config, config], NO_DROPOUT)
+    still = train_pack([config, config], PackOptions(dropout=False, write_artifacts=False))
     assert still[0]["losses"] == pytest.approx(still[1]["losses"], rel=RTOL)
 
 
@@ -172,6 +172,13 @@ def test_ablations_of_capt_pack_together():
                  ["method.options.instance_mean=false"], ["method.options.fusion=conv"], ["seed=4", "optim.lr=0.01"],
                  ["task.name=cb"]]
     assert pack_problems([small(), *[small(*a) for a in ablations]]) == []
+
+
+def test_members_writing_to_one_folder_are_refused(tmp_path):
+    config = small(f"output_dir={tmp_path / 'one'}")
+    with pytest.raises(PackError, match="member 1 writes to output_dir=.*as member 0 does"):
+        train_pack([config, small("seed=1", f"output_dir={tmp_path / 'one'}")])
+    assert not (tmp_path / "one").exists()
 
 
 def test_an_empty_pack_is_refused():
