@@ -3,6 +3,7 @@
     python -m benchmarks.run                      # full run (under an hour on 2 CPUs without `learning`)
     python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
     python -m benchmarks.run --only step_cost inference
+    python -m benchmarks.run --only packing     # packed training: capsules per hour (#34)
     CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
     CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" \\
         --learning-rows capt lora
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import inference, learning, pipeline_overhead, serving, step_cost, time_to_result
+from benchmarks import inference, learning, packing, pipeline_overhead, serving, step_cost, time_to_result
 from benchmarks.common import (
     OFFLINE_ENV,
     RESULTS,
@@ -39,7 +40,8 @@ from benchmarks.report import write_report
 logger = logging.getLogger("benchmarks.run")
 
 BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
-                                     (step_cost, time_to_result, pipeline_overhead, inference, serving, learning)}
+                                     (step_cost, time_to_result, pipeline_overhead, inference, serving, learning,
+                                                      packing)}
 
 
 def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None

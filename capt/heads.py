@@ -62,6 +62,14 @@ def _linear_head_name(model: nn.Module) -> str | None:
     return None
 
 
+def linear_head(model: nn.Module) -> nn.Linear:
+    """The `nn.Linear` classifier head of the encoder classifier `model` (an error when its head is not one)."""
+    problem = linear_head_problem(model)
+    if problem is not None:
+        raise CapsuleArtifactError(problem + ".")
+    return model.get_submodule(_linear_head_name(model))
+
+
 def head_from_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], readout: str) -> TaskHead:
     """The `TaskHead` in `weights` (the head's parameters by their names in `model`, as a trained job saves them)."""
     problem = linear_head_problem(model)

@@ -53,6 +53,8 @@ class CapsuleModel(SinglePhase, nn.Module):
     """The method's name in `capt.methods.METHODS`."""
     registers_model = True
     """Capsule artifacts are what sweeps publish as registry versions."""
+    packs_capsules = True
+    """Jobs of this method (CaPT and its ablations) can train together on one frozen base (`capt.packing`)."""
 
     def __init__(self, base_model: nn.Module, capsules: Sequence[Capsule], names: Sequence[str] | None = None,
                  spec: ArchSpec | None = None) -> None:

@@ -136,7 +136,7 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     else:
         total_steps, budget, cut = step_budget(config, len(loader))
         logger.log(logging.WARNING if cut else logging.INFO, "%s/%s: %s", config.task.name, config.method.name, budget)
-        scheduler = _schedule(config, optimizer, total_steps, _schedule_restarts(model, total_steps))
+        scheduler = make_schedule(config, optimizer, total_steps, _schedule_restarts(model, total_steps))
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
     output_dir = config.resolved_output_dir()
@@ -217,7 +217,7 @@ def _schedule_restarts(model, total_steps: int) -> list[int]:
     return []
 
 
-def _schedule(config: JobConfig, optimizer, total_steps: int, restarts: list[int]):
+def make_schedule(config: JobConfig, optimizer, total_steps: int, restarts: list[int]):
     """Warm-up then linear decay to 0 (or constant), over the whole job, or over each segment between `restarts`."""
     from torch.optim.lr_scheduler import LambdaLR
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup

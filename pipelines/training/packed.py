@@ -1,0 +1,185 @@
+"""Packed training: K CaPT jobs in one loop over one frozen base model (issue #34).
+
+    from pipelines.training.packed import train_pack
+    results = train_pack([config_a, config_b, config_c])      # resolved JobConfigs (pipelines.config.load)
+
+Each step's batch holds the next batch of every active member, rows routed to the member's capsule (and head:
+`capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its gradient is the one it gets
+training alone; the pack backpropagates the sum once, then every member clips and steps its own optimiser and
+schedule. A member's loop is `pipelines.train`'s (same data order, step budget, validation points, best state,
+early stopping) written as a generator that yields its batches: it validates between the pack's steps, and when it
+ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
+
+Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.train.run` step for step
+(the same data order, `pack_setup.EpochSampler` being Accelerate's seedable sampler; the same optimiser groups,
+schedule, clipping, validation points and early stopping; the same dropout stream), so its capsule and history are
+the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
+one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
+
+What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume, curve callbacks,
+tracking or result.json yet (each member's best state is kept in memory and returned, and written as an artifact in
+its output_dir, `pipelines.training.pack_outputs`); dropout masks are drawn from the pack's one random stream over
+the whole batch, so a member's masks are not the ones it draws alone (a pack of one draws the single job's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from pipelines.config.load import require_resolved
+from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
+from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
+
+logger = logging.getLogger(__name__)
+
+
+class PackDivergedError(RuntimeError):
+    """A member's training loss became NaN or infinite."""
+
+
+def train_pack(configs: list, options: PackOptions | None = None) -> list[dict[str, Any]]:
+    """Train the jobs `configs` (resolved `JobConfig`s) as one pack; one result per member, in order.
+
+    When the members write artifacts (`PackOptions.write_artifacts`), each member's output_dir is claimed as a job
+    claims its folder, for the whole pack."""
+    options = options or PackOptions()
+    configs = [require_resolved(config, "train_pack") for config in configs]
+    with claimed_member_folders(configs if options.write_artifacts else []):
+        return fit_pack(build_pack(configs, options))
+
+
+def fit_pack(pack: Pack) -> list[dict[str, Any]]:
+    """Train a built pack until its last member ends; each member's result, its best state restored and tested."""
+    schedules = {m.index: _member_batches(pack, m) for m in pack.members}
+    pending = _advance(schedules, dict.fromkeys(schedules))
+    while pending:
+        _pack_step(pack, pending)
+        pending = _advance(schedules, pending)
+    return [_finish(pack, member) for member in pack.members]
+
+
+def _advance(schedules: dict[int, Iterator[dict]], pending: dict[int, Any]) -> dict[int, dict]:
+    """Each member's next batch (its loop validates in between); members whose loop ended leave the pack."""
+    batches = {}
+    for index in pending:
+        batch = next(schedules[index], None)
+        if batch is not None:
+            batches[index] = batch
+    return batches
+
+
+def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
+    """One forward and backward over every pending member's batch, then each member's own optimiser step."""
+    from capt.packing import merge_batches
+
+    order = sorted(pending)
+    merged, positions = merge_batches([pending[i] for i in order], pack.members[order[0]].collator.pad_id)
+    device = pack.accelerator.device
+    batch = {k: v.to(device) for k, v in merged.items()}
+    rows = torch.tensor(order, dtype=torch.long)[positions].to(device)  # (B,) member index of each row
+    with pack.accelerator.autocast():
+        logits = pack.model.member_logits(batch, rows)
+    losses = {i: _loss(pack, logits[i], batch["labels"][rows == i]) for i in order}
+    total = torch.stack(list(losses.values())).sum()  # one backward: member m's gradient is d loss_m / d its params
+    if not torch.isfinite(total.detach()):
+        bad = [i for i, loss in losses.items() if not torch.isfinite(loss.detach())]
+        raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
+    total.backward()
+    for index in order:
+        _optimizer_step(pack.members[index], pack, losses[index].item())
+
+
+def _loss(pack: Pack, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A member's loss over its own rows, as `pipelines.train` computes a job's loss over its batch."""
+    if pack.spec.classifier_head:
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+    return per_example_nll(logits, labels, shift=pack.spec.shifts_labels).mean()
+
+
+def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
+    clip = member.config.optim.max_grad_norm
+    if clip:
+        torch.nn.utils.clip_grad_norm_(list(pack.model.member_parameters(member.index).values()), clip)
+    member.optimizer.step()
+    member.scheduler.step()
+    member.optimizer.zero_grad()
+    member.loop.add_loss(loss)
+    member.losses.append(loss)
+
+
+def _member_batches(pack: Pack, member: Member) -> Iterator[dict]:
+    """`pipelines.train._train` for one member: yields its batches; after each, the pack has stepped on it."""
+    loop, cfg = member.loop, member.config.train
+    while loop.epoch < cfg.max_epochs and loop.step < member.total_steps:
+        member.sampler.set_epoch(loop.epoch)
+        for batch in member.loader:
+            yield batch
+            loop.step, loop.batches_in_epoch = loop.step + 1, loop.batches_in_epoch + 1
+            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(pack, member):
+                return
+            if loop.step >= member.total_steps:
+                break
+        else:
+            loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
+            if not cfg.eval_every_steps and _validate(pack, member):
+                return
+    if not loop.history or loop.history[-1]["step"] != loop.step:
+        _validate(pack, member)  # the final state is always validated
+
+
+def _evaluate(pack: Pack, member: Member, examples) -> dict[str, float]:
+    cfg = member.config
+    return evaluate(pack.accelerator, pack.model.member(member.index), examples, member.collator, pack.spec,
+                    cfg.train.eval_mode, cfg.train.eval_batch_size, cfg.model.max_new_tokens, pack.loaded.tokenizer)
+
+
+def _validate(pack: Pack, member: Member) -> bool:
+    """Score the member's validation split, keep its best state; True when its patience ran out (it stops)."""
+    loop = member.loop
+    metrics = _evaluate(pack, member, member.splits.validation)
+    pack.model.train(pack.options.dropout)
+    record = {"step": loop.step, "epoch": loop.epoch, "train_loss": loop.mean_loss(),
+              **{f"validation_{k}": v for k, v in metrics.items()}}
+    loop.loss_sum, loop.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
+    loop.history.append(record)
+    if metrics["score"] > loop.best_score:
+        loop.best_score, loop.best_step, loop.bad_evals = metrics["score"], loop.step, 0
+        member.best = _state(pack, member)
+    else:
+        loop.bad_evals += 1
+    record["best_validation_score"] = loop.best_score
+    patience = member.config.train.patience
+    member.stopped_early = patience is not None and loop.bad_evals >= patience
+    if member.stopped_early:
+        logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name, loop.step)
+    return member.stopped_early
+
+
+def _state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
+
+
+def _finish(pack: Pack, member: Member) -> dict[str, Any]:
+    """Restore the member's best state, score its test split, and describe the run as a single job's result does."""
+    final = _state(pack, member)
+    with torch.no_grad():
+        for name, param in pack.model.member_parameters(member.index).items():
+            param.copy_(member.best[name].to(param.device, param.dtype))
+    test = _evaluate(pack, member, member.splits.test)
+    config, loop = member.config, member.loop
+    metrics = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
+               **{f"test_{k}": v for k, v in test.items()}}
+    artifact = save_member_artifact(pack, member, metrics) if pack.options.write_artifacts else None
+    return {
+        "member": member.index, "task": config.task.name, "model": config.model.name,
+        "method": config.method.name, "seed": config.seed,
+        "metrics": metrics, "artifact_dir": None if artifact is None else str(artifact),
+        "history": loop.history, "losses": member.losses, "steps": loop.step, "epochs": loop.epoch,
+        "best_step": loop.best_step, "stopped_early": member.stopped_early, "total_steps": member.total_steps,
+        "best_state": member.best, "final_state": final, "config": config.to_dict(),
+    }
