@@ -161,9 +161,10 @@ class Spool:
 
     def lines(self) -> list[SpoolLine]:
         """Every non-blank line in order, corrupt ones included (their `op` is None)."""
-        if not self.path.is_file():
+        try:  # read without the lock (e.g. `TrialTracker.finished`): a flush may remove the file meanwhile
+            data = self.path.read_bytes().split(b"\n")
+        except (FileNotFoundError, IsADirectoryError):
             return []
-        data = self.path.read_bytes().split(b"\n")
         return [_parse_line(number, raw) for number, raw in enumerate(data, 1) if raw.strip()]
 
     def read(self) -> list[dict[str, Any]]:

@@ -92,6 +92,30 @@ def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_p
     assert not spool.path.exists() and state_dirs(tmp_path) == ([], []) and spool.first() is None
 
 
+def test_a_reader_without_the_lock_sees_no_error_while_the_flusher_empties_the_spool(tmp_path: Path) -> None:
+    # TrialTracker.finished reads the spool while its flush thread drops the last line (which removes the file).
+    spool, errors, stop = Spool(tmp_path / PENDING_FILE), [], threading.Event()
+
+    def read_until_stopped() -> None:
+        while not stop.is_set():
+            try:
+                spool.read()
+            except Exception as err:  # noqa: BLE001 - the test reports whatever the read raised
+                errors.append(err)
+                return
+
+    reader = threading.Thread(target=read_until_stopped)
+    reader.start()
+    try:
+        for _ in range(400):
+            spool.append({"op": "params", "params": {"a": "1"}})
+            spool.drop_first(spool.first())
+    finally:
+        stop.set()
+        reader.join()
+    assert errors == []
+
+
 def test_a_torn_last_line_is_kept_and_the_next_append_is_not_swallowed(tmp_path: Path) -> None:
     spool, dead = Spool(tmp_path / PENDING_FILE), Spool(tmp_path / FAILED_FILE)
     spool.append({"op": "params", "params": {"a": "1"}})
