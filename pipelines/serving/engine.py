@@ -18,8 +18,11 @@ import torch
 
 from capt import CapsuleBank
 from capt.bank import read_with_head
+from capt.capsule import Capsule
 from capt.errors import CapsuleArtifactError
+from capt.heads import TaskHead
 from capt.inject import CapsuleModel
+from capt.io import CapsuleMetadata
 from capt.methods import METHODS
 from capt.tasks import Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
@@ -138,14 +141,18 @@ class CapsuleEngine:
         """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
         return validated_examples(self.settings[name].served.task, rows)
 
-    def replace(self, served: ServedCapsule) -> None:
-        """Serve `served` under its name from the next batch on (checked against the base model first)."""
+    def _loaded(self, served: ServedCapsule) -> tuple[Capsule, CapsuleMetadata, TaskHead | None, _Settings]:
+        """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
+        other capsules keep answering meanwhile."""
         _check_same_base([served], self.base_name)
         _check_method(served)
         head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
         capsule, metadata = read_with_head(self.bank.base_model, served.capsule_dir, head)
-        capsule = capsule.to(self.device).eval()
-        settings = self._settings(served)
+        return capsule.to(self.device).eval(), metadata, head, self._settings(served)
+
+    def replace(self, served: ServedCapsule) -> None:
+        """Serve `served` under its name from the next batch on (checked against the base model first)."""
+        capsule, metadata, head, settings = self._loaded(served)
         with self.lock:
             self.bank.replace(served.name, capsule, metadata, head)
             self.settings[served.name] = settings
@@ -159,12 +166,7 @@ class CapsuleEngine:
         if served.name in self.bank.names:
             self.replace(served)
             return
-        _check_same_base([served], self.base_name)
-        _check_method(served)
-        head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
-        capsule, metadata = read_with_head(self.bank.base_model, served.capsule_dir, head)
-        capsule = capsule.to(self.device).eval()
-        settings = self._settings(served)
+        capsule, metadata, head, settings = self._loaded(served)
         with self.lock:
             self.bank.add(served.name, capsule, metadata, head)
             self.settings[served.name] = settings
