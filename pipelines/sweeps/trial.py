@@ -24,13 +24,11 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pipelines.config.load import validate_job_config
-from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.select import SELECT_TAG, select_label
-from pipelines.training.outputs import config_hash
-from pipelines.training.tracked import RUN_DESCRIPTION, numeric_metrics
+from pipelines.training.tracked import RUN_DESCRIPTION, job_run_name, job_run_tags, numeric_metrics
 
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0
@@ -121,18 +119,15 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
 def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
     from pipelines.methods import registers_model
 
-    slug = model_slug(point["model"])
-    run_name = f"{point['task']}/{slug}/{entry.key}/s{point['seed']}"
+    job_config = validate_job_config(job)
+    run_name = job_run_name(job_config, entry.key)
     if searched:
         run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
     return {
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
         "register": config.tracking.register and registers_model(entry.name),
-        "tags": {"task": point["task"], "model": slug, "base_model": point["model"], "method": entry.key,
-                 "method_name": entry.name, "seed": str(point["seed"]), "sweep": config.name, "trial": trial,
-                 "data": "generated" if job["task"]["source"] == "generated" else "real",
-                 "config_hash": config_hash(validate_job_config(job)),
+        "tags": {**job_run_tags(job_config, entry.key), "sweep": config.name, "trial": trial,
                  SELECT_TAG: select_label(point.get("select", {})),
                  RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, "
                                   f"seed {point['seed']} (trial {trial} of sweep {config.name})"},
