@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from tqdm.auto import tqdm
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
 from pipelines.cli_errors import cli_main
-from pipelines.config.load import load_job_config, require_resolved
+from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig, model_slug
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.methods import model_inputs, save_artifact
@@ -42,13 +41,12 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.dataset_card import dataset_card
 from pipelines.training.disk_full import no_space_reported
-from pipelines.training.job_tracking import TRACKING_HELP, add_tracking_flags, job_plan, tracking_line
+from pipelines.training.job_tracking import TRACKING_HELP, add_tracking_flags, train_from_cli
 from pipelines.training.loss_curve import Log, curve_point_if_due
-from pipelines.training.outputs import claim_job_folder, config_hash, finished_result, is_main_process
+from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
 from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
 from pipelines.training.setup import Job, build_job, num_labels
-from pipelines.training.tracked import tracked_job
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
@@ -267,37 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
     add_tracking_flags(parser)
-    return cli_main(parser, argv, _train_from_cli, expected=(TrainingDivergedError,))
-
-
-def _train_from_cli(args: argparse.Namespace) -> int:
-    config = load_job_config(args.config, args.overrides)
-    plan = job_plan(args, config)  # a given server is checked before anything is written
-    folder = config.resolved_output_dir()
-    print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
-          f" (output_dir {str(folder)!r} taken against the current directory)"), file=sys.stderr)
-    if plan.uri:
-        print(f"Tracking in MLflow at {plan.uri}, experiment {plan.experiment!r}, run {plan.run_name!r}",
-              file=sys.stderr)
-    try:
-        tracked = tracked_job(config, plan, lambda report, log: run(config, report, log=log),
-                              is_main=is_main_process())
-    finally:
-        _leave_process_group()
-    print(json.dumps({"output_dir": str(Path(tracked.result["artifact_dir"]).parent), **tracked.result["metrics"]},
-                     indent=2))
-    if is_main_process():
-        print(tracking_line(plan, tracked, folder.absolute()), file=sys.stderr)
-    return 0
-
-
-def _leave_process_group() -> None:
-    """Tear down the `accelerate launch` process group before exit: gloo's threads alive at interpreter exit
-    can abort the process ("terminate called without an active exception", SIGABRT) after a finished job."""
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    return cli_main(parser, argv, lambda args: train_from_cli(args, run), expected=(TrainingDivergedError,))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
-"""How `python -m pipelines.train` is tracked: its ``--tracking-uri`` / ``--experiment`` / ``--register`` flags, the
-server checked before the job starts, and the line the job ends with (the run's URL, or how to track it)."""
+"""`python -m pipelines.train`'s command line around the job: its ``--tracking-uri`` / ``--experiment`` /
+``--register`` flags, the server checked before the job starts, the job run (tracked when a server is given), and
+the lines it ends with (the scores, then the run's URL or how to track it)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.services.probe import ServiceError
+from pipelines.training.outputs import is_main_process
 from pipelines.training.tracked import (
     JOB_EXPERIMENT,
     RUN_DESCRIPTION,
@@ -17,6 +24,7 @@ from pipelines.training.tracked import (
     TrackedResult,
     job_run_name,
     job_run_tags,
+    tracked_job,
 )
 
 URI_ENV = "MLFLOW_TRACKING_URI"
@@ -62,6 +70,37 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
         tags["config_file"] = config_file
     return RunPlan(uri, args.experiment, job_run_name(config), tags,
                    register=args.register and registers_model(config.method.name))
+
+
+def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> int:
+    """The job of the command line `args`, run by `run` (`pipelines.train.run`) and tracked by its plan."""
+    config = load_job_config(args.config, args.overrides)
+    plan = job_plan(args, config)  # a given server is checked before anything is written
+    folder = config.resolved_output_dir()
+    print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
+          f" (output_dir {str(folder)!r} taken against the current directory)"), file=sys.stderr)
+    if plan.uri:
+        print(f"Tracking in MLflow at {plan.uri}, experiment {plan.experiment!r}, run {plan.run_name!r}",
+              file=sys.stderr)
+    try:
+        tracked = tracked_job(config, plan, lambda report, log: run(config, report, log=log),
+                              is_main=is_main_process())
+    finally:
+        _leave_process_group()
+    print(json.dumps({"output_dir": str(Path(tracked.result["artifact_dir"]).parent), **tracked.result["metrics"]},
+                     indent=2))
+    if is_main_process():
+        print(tracking_line(plan, tracked, folder.absolute()), file=sys.stderr)
+    return 0
+
+
+def _leave_process_group() -> None:
+    """Tear down the `accelerate launch` process group before exit: gloo's threads alive at interpreter exit
+    can abort the process ("terminate called without an active exception", SIGABRT) after a finished job."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
