@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.mlflow_runs import sweep_runs, trial_runs
+from helpers.mlflow_runs import stopped_store_client, sweep_runs, trial_runs
 
-from pipelines.services import LocalMlflowServer
 from pipelines.services.reaper import REAP_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -83,17 +82,11 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
     time.sleep(max(0.0, 10 - (time.monotonic() - started)))
     assert _marked_processes(token) == [], "the sweep's MLflow server and its workers are gone"
 
-    server = LocalMlflowServer(tmp_path / "mlflow").start()  # the store the sweep's own server used
-    try:
-        import mlflow
-
-        client = mlflow.MlflowClient(server.uri)
-        experiment = client.get_experiment_by_name("capt-it-stop")
-        runs = trial_runs(client, [experiment.experiment_id])
-        assert [r.info.status for r in runs] == ["KILLED"], "the stopped trial's run is not left RUNNING"
-        assert [r.info.status for r in sweep_runs(client, [experiment.experiment_id])] == ["KILLED"], "the sweep's"
-    finally:
-        server.stop()
+    client = stopped_store_client(tmp_path / "mlflow")  # the store the sweep's own server used
+    experiment = client.get_experiment_by_name("capt-it-stop")
+    runs = trial_runs(client, [experiment.experiment_id])
+    assert [r.info.status for r in runs] == ["KILLED"], "the stopped trial's run is not left RUNNING"
+    assert [r.info.status for r in sweep_runs(client, [experiment.experiment_id])] == ["KILLED"], "the sweep's"
 
     try:
         resumed = subprocess.run(_command(tmp_path, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True,
@@ -102,12 +95,7 @@ def test_sigterm_stops_the_sweep_cleanly_and_resume_finishes_it_in_the_same_run(
         pytest.fail(f"the resumed sweep did not end within 300 s: {(late.stderr or b'')[-4000:]!r}")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert len(list(jobs.glob("*/result.json"))) == 1
-    server = LocalMlflowServer(tmp_path / "mlflow").start()
-    try:
-        client = mlflow.MlflowClient(server.uri)
-        runs = trial_runs(client, [experiment.experiment_id])
-        assert [r.info.status for r in runs] == ["FINISHED"], "the resumed trial finished the run it had"
-        [parent] = sweep_runs(client, [experiment.experiment_id])  # reopened, not a second one
-        assert parent.info.status == "FINISHED" and runs[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
-    finally:
-        server.stop()
+    runs = trial_runs(client, [experiment.experiment_id])
+    assert [r.info.status for r in runs] == ["FINISHED"], "the resumed trial finished the run it had"
+    [parent] = sweep_runs(client, [experiment.experiment_id])  # reopened, not a second one
+    assert parent.info.status == "FINISHED" and runs[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
