@@ -109,7 +109,7 @@ def test_an_interrupted_job_ends_its_run_failed_with_the_error(mlflow_server: Lo
     with log.open("w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines.train", *job, "--tracking-uri", mlflow_server.uri,
                                  "--experiment", experiment], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.DEVNULL, stderr=stderr)
+                                stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_sigint_as_in_a_terminal)
         try:
             _wait_for(lambda: (tmp_path / "checkpoints" / "latest").is_dir() or proc.poll() is not None, 240)
             proc.send_signal(signal.SIGINT)
@@ -123,6 +123,13 @@ def test_an_interrupted_job_ends_its_run_failed_with_the_error(mlflow_server: Lo
     assert proc.returncode != 0, err[-4000:]
     [run] = _runs(MlflowClient(mlflow_server.uri), experiment)
     assert run.info.status == "FAILED" and run.data.tags["error"].startswith("KeyboardInterrupt"), err[-4000:]
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, so Python turns it into KeyboardInterrupt. A test session
+    started in the background by a non-interactive shell ignores SIGINT, and children inherit that: the job would
+    train on through the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for(condition, timeout_s: float) -> None:
