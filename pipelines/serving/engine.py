@@ -31,6 +31,7 @@ from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
+from pipelines.serving.memory import release_freed_heap
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class CapsuleEngine:
         self.bank = self._bank(base, capsules)
         self._collators: dict[tuple, Collator] = {}
         self.settings = {c.name: self._settings(c) for c in capsules}
+        release_freed_heap()  # what reading every capsule allocated and the stacked bank no longer holds
         self.retired: set[str] = set()
         """Names no longer served (registered model deleted, or alias gone): hidden from `names`, so new requests
         are refused, but kept in the bank, so a request accepted just before still gets its answer."""
