@@ -59,6 +59,10 @@ class _Group(nn.Module):
         for name in self.parameter_names:  # e.g. vectors (n, L, k, D)
             self.register_buffer(name, torch.stack([value[name] for value in values]))
 
+    def covers(self, layer: int) -> bool:
+        """Whether this group's capsules sit at stack layer `layer`."""
+        return layer in self._row
+
     def append(self, capsule: Capsule) -> int:
         """Hold `capsule` at the next position; that position."""
         for name in self.parameter_names:
@@ -187,11 +191,11 @@ class CapsuleStack(nn.Module):
         positions = self.position.index_select(0, rows)  # (B,)
         if len(self.groups) == 1:  # the usual bank: every capsule trained with one configuration
             group = self.groups[0]
-            return group.fuse(layer, states, mask, positions) if layer in group._row else slots
+            return group.fuse(layer, states, mask, positions) if group.covers(layer) else slots
         groups = self.group.index_select(0, rows)  # (B,)
         for number, group in enumerate(self.groups):
             chosen = (groups == number).nonzero().squeeze(1)
-            if layer in group._row and chosen.numel():
+            if group.covers(layer) and chosen.numel():
                 fused = group.fuse(layer, states[chosen], mask[chosen], positions[chosen])
                 slots = slots.index_copy(0, chosen, fused)
         return slots
