@@ -1,19 +1,23 @@
-"""The serving benchmark's capsules: one short real CaPT job per task and base model, and on-disk copies of them.
+"""The serving benchmark's capsules: one short real CaPT job per task and base model, and perturbed copies of them.
 
-A set of N capsules holds, for N = 1, the RTE capsule alone; for N >= the number of tasks, the real capsules
-followed by copies of them in turn (capsule i is a copy of task i mod T, in a folder of its own, loaded under a
-name of its own), so that requests cycling through the set mix the tasks in the same proportions at every N.
+Two workloads. "rte": N distinct RTE capsules, the real one then copies whose capsule values are moved
+deterministically (distinct tensors), all reading RTE rows, so that N capsules and 1 capsule serve the same rows.
+"mix": the real capsules of every task, then perturbed copies of them in turn (capsule i of task i mod T), so that
+requests cycling through the set mix the tasks in the same proportions at every N. A smaller set is the start of
+the larger one of its workload (the same folders).
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 SINGLE = "rte"
-"""The task of the one-capsule application."""
+"""The task of the one-capsule application and of the "rte" workload."""
+MIX = "mix"
+"""The workload of every task's rows."""
 
 
 def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int) -> dict[str, dict[str, Any]]:
@@ -39,29 +43,49 @@ def _served(name: str, task: str, folder: Path, results: dict[str, dict[str, Any
     return ServedCapsule(name, task, f"local-{name}", 1, folder, results[task])
 
 
-def capsule_sets(results: dict[str, dict[str, Any]], counts: Sequence[int], directory: Path) -> dict[int, list]:
-    """{count: served capsules}: 1 is RTE alone; a larger count the real capsules (in `results`' order), then
-    on-disk copies of them in turn, each copy its own folder and name."""
-    tasks = list(results)
+def perturbed_copy(source: Path, target: Path, seed: int) -> Path:
+    """A copy of the capsule artifact `source` at `target` whose capsule values each move by N(0, 1e-3) (a generator
+    seeded with `seed`), sealed again (its digest manifest rewritten). An encoder classifier's task head is copied
+    unchanged: the capsule's base-model fingerprint covers it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from capt.digest import seal
+
+    shutil.copytree(source, target)
+    path = target / "capsule.safetensors"
+    generator = torch.Generator().manual_seed(seed)
+    moved = {name: value + 1e-3 * torch.randn(value.shape, generator=generator, dtype=value.dtype)
+             for name, value in load_file(str(path)).items()}
+    save_file(moved, str(path), metadata={"format": "pt"})
+    seal(target)
+    return target
+
+
+def capsule_sets(results: dict[str, dict[str, Any]], plan: Mapping[str, Sequence[int]],
+                 directory: Path) -> dict[tuple[str, int], list]:
+    """{(workload, count): served capsules} for `plan` {workload: counts}; workload `SINGLE` (RTE capsules) or
+    `MIX` (every task of `results`, in its order)."""
     sets = {}
-    for count in counts:
-        if count == 1:
-            sets[count] = [_served(SINGLE, SINGLE, Path(results[SINGLE]["artifact_dir"]), results)]
-            continue
-        chosen = []
-        for i in range(count):
-            task = tasks[i % len(tasks)]
-            folder = Path(results[task]["artifact_dir"])
-            if i >= len(tasks):
-                folder = Path(shutil.copytree(folder, directory / f"copy-{count}-{i}-{task}"))
-            chosen.append(_served(task if i < len(tasks) else f"{task}-{i}", task, folder, results))
-        sets[count] = chosen
+    for workload, counts in plan.items():
+        tasks = [SINGLE] if workload == SINGLE else list(results)
+        largest = [_member(results, tasks, i, directory / workload) for i in range(max(counts))]
+        sets.update({(workload, count): largest[:count] for count in counts})
     return sets
 
 
+def _member(results: dict[str, dict[str, Any]], tasks: list[str], i: int, folder: Path) -> Any:
+    """Capsule i of a set: task i mod T, the real capsule the first time, a perturbed copy after."""
+    task = tasks[i % len(tasks)]
+    source = Path(results[task]["artifact_dir"])
+    if i < len(tasks):
+        return _served(task, task, source, results)
+    return _served(f"{task}-{i}", task, perturbed_copy(source, folder / f"{i}-{task}", seed=i), results)
+
+
 def extra_capsule(results: dict[str, dict[str, Any]], directory: Path) -> Any:
-    """One more capsule (a copy of RTE's, under a new name) for the hot add into a running application."""
-    folder = Path(shutil.copytree(Path(results[SINGLE]["artifact_dir"]), directory / "added-rte"))
+    """One more RTE capsule (a perturbed copy, under a new name) for the hot add into a running application."""
+    folder = perturbed_copy(Path(results[SINGLE]["artifact_dir"]), directory / "added-rte", seed=10**6)
     return _served("rte-added", SINGLE, folder, results)
 
 

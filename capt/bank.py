@@ -14,6 +14,7 @@ from capt.errors import CapsuleArtifactError, CaptError
 from capt.heads import TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
+from capt.stack import CapsuleStack
 
 
 class CapsuleBank(CapsuleModel):
@@ -30,17 +31,16 @@ class CapsuleBank(CapsuleModel):
                  heads: Mapping[str, TaskHead] | None = None) -> None:
         if not capsules:
             raise CapsuleArtifactError("CapsuleBank needs at least one capsule directory.")
-        loaded = [read_with_head(base_model, directory, (heads or {}).get(name), strict)
-                  for name, directory in capsules.items()]
-        super().__init__(base_model, [capsule for capsule, _ in loaded], names=list(capsules))
-        self.metadata: dict[str, CapsuleMetadata] = {
-            name: meta for name, (_, meta) in zip(capsules, loaded, strict=True)
-        }
-        self.heads: TaskHeads | None = None
         if heads is not None:
             missing = [name for name in capsules if name not in heads]
             if missing:
                 raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
+        # read one at a time into one stack: 1,000 capsules keep their values, not 1,000 modules and their metadata
+        stack = CapsuleStack(read_with_head(base_model, directory, (heads or {}).get(name), strict)[0]
+                             for name, directory in capsules.items())
+        super().__init__(base_model, stack, names=list(capsules))
+        self.heads: TaskHeads | None = None
+        if heads is not None:
             device = next(base_model.parameters()).device
             self.heads = TaskHeads([heads[name] for name in capsules], self.spec.hidden_size(base_model)).to(device)
 
@@ -69,7 +69,7 @@ class CapsuleBank(CapsuleModel):
         return self.heads(output.last_hidden_state, output.pooler_output, model_kwargs["attention_mask"], rows,
                           self.slot_span)
 
-    def replace(self, name: str, capsule: Capsule, metadata: CapsuleMetadata, head: TaskHead | None = None) -> None:
+    def replace(self, name: str, capsule: Capsule, head: TaskHead | None = None) -> None:
         """Swap capsule `name` for `capsule` (from `capt.capsule.read_capsule`, so already checked against the base).
 
         Hot reload without rebuilding the bank: the other capsules stay as they are. The caller must not
@@ -81,11 +81,10 @@ class CapsuleBank(CapsuleModel):
         self._check_fits(name, capsule, head)
         if self.heads is not None and head is not None:
             self.heads.replace(index, head)  # checked before anything changes
-        self.capsules[index] = capsule
-        self.metadata[name] = metadata
+        self.capsules.replace(index, capsule)
         self._rehook()
 
-    def add(self, name: str, capsule: Capsule, metadata: CapsuleMetadata, head: TaskHead | None = None) -> None:
+    def add(self, name: str, capsule: Capsule, head: TaskHead | None = None) -> None:
         """Hold one more capsule, `name`, at the next index (from `capt.capsule.read_capsule`, so already checked
         against the base). The capsules held stay as they are: nothing is read again. The caller must not run the
         bank meanwhile."""
@@ -96,7 +95,6 @@ class CapsuleBank(CapsuleModel):
             self.heads.append(head)  # checked before anything changes
         self.capsules.append(capsule)
         self.selector.append(name)
-        self.metadata[name] = metadata
         self._rehook()
 
     def _check_fits(self, name: str, capsule: Capsule, head: TaskHead | None) -> None:

@@ -18,6 +18,16 @@ def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return total / weights.sum(dim=1).clamp_min(1.0)
 
 
+def combine(config: CapsuleConfig, task: torch.Tensor | None, mean: torch.Tensor) -> torch.Tensor:
+    """The slot states from the task part `task` (b, k, D) (None without task vectors) and the (fused) instance
+    mean `mean` (b, D): (b, num_slots, D)."""
+    if config.fusion == "prepend":
+        return torch.cat([task, mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
+    if task is None:
+        return mean.unsqueeze(1).expand(mean.shape[0], config.length, -1)
+    return task + mean.unsqueeze(1)
+
+
 class Capsule(nn.Module):
     """One task's capsule over its layers: S_i = fuse(p_i, Mean(states before layer i)).
 
@@ -77,13 +87,7 @@ class Capsule(nn.Module):
         if cfg.fusion == "project":
             low_rank = mean @ self.projection_down[row].T  # (b, r)
             mean = mean + low_rank @ self.projection_up[row].T  # (b, D)
-        if cfg.fusion == "prepend":
-            fused = torch.cat([task, mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
-        elif task is None:
-            fused = mean.unsqueeze(1).expand(batch, cfg.length, -1)
-        else:
-            fused = task + mean.unsqueeze(1)
-        return fused.to(states.dtype)
+        return combine(cfg, task, mean).to(states.dtype)
 
     def _task_part(self, row: int, batch: int, device: torch.device) -> torch.Tensor | None:
         if not self.config.task_vector:

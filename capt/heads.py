@@ -9,6 +9,7 @@ over a row gives exactly that task's distribution.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -108,13 +109,21 @@ def head_installed(model: nn.Module, head: TaskHead | None) -> Iterator[None]:
 
 
 class TaskHeads(nn.Module):
-    """The heads of a bank's capsules, by capsule index, stacked as (N, C_max, D) for a per-row gather."""
+    """The heads of a bank's capsules, by capsule index, held once: stacked as (N, C_max, D) for a per-row gather
+    (the `TaskHead`s given are not kept; each index keeps only its label count and readout name)."""
 
     def __init__(self, heads: Sequence[TaskHead], hidden_size: int) -> None:
         super().__init__()
         self.hidden_size = hidden_size
-        self.heads = [self._checked(head) for head in heads]
-        self._stack()
+        checked = [self._checked(head) for head in heads]
+        self.label_counts: list[int] = [head.num_labels for head in checked]
+        """C per capsule index."""
+        self.readouts: list[str] = [sys.intern(head.readout) for head in checked]
+        """What each capsule index's head reads (`capt.arch.readout.READOUTS`)."""
+        width = max(self.label_counts)
+        rows = [self._padded(head, width) for head in checked]
+        self.register_buffer("weight", torch.stack([w for w, _ in rows]), persistent=False)  # (N, C_max, D)
+        self.register_buffer("bias", torch.stack([b for _, b in rows]), persistent=False)  # (N, C_max)
 
     def _checked(self, head: TaskHead) -> TaskHead:
         if head.readout not in READOUTS:
@@ -127,33 +136,35 @@ class TaskHeads(nn.Module):
                 f"(labels, {self.hidden_size}) and (labels,).")
         return head
 
-    def _stack(self) -> None:
-        """Rebuild the stacked buffers; padded classes have zero weights and a -inf bias."""
-        count, width = len(self.heads), max(head.num_labels for head in self.heads)
-        like = self.heads[0].weight
-        weight = torch.zeros(count, width, self.hidden_size, dtype=like.dtype)  # (N, C_max, D)
-        bias = torch.full((count, width), float("-inf"), dtype=like.dtype)  # (N, C_max)
-        for i, head in enumerate(self.heads):
-            weight[i, :head.num_labels] = head.weight.detach()
-            bias[i, :head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
-        device = getattr(self, "weight", like).device
-        self.register_buffer("weight", weight.to(device), persistent=False)
-        self.register_buffer("bias", bias.to(device), persistent=False)
+    def _padded(self, head: TaskHead, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`head` as (width, D) weights and (width,) bias: padded classes have zero weights and a -inf bias."""
+        like = getattr(self, "weight", head.weight)
+        weight = torch.zeros(width, self.hidden_size, dtype=like.dtype, device=like.device)
+        bias = torch.full((width,), float("-inf"), dtype=like.dtype, device=like.device)
+        weight[:head.num_labels] = head.weight.detach()
+        bias[:head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
+        return weight, bias
+
+    def _widen(self, width: int) -> None:
+        """Pad every head to `width` classes (a head with more labels than any before joins)."""
+        extra = width - self.weight.shape[1]
+        if extra > 0:
+            self.weight = nn.functional.pad(self.weight, (0, 0, 0, extra))  # (N, width, D), zero weights
+            self.bias = nn.functional.pad(self.bias, (0, extra), value=float("-inf"))  # (N, width)
 
     def replace(self, index: int, head: TaskHead) -> None:
         """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head)."""
-        self.heads[index] = self._checked(head)
-        self._stack()
+        self._widen(self._checked(head).num_labels)
+        self.weight[index], self.bias[index] = self._padded(head, self.weight.shape[1])
+        self.label_counts[index], self.readouts[index] = head.num_labels, sys.intern(head.readout)
 
     def append(self, head: TaskHead) -> None:
-        """The head of one more capsule, at the next index."""
-        self.heads.append(self._checked(head))
-        self._stack()
-
-    @property
-    def label_counts(self) -> list[int]:
-        """C per capsule index."""
-        return [head.num_labels for head in self.heads]
+        """The head of one more capsule, at the next index (one `cat`; the heads held are not read again)."""
+        self._widen(self._checked(head).num_labels)
+        weight, bias = self._padded(head, self.weight.shape[1])
+        self.weight, self.bias = torch.cat([self.weight, weight[None]]), torch.cat([self.bias, bias[None]])
+        self.label_counts.append(head.num_labels)
+        self.readouts.append(sys.intern(head.readout))
 
     def forward(self, states: torch.Tensor, pooled: torch.Tensor | None, attention_mask: torch.Tensor,
                 rows: torch.Tensor, inserted: tuple[int, int]) -> torch.Tensor:
@@ -161,8 +172,7 @@ class TaskHeads(nn.Module):
 
         `rows` (B,) is each row's capsule index; `inserted` the [start, stop) positions of the slots.
         """
-        readouts = [self.heads[i].readout for i in range(len(self.heads))]
-        features = row_readout_vectors(readouts, rows, states, pooled, attention_mask, *inserted)  # (B, D)
+        features = row_readout_vectors(self.readouts, rows, states, pooled, attention_mask, *inserted)  # (B, D)
         weight = self.weight.index_select(0, rows).to(features.dtype)  # (B, C_max, D)
         logits = torch.bmm(weight, features.unsqueeze(2)).squeeze(2)  # (B, C_max)
         return logits + self.bias.index_select(0, rows).to(logits.dtype)

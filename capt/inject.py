@@ -25,6 +25,7 @@ from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError
 from capt.io import describe, write_capsule
 from capt.phases import SinglePhase
 from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
+from capt.stack import CapsuleList, CapsuleStack
 
 _ATTACHED = "_capt_capsule_model_attached"
 
@@ -61,14 +62,15 @@ class CapsuleModel(SinglePhase, nn.Module):
         super().__init__()
         if getattr(base_model, _ATTACHED, False):
             raise CaptError("This base model already has capsules attached; call detach() on that CapsuleModel first.")
-        slot_counts = sorted({c.config.num_slots for c in capsules})
+        # a bank gives its capsules stacked (`capt.stack.CapsuleStack`); training keeps one module per capsule
+        self.capsules = capsules if isinstance(capsules, CapsuleStack) else CapsuleList(capsules)
+        slot_counts = sorted(self.capsules.slot_counts())
         if len(slot_counts) != 1:
             raise CapsuleConfigError(
                 f"Capsules sharing one model must occupy the same number of slots; got {slot_counts}."
             )
         self.spec = spec or spec_for(base_model)
         self.base_model = base_model
-        self.capsules = nn.ModuleList(capsules)
         self.selector = CapsuleSelector(list(names) if names is not None else ["default"] * len(capsules))
         self.num_slots = slot_counts[0]
         self._requires_grad = {name: p.requires_grad for name, p in base_model.named_parameters()}
@@ -87,11 +89,8 @@ class CapsuleModel(SinglePhase, nn.Module):
 
     def _register_hooks(self) -> list:
         layers = self.spec.find_layers(self.base_model)
-        capsule_layers = sorted({i for c in self.capsules for i in c.layers})
-        return [
-            layers[i].register_forward_pre_hook(partial(self._pre_hook, i), with_kwargs=True)
-            for i in capsule_layers
-        ]
+        return [layers[i].register_forward_pre_hook(partial(self._pre_hook, i), with_kwargs=True)
+                for i in self.capsules.capsule_layers()]
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """The capsule parameters, and nothing of the base model."""
@@ -273,17 +272,7 @@ class CapsuleModel(SinglePhase, nn.Module):
         mask = match_batch(ctx.first_mask if layer == 0 else ctx.rest_mask, batch)  # (B, S)
         slots = states[:, start:stop]  # (B, k, D)
         row_capsule = None if ctx.row_capsule is None else match_batch(ctx.row_capsule, batch)
-        used = range(len(self.capsules)) if row_capsule is None else row_capsule.unique().tolist()
-        for index in used:  # only the capsules of this batch's rows: a bank may hold many more
-            capsule = self.capsules[index]
-            if not capsule.covers(layer):
-                continue
-            if row_capsule is None:
-                slots = capsule.fuse(layer, states, mask)
-                continue
-            rows = (row_capsule == index).nonzero().squeeze(1)
-            if rows.numel():
-                slots = slots.index_copy(0, rows, capsule.fuse(layer, states[rows], mask[rows]))
+        slots = self.capsules.fuse(layer, states, mask, row_capsule, slots)  # (B, k, D)
         return torch.cat([states[:, :start], slots, states[:, stop:]], dim=1)  # (B, S, D)
 
 

@@ -22,7 +22,6 @@ from capt.capsule import Capsule
 from capt.errors import CapsuleArtifactError
 from capt.heads import TaskHead
 from capt.inject import CapsuleModel
-from capt.io import CapsuleMetadata
 from capt.methods import METHODS
 from capt.tasks import Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
@@ -32,6 +31,7 @@ from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
+from pipelines.serving.memory import release_freed_heap
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,11 @@ class Answer:
     version: int
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Settings:
+    """One capsule's record (slots: a bank of 1,000 keeps 1,000 of them); capsules of equal settings share the
+    collator."""
+
     served: ServedCapsule
     collator: Collator
     mode: str
@@ -99,7 +102,9 @@ class CapsuleEngine:
         for served in capsules:
             _check_method(served)
         self.bank = self._bank(base, capsules)
+        self._collators: dict[tuple, Collator] = {}
         self.settings = {c.name: self._settings(c) for c in capsules}
+        release_freed_heap()  # what reading every capsule allocated and the stacked bank no longer holds
         self.retired: set[str] = set()
         """Names no longer served (registered model deleted, or alias gone): hidden from `names`, so new requests
         are refused, but kept in the bank, so a request accepted just before still gets its answer."""
@@ -115,9 +120,12 @@ class CapsuleEngine:
     def _settings(self, served: ServedCapsule) -> _Settings:
         config = served.result["config"]
         method = config["method"]
-        collator = Collator(self.tokenizer, self.family, max_length=config["model"]["max_length"],
-                            capsule_slots=sequence_overhead(method["name"], method["options"]),
-                            input_format=config["task"].get("input_format", "capt"))
+        shape = (config["model"]["max_length"], sequence_overhead(method["name"], method["options"]),
+                 config["task"].get("input_format", "capt"))
+        if shape not in self._collators:  # one collator per distinct shape, not per capsule
+            self._collators[shape] = Collator(self.tokenizer, self.family, max_length=shape[0],
+                                              capsule_slots=shape[1], input_format=shape[2])
+        collator = self._collators[shape]
         return _Settings(served, collator, config["train"]["eval_mode"], config["model"]["max_new_tokens"])
 
     @property
@@ -131,7 +139,7 @@ class CapsuleEngine:
 
     def max_length(self, name: str) -> int:
         """Most tokens capsule `name` reads (its collator's max_length)."""
-        return int(self.settings[name].served.result["config"]["model"]["max_length"])
+        return int(self.settings[name].collator.max_length)
 
     def versions(self) -> dict[str, int]:
         """The registry version each capsule name serves now."""
@@ -141,20 +149,20 @@ class CapsuleEngine:
         """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
         return validated_examples(self.settings[name].served.task, rows)
 
-    def _loaded(self, served: ServedCapsule) -> tuple[Capsule, CapsuleMetadata, TaskHead | None, _Settings]:
+    def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, _Settings]:
         """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
         other capsules keep answering meanwhile."""
         _check_same_base([served], self.base_name)
         _check_method(served)
         head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
-        capsule, metadata = read_with_head(self.bank.base_model, served.capsule_dir, head)
-        return capsule.to(self.device).eval(), metadata, head, self._settings(served)
+        capsule, _ = read_with_head(self.bank.base_model, served.capsule_dir, head)
+        return capsule.to(self.device).eval(), head, self._settings(served)
 
     def replace(self, served: ServedCapsule) -> None:
         """Serve `served` under its name from the next batch on (checked against the base model first)."""
-        capsule, metadata, head, settings = self._loaded(served)
+        capsule, head, settings = self._loaded(served)
         with self.lock:
-            self.bank.replace(served.name, capsule, metadata, head)
+            self.bank.replace(served.name, capsule, head)
             self.settings[served.name] = settings
             self.retired.discard(served.name)
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
@@ -166,9 +174,9 @@ class CapsuleEngine:
         if served.name in self.bank.names:
             self.replace(served)
             return
-        capsule, metadata, head, settings = self._loaded(served)
+        capsule, head, settings = self._loaded(served)
         with self.lock:
-            self.bank.add(served.name, capsule, metadata, head)
+            self.bank.add(served.name, capsule, head)
             self.settings[served.name] = settings
         logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
 

@@ -20,22 +20,51 @@ from benchmarks.common import BenchResult  # noqa: E402
 from benchmarks.serving_capsules import capsule_sets, weight_bytes  # noqa: E402
 
 
-def test_a_thousand_tasks_are_on_disk_copies_of_the_seven_real_capsules(tmp_path: Path) -> None:
+def _jobs(folder: Path, model) -> dict:
+    """A real capsule artifact per task (tiny model, values random), as a trained job's result names it."""
+    import torch
+
+    import capt
+
     results = {}
-    for task in serving.TASKS:
-        folder = tmp_path / "jobs" / task / "artifact"
-        folder.mkdir(parents=True)
-        (folder / "capsule.safetensors").write_bytes(task.encode())
-        (folder / "head.safetensors").write_bytes(b"h")
-        results[task] = {"task": task, "artifact_dir": str(folder)}
-    sets = capsule_sets(results, [1, 7, 50, 1000], tmp_path / "copies")
-    assert [c.name for c in sets[1]] == ["rte"] and [c.name for c in sets[7]] == list(serving.TASKS)
-    for count in (50, 1000):
-        many = sets[count]
-        assert len({c.name for c in many}) == count and len({c.capsule_dir for c in many}) == count
-        assert all((c.capsule_dir / "capsule.safetensors").read_bytes() == c.task.encode() for c in many)
-        assert [c.task for c in many[:14]] == list(serving.TASKS) * 2  # the same mix of tasks at every count
-    assert weight_bytes(sets[1][0].capsule_dir) == len("rte") + 1  # the capsule and its task head
+    for seed, task in enumerate(serving.TASKS):
+        torch.manual_seed(seed)
+        attached = capt.attach(model, capt.CapsuleConfig(init="normal"))
+        artifact = capt.save_capsule(attached, folder / task / "artifact", task=task)
+        attached.detach()
+        results[task] = {"task": task, "artifact_dir": str(artifact)}
+    return results
+
+
+def test_the_sets_compare_like_with_like_and_every_copy_is_a_distinct_sealed_capsule(tmp_path: Path) -> None:
+    """rte: N distinct RTE capsules (the real one, then perturbed copies); mix: the 7 tasks in the same proportions
+    at every count; a smaller set is the start of the larger; each copy loads (its digest checks) as its own
+    values."""
+    from tiny_models import BUILDERS
+
+    import capt
+
+    base = BUILDERS["t5"]()
+    results = _jobs(tmp_path / "jobs", base)
+    sets = capsule_sets(results, {"rte": [1, 50], "mix": [7, 20]}, tmp_path / "copies")
+    assert [c.name for c in sets["rte", 1]] == ["rte"] and [c.name for c in sets["mix", 7]] == list(serving.TASKS)
+    rte = sets["rte", 50]
+    assert len({c.name for c in rte}) == 50 and {c.task for c in rte} == {"rte"} and rte[:1] == sets["rte", 1]
+    assert [c.task for c in sets["mix", 20][:14]] == list(serving.TASKS) * 2 and sets["mix", 20][:7] == sets["mix", 7]
+    vectors = []
+    for served in rte[:3]:
+        model = capt.load_capsule(base, served.capsule_dir)
+        vectors.append(model.capsules[0].vectors.detach().clone())
+        model.detach()
+    assert not torch_equal(vectors[0], vectors[1]) and not torch_equal(vectors[1], vectors[2])
+    assert (vectors[1] - vectors[0]).abs().max() < 0.01  # a copy, moved a little
+    assert weight_bytes(rte[1].capsule_dir) == weight_bytes(rte[0].capsule_dir)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
 
 
 def test_every_round_runs_every_application_once_from_a_rotated_start() -> None:
@@ -52,40 +81,45 @@ def _app(rates: list[float], rss: float, capsule_bytes: int) -> dict:
                        for r, rate in enumerate(rates)]}
 
 
-def test_the_targets_take_the_worst_round_and_the_memory_beyond_the_capsules() -> None:
+def test_the_targets_take_the_worst_round_against_the_same_rows_and_the_memory_beyond_the_capsules() -> None:
     config = {**serving.settings(quick=False), "models": ["m"], "rounds": 3}
     mib = 2**20
-    apps = {"m": {1: _app([100, 50, 100], 400.0, mib), 7: _app([90, 45, 90], 400.0, 7 * mib),
-                  50: _app([95, 50, 80], 449.0, 50 * mib), 1000: _app([92, 46, 95], 1400.0, 1000 * mib)}}
+    apps = {"m": {("rte", 1): _app([100, 50, 100], 400.0, mib), ("rte", 50): _app([95, 50, 80], 449.0, 50 * mib),
+                  ("rte", 1000): _app([92, 46, 95], 1400.0, 1000 * mib),
+                  ("mix", 7): _app([40, 20, 40], 400.0, 7 * mib),
+                  ("mix", 1000): _app([36, 19, 40], 1400.0, 1000 * mib)}}
     adds = {"m": {"tasks": 1000, "add_s": 3.0, "call_s": 3.1, "first_answer_s": 3.3, "rss_mb": 1510.0,
                   "first_request_s": 0.2}}
     engine = {"m": {"table": [{"model": "m", "batch": "1 capsule", "ms_per_batch": 10.0}],
                     "extra_ops": [{"model": "m", "op": "aten::nonzero", "extra_ms": 1.0}], "profile": "top ops"}}
     result = serving.tabulate(BenchResult(serving.NAME, serving.TITLE, config), apps, adds, engine)
-    rows = {row["tasks"]: row for row in result.tables[0].rows}
-    assert (rows[50]["vs_single_min"], rows[50]["vs_single_max"]) == (0.8, 1.0) and rows[1000]["p99_ms"] == 500.0
-    assert rows[7]["vs_7_median"] == 1.0 and len(result.tables[1].rows) == 12
+    rows = {(row["workload"], row["tasks"]): row for row in result.tables[0].rows}
+    assert (rows["rte", 50]["vs_base_min"], rows["rte", 50]["vs_base_max"]) == (0.8, 1.0)
+    assert rows["rte", 1000]["p99_ms"] == 500.0 and rows["mix", 7]["vs_base_median"] == 1.0
+    assert rows["mix", 7]["vs_1_rte_median"] == 0.4 and len(result.tables[1].rows) == 15
     met = {t.name: (t.met, round(t.measured, 3)) for t in result.targets}
-    assert met == {"m: throughput, 50 tasks mixed / 1 task, worst of 3 round(s)": (False, 0.8),
-                   "m: throughput, 1000 tasks mixed / 1 task, worst of 3 round(s)": (True, 0.92),
-                   "m: replica memory, 1000 tasks over 1 task, / the extra capsules' bytes": (True, 1.001)}
+    assert met == {"m: throughput, rte rows, 50 capsules / 1, worst of 3 round(s)": (False, 0.8),
+                   "m: throughput, rte rows, 1000 capsules / 1, worst of 3 round(s)": (True, 0.92),
+                   "m: throughput, mix rows, 1000 capsules / 7, worst of 3 round(s)": (True, 0.9),
+                   "m: replica memory, 1000 RTE capsules over 1, / the extra capsules' bytes": (True, 1.001)}
     load = result.tables[2].rows[0]
     assert (load["rss_growth_mb"], load["capsules_mb"], load["add_s"]) == (1000.0, 999.0, 3.0)
     assert result.tables[3].rows == engine["m"]["table"] and list(result.profiles.values()) == ["top ops"]
 
 
 def test_the_engine_batches_separate_distinct_capsules_other_tasks_and_bank_size(tmp_path: Path) -> None:
-    (tmp_path / "artifact").mkdir()
-    results = {task: {"task": task, "artifact_dir": str(tmp_path / "artifact")} for task in serving.TASKS}
-    capsules = capsule_sets(results, [1000], tmp_path / "copies")[1000]
+    from tiny_models import BUILDERS
+
+    results = _jobs(tmp_path / "jobs", BUILDERS["t5"]())
+    capsules = capsule_sets(results, {"mix": [30]}, tmp_path / "copies")["mix", 30]
     rows = {task: [{"task": task}] for task in serving.TASKS}
-    chosen = serving_engine.batches(capsules, rows, 8)
+    chosen = serving_engine.batches(capsules, rows, 4)
     engine, alone = chosen["1 capsule"]
-    assert engine == "small" and alone == [("rte", rows["rte"])] * 8
-    distinct = chosen["8 RTE capsules"][1]
-    assert len({name for name, _ in distinct}) == 8 and all(given == rows["rte"] for _, given in distinct)
+    assert engine == "small" and alone == [("rte", rows["rte"])] * 4
+    distinct = chosen["4 RTE capsules"][1]
+    assert len({name for name, _ in distinct}) == 4 and all(given == rows["rte"] for _, given in distinct)
     assert chosen["task mix"][1] == chosen["task mix, all capsules loaded"][1]
-    assert {name for name, _ in chosen["task mix"][1]} == {*serving.TASKS, "boolq-7"}
+    assert {name for name, _ in chosen["task mix"][1]} == {"boolq", "cb", "copa", "multirc"}
     assert chosen["task mix, all capsules loaded"][0] == "all"
 
 
@@ -101,17 +135,19 @@ def test_quick_mode_serves_both_kinds_of_model_and_adds_a_capsule_while_running(
     assert result.error is None, result.error
     config = result.settings
     summary, per_round, loads, engine, ops = result.tables
-    apps = [(row["model"], row["tasks"]) for row in summary.rows]
-    assert apps == [(model, count) for model in config["models"] for count in config["task_counts"]]
+    apps = [(row["model"], row["workload"], row["tasks"]) for row in summary.rows]
+    assert apps == [(model, workload, count) for model in config["models"]
+                    for workload, counts in config["task_counts"].items() for count in counts]
     for row in summary.rows:
         assert row["requests"] == config["requests"][row["model"]] * config["rounds"]
         assert row["rows_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["loaded_rss_mb"] > row["start_rss_mb"] > 0 and row["capsule_bytes"] > 0
-    assert {(row["model"], row["tasks"]) for row in per_round.rows} == set(apps)
+    assert {(row["model"], row["workload"], row["tasks"]) for row in per_round.rows} == set(apps)
     assert [row["model"] for row in loads.rows] == config["models"]
-    assert all(row["tasks_after_add"] == max(config["task_counts"]) + 1 and row["add_s"] > 0 for row in loads.rows)
-    beyond_the_mix = sum(count > len(config["tasks"]) for count in config["task_counts"])
-    assert len(result.targets) == (beyond_the_mix + 1) * len(config["models"])  # throughput beyond the mix, memory
+    most = max(config["task_counts"]["rte"])
+    assert all(row["tasks_after_add"] == most + 1 and row["add_s"] > 0 for row in loads.rows)
+    beyond_a_baseline = sum(len(counts) - 1 for counts in config["task_counts"].values())
+    assert len(result.targets) == (beyond_a_baseline + 1) * len(config["models"])  # throughput, memory
     labels = ["1 capsule", "8 RTE capsules", "task mix", "task mix, all capsules loaded"]
     assert [row["batch"] for row in engine.rows] == labels * len(config["models"])
     assert all(row["ms_per_batch"] > 0 for row in engine.rows) and ops.rows and len(result.profiles) == 2

@@ -85,7 +85,7 @@ def test_a_swap_brings_its_own_head_and_readout(jobs: dict[str, Any]) -> None:
     engine = CapsuleEngine([_served(jobs["rte"]), _served(jobs["cb"])])
     rows = example_rows("rte", 4)
     engine.replace(_served(jobs["rte1"], version=2))
-    assert engine.versions() == {"rte": 2, "cb": 1} and engine.bank.heads.heads[0].readout == "cls"
+    assert engine.versions() == {"rte": 2, "cb": 1} and engine.bank.heads.readouts[0] == "cls"
     (answer,) = engine.answer([("rte", engine.examples("rte", rows))])
     labels, scores = _alone(jobs["rte1"], rows)
     assert answer.version == 2 and answer.labels == labels

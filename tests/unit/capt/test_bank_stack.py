@@ -1,0 +1,124 @@
+"""A bank's capsules and heads stored once (`capt.stack.CapsuleStack`, `capt.heads.TaskHeads`): many distinct
+capsules of one configuration fuse in one gather and each row still equals its capsule alone; what a capsule costs
+the bank beyond its values stays within a measured bound."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import tracemalloc
+
+import pytest
+import torch
+from tiny_models import BUILDERS, random_batch
+
+import capt
+from capt.capsule import read_capsule
+from capt.heads import TaskHead, TaskHeads
+
+FUSIONS = {"add": {}, "project": {"fusion": "project"}, "conv": {"fusion": "conv"}, "prepend": {"fusion": "prepend"}}
+
+
+def _saved(kind: str, config: capt.CapsuleConfig, seed: int, folder):
+    torch.manual_seed(seed)
+    model = capt.attach(BUILDERS[kind](), config)
+    with torch.no_grad():  # every parameter random, so that a capsule mixed up with another shows
+        for parameter in model.capsules[0].parameters():
+            parameter.normal_(0.0, 0.3)
+    path = capt.save_capsule(model, folder)
+    model.detach()
+    return path
+
+
+@pytest.mark.parametrize("kind", ["t5", "bert"])
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_distinct_capsules_of_one_config_gather_in_one_group_and_each_row_equals_its_capsule_alone(
+        kind, fusion, tmp_path):
+    config = capt.CapsuleConfig(**FUSIONS[fusion])
+    dirs = {f"c{i}": _saved(kind, config, 200 + i, tmp_path / f"c{i}") for i in range(4)}
+    base = BUILDERS[kind]()
+    inputs = random_batch(kind, batch=6)
+    choice = ["c2", "c0", "c3", "c2", "c1", "c0"]
+    bank = capt.CapsuleBank(base, dirs)
+    assert len(bank.capsules.groups) == 1 and len(bank.capsules) == 4
+    with torch.no_grad():
+        mixed = bank(**inputs, capsule=choice).logits
+    bank.detach()
+    for name, directory in dirs.items():  # the same batch through each capsule alone: the rows that chose it
+        single = capt.load_capsule(base, directory)
+        with torch.no_grad():
+            alone = single(**inputs).logits
+        single.detach()
+        rows = [row for row, chosen in enumerate(choice) if chosen == name]
+        # "project": a batched matmul per row against one matmul, summed in another order (a wrong row: O(1))
+        tolerance = 1e-3 if fusion == "project" else 1e-6
+        torch.testing.assert_close(mixed[rows], alone[rows], atol=tolerance, rtol=tolerance)
+
+
+def test_a_capsule_of_another_config_replacing_one_moves_to_its_group_and_back(tmp_path):
+    plain, odd = capt.CapsuleConfig(init="normal"), capt.CapsuleConfig(init="normal", layers="odd")
+    dirs = {name: _saved("t5", config, seed, tmp_path / name)
+            for seed, (name, config) in enumerate({"a": plain, "b": plain, "odd": odd}.items())}
+    base = BUILDERS["t5"]()
+    bank = capt.CapsuleBank(base, {"a": dirs["a"], "b": dirs["b"]})
+    bank.replace("a", read_capsule(base, dirs["odd"])[0])
+    assert len(bank.capsules.groups) == 2 and bank.capsules[0].layers == read_capsule(base, dirs["odd"])[0].layers
+    bank.replace("a", read_capsule(base, dirs["b"])[0])
+    assert all(torch.equal(p, q) for p, q in zip(bank.capsules[0].parameters(), bank.capsules[1].parameters(),
+                                                  strict=True))
+
+
+def _storage_bytes(module: torch.nn.Module) -> int:
+    return sum(t.untyped_storage().nbytes() for t in module.buffers()) + sum(
+        t.untyped_storage().nbytes() for t in module.parameters())
+
+
+def _heap_growth(build) -> tuple[object, int]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        built = build()
+        gc.collect()
+        return built, tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_capsule_costs_the_bank_its_values_and_a_few_hundred_bytes(tmp_path):
+    """The capsules' tensor storage is exactly their values plus a 16-byte index each; the Python objects a capsule
+    adds (its name in the selector, its index entries) stay under 300 bytes, not a module and its metadata."""
+    directory = _saved("t5", capt.CapsuleConfig(), 0, tmp_path / "one")
+    values = read_capsule(BUILDERS["t5"](), directory)[0].vectors.nbytes  # (L, k, D) float32
+    sizes, heaps = (2, 2, 1002), []  # the first build warms what any first build caches
+    for count in sizes:
+        base, dirs = BUILDERS["t5"](), {f"task-{i}": directory for i in range(count)}
+        bank, heap = _heap_growth(functools.partial(capt.CapsuleBank, base, dirs))  # base, dirs: not counted
+        assert _storage_bytes(bank.capsules) == count * (values + 16)
+        heaps.append(heap)
+        bank.detach()
+    per_capsule = (heaps[2] - heaps[1]) / (sizes[2] - sizes[1])
+    assert per_capsule < 300, per_capsule
+
+
+def _head(labels: int, seed: int, bias: bool = True) -> TaskHead:
+    generator = torch.Generator().manual_seed(seed)
+    return TaskHead(torch.randn(labels, 8, generator=generator),
+                    torch.randn(labels, generator=generator) if bias else None, "cls")
+
+
+def test_heads_are_held_once_stacked_and_a_wider_head_joining_pads_the_others():
+    heads = TaskHeads([_head(2, 0), _head(3, 1, bias=False)], hidden_size=8)
+    assert not any(isinstance(value, TaskHead | list) and value and isinstance(value[0], TaskHead)
+                   for value in vars(heads).values())
+    assert _storage_bytes(heads) == 2 * 3 * 8 * 4 + 2 * 3 * 4  # (N, C_max, D) and (N, C_max) floats
+    heads.append(_head(5, 2))
+    heads.replace(0, _head(4, 3))
+    given = [_head(4, 3), _head(3, 1, bias=False), _head(5, 2)]
+    states = torch.randn(3, 6, 8)
+    logits = heads(states, None, torch.ones(3, 6, dtype=torch.long), torch.tensor([2, 0, 1]), (0, 1))
+    assert heads.label_counts == [4, 3, 5] and logits.shape == (3, 5)
+    for row, index in enumerate([2, 0, 1]):
+        head = given[index]
+        expected = states[row, 0] @ head.weight.T + (0.0 if head.bias is None else head.bias)
+        torch.testing.assert_close(logits[row, :head.num_labels], expected)
+        assert torch.isinf(logits[row, head.num_labels:]).all()
