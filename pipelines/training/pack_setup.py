@@ -118,6 +118,8 @@ class Pack:
     """The base model, its tokenizer and family."""
     members: list[Member]
     """The members, in pack order."""
+    reports: dict[int, Any] = field(default_factory=dict)
+    """Member index -> the callable that gets its every validation record (`packed.fit_pack`)."""
 
     @property
     def spec(self) -> ArchSpec:

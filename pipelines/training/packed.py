@@ -16,16 +16,17 @@ schedule, clipping, validation points and early stopping; the same dropout strea
 the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
-What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume, curve callbacks,
-tracking or result.json yet (each member's best state is kept in memory and returned, and written as an artifact in
-its output_dir, `pipelines.training.pack_outputs`); dropout masks are drawn from the pack's one random stream over
-the whole batch, so a member's masks are not the ones it draws alone (a pack of one draws the single job's).
+What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume or loss-curve
+callbacks (each member's best state is kept in memory and returned, and written as an artifact in its output_dir,
+`pipelines.training.pack_outputs`; `pipelines.training.tracked_pack` adds result.json and MLflow runs); dropout
+masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it
+draws alone (a pack of one draws the single job's).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -36,25 +37,30 @@ from pipelines.training.pack_outputs import claimed_member_folders, save_member_
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
 logger = logging.getLogger(__name__)
+Report = Callable[[dict[str, Any]], None]
 
 
 class PackDivergedError(RuntimeError):
     """A member's training loss became NaN or infinite."""
 
 
-def train_pack(configs: list, options: PackOptions | None = None) -> list[dict[str, Any]]:
+def train_pack(configs: list, options: PackOptions | None = None,
+               reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
     """Train the jobs `configs` (resolved `JobConfig`s) as one pack; one result per member, in order.
 
     When the members write artifacts (`PackOptions.write_artifacts`), each member's output_dir is claimed as a job
-    claims its folder, for the whole pack."""
+    claims its folder, for the whole pack. `reports[i]`, when given, gets member i's every validation record (as
+    `pipelines.train.run`'s `report` does)."""
     options = options or PackOptions()
     configs = [require_resolved(config, "train_pack") for config in configs]
     with claimed_member_folders(configs if options.write_artifacts else []):
-        return fit_pack(build_pack(configs, options))
+        return fit_pack(build_pack(configs, options), reports)
 
 
-def fit_pack(pack: Pack) -> list[dict[str, Any]]:
-    """Train a built pack until its last member ends; each member's result, its best state restored and tested."""
+def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
+    """Train a built pack until its last member ends; each member's result, its best state restored and tested.
+    `reports[i]`: called with member i's every validation record."""
+    pack.reports = dict(reports or {})
     schedules = {m.index: _member_batches(pack, m) for m in pack.members}
     pending = _advance(schedules, dict.fromkeys(schedules))
     while pending:
@@ -153,6 +159,8 @@ def _validate(pack: Pack, member: Member) -> bool:
     else:
         loop.bad_evals += 1
     record["best_validation_score"] = loop.best_score
+    if (report := pack.reports.get(member.index)) is not None:
+        report(dict(record))
     patience = member.config.train.patience
     member.stopped_early = patience is not None and loop.bad_evals >= patience
     if member.stopped_early:
