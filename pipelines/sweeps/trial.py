@@ -55,7 +55,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     entry = next(e for e in config.methods if e.key == point["method"])
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     name = tune.get_context().get_trial_name()
-    tracking = _tracking(config, job, point, entry, searched, name, tracking_uri)
+    tracking = trial_tracking(config, job, point, entry, searched, name, tracking_uri)
     context = run_context or {}
     tracking["tags"] = {**context.get("tags", {}), **tracking["tags"]}
     tracking["ui_uri"] = context.get("ui_uri")
@@ -74,14 +74,22 @@ def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
 
     from pipelines.models.cache import BASE_MODELS
 
+    prepare_trial_process(cpus)
+    tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
+                final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
+                                     "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
+
+
+def prepare_trial_process(cpus: float) -> None:
+    """Before a job in a (reused) Tune trial process: the torch threads a Ray Train worker of `cpus` CPUs would have,
+    no Accelerate state left from the previous job."""
+    import torch
+
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", RESET_WAIT_S)  # read by Tune when it resets this process
     # Ray sets OMP_NUM_THREADS for every actor from its CPUs (unless set already), as it does for Train workers.
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, math.floor(cpus)))
     torch.set_num_threads(threads)
     _forget_accelerate_state()
-    tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
-                final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
-                                     "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
 
 
 def _forget_accelerate_state() -> None:
@@ -116,7 +124,9 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
     trainer.fit()
 
 
-def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
+def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str,
+                   uri: str | None) -> dict:
+    """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`."""
     from pipelines.methods import registers_model
 
     job_config = validate_job_config(job)
@@ -156,10 +166,10 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
                  lambda report, log: run(config, report, base_models=base_models, log=log,
                                          progress_every_s=PROGRESS_EVERY_S),
                  report_to, is_main=is_main, claim_wait_s=CLAIM_WAIT_S)
-    report_to(_final_report(done.result, done.reused, final_extra))
+    report_to(final_report(done.result, done.reused, final_extra))
 
 
-def _final_report(result: dict[str, Any], reused: bool,
+def final_report(result: dict[str, Any], reused: bool,
                   final_extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
     """The trial's last report: the final scores, the steps, `final_extra`'s figures and ``reused``: 1 when the job
     returned the finished result already in its folder."""
