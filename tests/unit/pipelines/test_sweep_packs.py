@@ -123,3 +123,20 @@ def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_
     assert [d.reused for d in again] == [False, True, True]
     assert kept == {c.seed: (c.resolved_output_dir() / "result.json").stat().st_mtime_ns for c in configs[1:]}
     assert again[0].result["steps"] == 3 and again[0].result["pack"]["members"] == 1, "retrained, in a pack of one"
+
+
+def test_each_member_is_tracked_as_its_trial_would_be(tmp_path):
+    from pipelines.sweeps.pack_trial import PACK_TAG, _member
+    from pipelines.sweeps.packs import trial_point
+    from pipelines.training.outputs import config_hash
+
+    sweep = packed(tmp_path, "pack.max_members=3", "tasks=[rte]")
+    plan = sweep_packs(sweep)[0]
+    context = {"tags": {"mlflow.parentRunId": "sweep-run"}, "ui_uri": "http://ui"}
+    for trial in plan.members:
+        config, tracking = _member(sweep, trial_point(trial), plan.name, "http://127.0.0.1:1", context)
+        assert str(config.resolved_output_dir()) == trial.job["output_dir"] and config.train.resume
+        assert tracking["run_name"] == f"rte/tiny-t5/capt/s{trial.seed}" and tracking["register"] is True
+        assert tracking["tags"]["mlflow.parentRunId"] == "sweep-run", "nested under the sweep's run, as a trial is"
+        assert tracking["tags"][PACK_TAG] == tracking["tags"]["trial"] == plan.name
+        assert tracking["tags"]["config_hash"] == config_hash(config)
