@@ -140,3 +140,42 @@ def test_each_member_is_tracked_as_its_trial_would_be(tmp_path):
         assert tracking["tags"]["mlflow.parentRunId"] == "sweep-run", "nested under the sweep's run, as a trial is"
         assert tracking["tags"][PACK_TAG] == tracking["tags"]["trial"] == plan.name
         assert tracking["tags"]["config_hash"] == config_hash(config)
+
+
+@pytest.mark.slow
+def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_members(tmp_path, monkeypatch):
+    """MLflow here is a SQLite store in the test's folder (no server; the sweep over a server:
+    tests/integration/test_sweep_pack.py). The interruption is injected where the pack trains."""
+    from mlflow import MlflowClient
+
+    from pipelines.config.load import validate_job_config
+    from pipelines.training import pack_results
+    from pipelines.training.tracked import RunPlan, job_run_name, job_run_tags
+    from pipelines.training.tracked_pack import tracked_pack
+
+    monkeypatch.chdir(tmp_path)  # the SQLite store's artifacts go under ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = packed(tmp_path, "pack.max_members=3", "tasks=[rte]", "job.train.max_steps=2", "job.task.generated_size=16",
+                   "job.task.max_eval_examples=4", "job.train.batch_size=8")
+    configs = [validate_job_config(t.job) for t in trials(sweep)]
+    plans = [RunPlan(uri, "packs", job_run_name(c), job_run_tags(c), system_metrics_interval_s=60.0) for c in configs]
+    tracked_pack(configs[:1], plans[:1])  # member 0 finished earlier
+
+    def killed(pack, reports):
+        raise KeyboardInterrupt("killed")
+
+    real = pack_results.fit_pack
+    monkeypatch.setattr(pack_results, "fit_pack", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tracked_pack(configs, plans)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("packs").experiment_id
+    first = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
+    assert {s: r.info.status for s, r in first.items()} == {"0": "FINISHED", "1": "FAILED", "2": "FAILED"}
+    monkeypatch.setattr(pack_results, "fit_pack", real)
+    done = tracked_pack(configs, plans)  # the resumed pack
+    assert [d.reused for d in done] == [True, False, False] and done[1].result["pack"]["members"] == 2
+    again = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
+    assert {s: r.info.run_id for s, r in again.items()} == {s: r.info.run_id for s, r in first.items()}, "reopened"
+    assert all(r.info.status == "FINISHED" for r in again.values())
+    assert again["1"].data.metrics["test/score"] == pytest.approx(done[1].result["metrics"]["test_score"])
