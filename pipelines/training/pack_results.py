@@ -31,8 +31,9 @@ def train_members(configs: list, reports: Mapping[int, Report] | None = None,
     """Train `configs` (resolved, `train.resume` off) as one pack and write each member's artifact and result.json in
     its output_dir; returns the results (result.json's content), in order. `pack_info` goes into each result as
     ``pack`` (e.g. the sweep's pack name and members)."""
-    with claimed_member_folders(configs):
-        pack = build_pack(configs, options or PackOptions())
+    options = options or PackOptions()
+    with claimed_member_folders(configs, keep_checkpoints=options.checkpoints):
+        pack = build_pack(configs, options)
         started = time.perf_counter()
         packed = fit_pack(pack, reports)
         wall = time.perf_counter() - started

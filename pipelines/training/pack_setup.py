@@ -51,6 +51,9 @@ class PackOptions:
     """Seed of the pack's own random stream (dropout masks of the whole batch); None: the first member's seed."""
     write_artifacts: bool = True
     """Write each member's best capsule (and head) as an artifact in its own output_dir, as a single job does."""
+    checkpoints: bool = False
+    """Save each member's state at each of its validations in its output_dir, and continue a member from it when a
+    pack starts (`pipelines.training.pack_checkpoint`)."""
 
 
 class EpochSampler(torch.utils.data.Sampler):

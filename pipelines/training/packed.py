@@ -16,15 +16,17 @@ schedule, clipping, validation points and early stopping; the same dropout strea
 the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
-What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume or loss-curve
-callbacks (each member's best state is kept in memory and returned, and written as an artifact in its output_dir,
-`pipelines.training.pack_outputs`; `pipelines.training.tracked_pack` adds result.json and MLflow runs); dropout
-masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it
-draws alone (a pack of one draws the single job's).
+What differs from a single job (`pipelines.train.run`): one process only; no loss-curve callbacks; checkpoints only
+with `PackOptions.checkpoints` (`pipelines.training.pack_checkpoint`: each member's state at its last validation,
+continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact
+in its output_dir (`pipelines.training.pack_outputs`; `pipelines.training.tracked_pack` adds result.json and MLflow
+runs); dropout masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not
+the ones it draws alone (a pack of one draws the single job's).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,6 +35,7 @@ import torch
 
 from pipelines.config.load import require_resolved
 from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.training.pack_checkpoint import restore_member, save_member
 from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
@@ -53,7 +56,7 @@ def train_pack(configs: list, options: PackOptions | None = None,
     `pipelines.train.run`'s `report` does)."""
     options = options or PackOptions()
     configs = [require_resolved(config, "train_pack") for config in configs]
-    with claimed_member_folders(configs if options.write_artifacts else []):
+    with claimed_member_folders(configs if options.write_artifacts else [], keep_checkpoints=options.checkpoints):
         return fit_pack(build_pack(configs, options), reports)
 
 
@@ -61,6 +64,10 @@ def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[di
     """Train a built pack until its last member ends; each member's result, its best state restored and tested.
     `reports[i]`: called with member i's every validation record."""
     pack.reports = dict(reports or {})
+    if pack.options.checkpoints:
+        resumed = [m.index for m in pack.members if restore_member(pack, m)]
+        if resumed:
+            logger.info("pack members %s continue from their checkpoints", resumed)
     schedules = {m.index: _member_batches(pack, m) for m in pack.members}
     pending = _advance(schedules, dict.fromkeys(schedules))
     while pending:
@@ -121,9 +128,11 @@ def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
 def _member_batches(pack: Pack, member: Member) -> Iterator[dict]:
     """`pipelines.train._train` for one member: yields its batches; after each, the pack has stepped on it."""
     loop, cfg = member.loop, member.config.train
+    if member.stopped_early:  # restored from the checkpoint of a member whose patience ran out
+        return
     while loop.epoch < cfg.max_epochs and loop.step < member.total_steps:
         member.sampler.set_epoch(loop.epoch)
-        for batch in member.loader:
+        for batch in itertools.islice(member.loader, loop.batches_in_epoch, None):  # a resumed epoch: the rest
             yield batch
             loop.step, loop.batches_in_epoch = loop.step + 1, loop.batches_in_epoch + 1
             if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(pack, member):
@@ -159,10 +168,12 @@ def _validate(pack: Pack, member: Member) -> bool:
     else:
         loop.bad_evals += 1
     record["best_validation_score"] = loop.best_score
-    if (report := pack.reports.get(member.index)) is not None:
-        report(dict(record))
     patience = member.config.train.patience
     member.stopped_early = patience is not None and loop.bad_evals >= patience
+    if pack.options.checkpoints:
+        save_member(pack, member)
+    if (report := pack.reports.get(member.index)) is not None:
+        report(dict(record))
     if member.stopped_early:
         logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name, loop.step)
     return member.stopped_early

@@ -4,9 +4,10 @@ asked), its result.json in its own folder.
 
 A member whose folder already holds the finished result of its exact config (`outputs.finished_result`, verified,
 and checked against its finished run's scores as `tracked_job` checks a reused result) is not trained again: the
-others train as a pack (`pipelines.training.pack_results.train_members`). An unfinished member, e.g. after a killed
-sweep, trains afresh (packs keep no checkpoints yet); its run is the one it had (`TrialTracker` reopens it from the
-record in its folder). If the pack raises, every run not finished ends FAILED.
+others train as a pack (`pipelines.training.pack_results.train_members`), each saving its state at every validation
+(`pipelines.training.pack_checkpoint`). An unfinished member, e.g. after a killed sweep, continues from its last
+checkpoint (from scratch when it has none) in the pack run again; its run is the one it had (`TrialTracker` reopens
+it from the record in its folder). If the pack raises, every run not finished ends FAILED.
 
 Imports no mlflow itself: `pipelines.tracking` is imported only when a run is tracked.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,6 @@ from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_r
 from pipelines.training.tracked import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
 
 logger = logging.getLogger(__name__)
-STALE_OUTPUTS = ("artifact", "checkpoints", RESULT_FILE, RESULT_FILE + ".tmp")
-"""What an unfinished member's folder may hold from an interrupted attempt, removed before it trains afresh (its run
-record, `mlflow_*`, is kept: the run is reopened)."""
 
 
 def tracked_pack(configs: list, plans: list[RunPlan], claim_wait_s: float = 0.0,
@@ -57,6 +54,7 @@ def tracked_pack(configs: list, plans: list[RunPlan], claim_wait_s: float = 0.0,
 def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each member's result: the finished one in its folder (verified), else trained now with the other such."""
     from pipelines.training.pack_results import train_members
+    from pipelines.training.pack_setup import PackOptions
 
     results = [finished_result(config) for config in configs]
     for config, tracker, result in zip(configs, trackers, results, strict=True):
@@ -66,28 +64,19 @@ def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) ->
     if todo:
         logger.info("Pack %s: training %d member(s), reusing %d", (pack_info or {}).get("name", ""), len(todo),
                     len(configs) - len(todo))
-        for i in todo:
-            _clear_stale(Path(configs[i].resolved_output_dir()))
         fresh = [_afresh(configs[i]) for i in todo]
         reports = {j: _reporter(trackers[i]) for j, i in enumerate(todo) if trackers[i] is not None}
-        for i, result in zip(todo, train_members(fresh, reports, pack_info), strict=True):
+        trained = train_members(fresh, reports, pack_info, PackOptions(checkpoints=True))
+        for i, result in zip(todo, trained, strict=True):
             results[i] = result
     return results
 
 
 def _afresh(config):
-    """The member's config for packed training: `train.resume` off (outside the config hash: same folder, same hash)."""
+    """The member's config for packed training: `train.resume` off, which a pack refuses (its checkpoints are the
+    pack's own, `PackOptions.checkpoints`); outside the config hash: same folder, same hash."""
     data = config.to_dict()
     return validate_job_config({**data, "train": {**data["train"], "resume": False}})
-
-
-def _clear_stale(folder: Path) -> None:
-    for name in STALE_OUTPUTS:
-        path = folder / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def _reporter(tracker) -> Callable[[dict[str, Any]], None]:
