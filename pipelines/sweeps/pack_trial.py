@@ -1,13 +1,14 @@
-"""One Tune trial of a packed sweep: the members of one pack (`pipelines.sweeps.packs`) trained in one loop on one base
-model, in the Tune trial's own process (`pipelines.training.tracked_pack`).
+"""One Tune trial of a packed sweep (`pipelines.sweeps.trial.run_trial` hands it a pack's point): the members of one
+pack (`pipelines.sweeps.packs`) trained in one loop on one base model, in the Tune trial's own process
+(`pipelines.training.tracked_pack`).
 
 Each member is what a trial is in a sweep without packing: its job config from `config.trial_job` (same config hash,
-same output folder), its own MLflow run named and tagged as a trial's (`trial.trial_tracking`), nested like every
-trial's under the sweep's parent run, plus the tag ``pack`` (the pack trial's name), and its result.json. The pack
-trial has no run of its own: members then sit beside unpacked trials of other sweeps in the UI's one runs table, and
-the tag groups them. Tune gets one final report: each member's final figures under ``member<i>.`` (what the summary
-reads, `packs.member_points`), ``validation_score`` (the best member's, Tune's metric), counts of members trained and
-reused.
+same output folder), its own MLflow run named and tagged as a trial's (`trial_process.trial_tracking`), nested like
+every trial's under the sweep's parent run, plus the tag ``pack`` (the pack trial's name), and its result.json. The pack
+trial has no run of its own: members then read in the UI's runs table exactly as unpacked trials do (one level under
+the sweep's run, comparable with any trial), and the tag groups them. Tune gets one final report: each member's final
+figures under ``member<i>.`` (what the summary reads, `packs.member_points`), ``validation_score`` (the best member's,
+Tune's metric), counts of members trained and reused.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.packs import member_report_key
-from pipelines.sweeps.trial import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
+from pipelines.sweeps.trial_process import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
 
 PACK_TAG = "pack"
 """Run tag of a pack member: the name of the pack (Tune trial) it trained in."""
@@ -47,7 +48,8 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
 
 def _member(config: SweepConfig, point: dict[str, Any], pack: str, uri: str | None,
             context: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """A member's resolved job config and its run's tracking dict, as `trial.run_trial` makes a trial's."""
+    """A member's resolved job config and its run's tracking dict, as `pipelines.sweeps.trial.run_trial` makes a
+    trial's."""
     entry = next(e for e in config.methods if e.key == point["method"])
     selected = dict(point.get("select", {}))
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], selected)

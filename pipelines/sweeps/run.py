@@ -70,17 +70,16 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
     import ray
     from ray import tune
 
-    from pipelines.sweeps.pack_trial import run_pack_trial
     from pipelines.sweeps.trial import run_trial
 
     local = not os.environ.get("RAY_ADDRESS")  # as `ray_cluster` decides: no address, a local Ray of our own
     cluster = ray.cluster_resources()
     if local:
         check_local_fit(sweep.resources, cluster)
-    # a pack trial asks what a one-worker trial asks: one process, one base model (README, "Packed sweeps")
+    # one trainable for every sweep (run_trial runs a pack's point as a pack); a pack trial asks what a one-worker
+    # trial asks: one process, one base model (README, "Packed sweeps")
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial if sweep.pack is None else run_pack_trial, sweep=asdict(sweep),
-                             tracking_uri=tracking_uri, run_context=run_context),
+        tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri, run_context=run_context),
         trial_resources(sweep.resources, cluster))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
