@@ -179,3 +179,11 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     assert {s: r.info.run_id for s, r in again.items()} == {s: r.info.run_id for s, r in first.items()}, "reopened"
     assert all(r.info.status == "FINISHED" for r in again.values())
     assert again["1"].data.metrics["test/score"] == pytest.approx(done[1].result["metrics"]["test_score"])
+
+
+def test_the_console_line_of_an_ended_pack_trial_counts_its_members():
+    from pipelines.sweeps.console import _outcome
+
+    line = _outcome({"members": 3.0, "members_trained": 2.0, "members_reused": 1.0, "validation_score": 62.5,
+                     "member0.test_score": 50.0})
+    assert line == "trained 2 of 3 pack members, reused 1: best validation 62.5"
