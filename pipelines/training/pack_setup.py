@@ -163,9 +163,9 @@ def _member_problems(i: int, config: JobConfig) -> list[str]:
     if config.train.grad_accum_steps != 1:
         problems.append(f"member {i}: train.grad_accum_steps={config.train.grad_accum_steps}: a pack steps every "
                         "member on each batch (allowed: 1)")
-    for key in ("resume", "score_untrained"):
-        if getattr(config.train, key):
-            problems.append(f"member {i}: train.{key}=true is not supported in a pack yet (allowed: false)")
+    if config.train.resume:
+        problems.append(f"member {i}: train.resume=true is not supported in a pack (allowed: false; a pack continues "
+                        "its members from its own checkpoints, PackOptions.checkpoints)")
     return problems
 
 

@@ -68,12 +68,23 @@ def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[di
         resumed = [m.index for m in pack.members if restore_member(pack, m)]
         if resumed:
             logger.info("pack members %s continue from their checkpoints", resumed)
+    _score_untrained(pack)
     schedules = {m.index: _member_batches(pack, m) for m in pack.members}
     pending = _advance(schedules, dict.fromkeys(schedules))
     while pending:
         _pack_step(pack, pending)
         pending = _advance(schedules, pending)
     return [_finish(pack, member) for member in pack.members]
+
+
+def _score_untrained(pack: Pack) -> None:
+    """With `train.score_untrained`, a member's test score before its first step, as `pipelines.train.fit` takes it:
+    the reference its training has to beat (kept in its loop, so a resumed member keeps it too)."""
+    for member in pack.members:
+        loop = member.loop
+        if member.config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
+            loop.untrained_score = _evaluate(pack, member, member.splits.test)["score"]
+    pack.model.train(pack.options.dropout)
 
 
 def _advance(schedules: dict[int, Iterator[dict]], pending: dict[int, Any]) -> dict[int, dict]:

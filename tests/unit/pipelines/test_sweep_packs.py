@@ -66,9 +66,7 @@ def test_a_packed_sweep_refuses_unpackable_methods_and_options_at_once(tmp_path)
     assert "'capt' does not pack" not in message, "the CaPT rows pack"
 
 
-def test_score_untrained_is_refused_with_pack_and_k_must_be_positive(tmp_path):
-    with pytest.raises(JobConfigError, match=r"pack: train.score_untrained=true is not supported in a pack yet"):
-        packed(tmp_path, "pack.max_members=2", "job.train.score_untrained=true")
+def test_k_must_be_positive_and_given(tmp_path):
     with pytest.raises(JobConfigError, match=r"pack.max_members=0: Input should be greater than 0"):
         packed(tmp_path, "pack.max_members=0")
     with pytest.raises(JobConfigError, match=r"pack.max_members.*Field required"):
@@ -187,3 +185,18 @@ def test_the_console_line_of_an_ended_pack_trial_counts_its_members():
     line = _outcome({"members": 3.0, "members_trained": 2.0, "members_reused": 1.0, "validation_score": 62.5,
                      "member0.test_score": 50.0})
     assert line == "trained 2 of 3 pack members, reused 1: best validation 62.5"
+
+
+@pytest.mark.slow
+def test_a_members_untrained_score_is_the_one_its_single_job_measures(tmp_path):
+    from pipelines.config.load import validate_job_config
+    from pipelines.train import run
+    from pipelines.training.pack_results import train_members
+
+    sweep = packed(tmp_path, "pack.max_members=2", "tasks=[cb]", "seeds=[0]", "job.train.score_untrained=true",
+                   "job.train.max_steps=2", "job.task.generated_size=16", "job.task.max_eval_examples=8")
+    [trial] = trials(sweep)
+    alone = run(validate_job_config(trial.job))
+    job = {**trial.job, "output_dir": str(tmp_path / "packed"), "train": {**trial.job["train"], "resume": False}}
+    [member] = train_members([validate_job_config(job)])
+    assert member["metrics"]["test_untrained_score"] == pytest.approx(alone["metrics"]["test_untrained_score"])
