@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,19 @@ PACKED = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks
           "pack.max_members=3", "name=it-pack", "tracking.register=false"]
 
 
-def _sweep(ray_head, uri: str, storage: Path) -> subprocess.CompletedProcess:
+def _env(ray_head) -> dict[str, str]:
     env = {**os.environ, **ray_head.client_env(), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_head.address}
     env.pop("MLFLOW_TRACKING_URI", None)
-    command = [sys.executable, "pipelines/sweep.py", *PACKED, f"storage_path={storage}", f"tracking.uri={uri}"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return env
+
+
+def _command(uri: str, storage: Path, *extra: str) -> list[str]:
+    return [sys.executable, "pipelines/sweep.py", *PACKED, f"storage_path={storage}", f"tracking.uri={uri}", *extra]
+
+
+def _sweep(ray_head, uri: str, storage: Path, *extra: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(_command(uri, storage, *extra), cwd=ROOT, env=_env(ray_head), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
 
@@ -70,3 +80,28 @@ def test_a_packed_sweep_gives_each_member_what_a_trial_has_and_reruns_nothing(ra
     assert _trained(jobs) == trained, "no member trained again"
     assert {r.info.run_id for r in trial_runs(client, [experiment])} == {r.info.run_id for r in runs}, "no new run"
     assert "All 3 trials reused" in again.stdout + again.stderr
+
+
+def test_a_killed_packed_sweep_resumes_each_member_from_its_checkpoint(ray_head, mlflow_server, tmp_path):
+    import mlflow
+
+    longer = ("job.train.max_steps=48", "name=it-pack-kill")  # 48 epochs of one batch
+    driver = subprocess.Popen(_command(mlflow_server.uri, tmp_path, *longer), cwd=ROOT, env=_env(ray_head),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    jobs, deadline = tmp_path / "it-pack-kill" / "jobs", time.monotonic() + 300
+    while len(list(jobs.glob("*/checkpoints/pack_member.pt"))) < 3 and driver.poll() is None \
+            and time.monotonic() < deadline:  # every member has validated at least once
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    assert not list(jobs.glob("*/result.json")), "the driver must die mid-pack"
+    _sweep(ray_head, mlflow_server.uri, tmp_path, *longer, "--resume")
+    results = [json.loads(p.read_text()) for p in jobs.glob("*/result.json")]
+    assert sorted(r["seed"] for r in results) == [0, 1, 2] and all(r["steps"] == 48 for r in results)
+    client = mlflow.MlflowClient(mlflow_server.uri)
+    runs = trial_runs(client, [client.get_experiment_by_name("capt-it-pack-kill").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == [f"rte/tiny-t5/capt/s{s}" for s in (0, 1, 2)], "runs reopened"
+    for run in runs:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "validation/score")]
+        assert run.info.status == "FINISHED" and sorted(steps) == list(range(3, 49, 3)), (
+            "each validation logged once: the member continued from its checkpoint, it did not start over")
