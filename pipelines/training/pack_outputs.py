@@ -64,16 +64,17 @@ def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Ite
                         "member writes its artifact to a folder of its own (give it another output_dir)")
     with contextlib.ExitStack() as stack:
         for config in configs:
-            stack.enter_context(claim_job_folder(_resuming(config) if keep_checkpoints else config))
+            stack.enter_context(claim_job_folder(with_resume(config, True) if keep_checkpoints else config))
             if keep_checkpoints:
                 _remove_replaced(Path(config.resolved_output_dir()))
         yield
 
 
-def _resuming(config):
-    """`config` with `train.resume` on (outside the config hash): its claim keeps the folder's outputs."""
+def with_resume(config, resume: bool):
+    """The resolved `config` with `train.resume` set to `resume`: outside the config hash, so the same folder and hash
+    (on: a claim keeps the folder's outputs of this config; off: what a pack member trains with)."""
     data = config.to_dict()
-    return validate_job_config({**data, "train": {**data["train"], "resume": True}})
+    return validate_job_config({**data, "train": {**data["train"], "resume": resume}})
 
 
 def _remove_replaced(folder: Path) -> None:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines.config.load import validate_job_config
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_result
+from pipelines.training.pack_outputs import with_resume
 from pipelines.training.tracked import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
 
 logger = logging.getLogger(__name__)
@@ -64,19 +64,12 @@ def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) ->
     if todo:
         logger.info("Pack %s: training %d member(s), reusing %d", (pack_info or {}).get("name", ""), len(todo),
                     len(configs) - len(todo))
-        fresh = [_afresh(configs[i]) for i in todo]
+        fresh = [with_resume(configs[i], False) for i in todo]  # a pack refuses train.resume: it has checkpoints
         reports = {j: _reporter(trackers[i]) for j, i in enumerate(todo) if trackers[i] is not None}
         trained = train_members(fresh, reports, pack_info, PackOptions(checkpoints=True))
         for i, result in zip(todo, trained, strict=True):
             results[i] = result
     return results
-
-
-def _afresh(config):
-    """The member's config for packed training: `train.resume` off, which a pack refuses (its checkpoints are the
-    pack's own, `PackOptions.checkpoints`); outside the config hash: same folder, same hash."""
-    data = config.to_dict()
-    return validate_job_config({**data, "train": {**data["train"], "resume": False}})
 
 
 def _reporter(tracker) -> Callable[[dict[str, Any]], None]:

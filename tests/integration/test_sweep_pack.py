@@ -1,7 +1,8 @@
-"""A packed sweep (#34, "In the sweep") on a real Ray and a real MLflow server: three seeds of one task train as one
-pack trial; each member has its result.json, its own FINISHED run (nested under the sweep's run, with the capsule) and
-its row in the summary; the same sweep again trains nothing and adds no run. Registration is off here (three pyfunc
-versions took ~40 s on 2 shared CPUs): members' runs register through the trial's own `RunPlan.register`
+"""A packed sweep (#34, "In the sweep") on a real Ray and a real MLflow server, three seeds of one task in one pack
+trial. Each member has its result.json, its own FINISHED run (nested under the sweep's run, with the capsule) and its
+row in the summary; the same sweep again trains nothing and adds no run. A driver killed mid-pack, then `--resume`:
+each member continues from its checkpoint in its reopened run. Registration is off here (three pyfunc versions took
+~40 s on 2 shared CPUs): members' runs register through the trial's own `RunPlan.register`
 (tests/unit/pipelines/test_sweep_packs.py checks the members' plans ask for it)."""
 
 from __future__ import annotations
