@@ -200,3 +200,11 @@ def test_a_members_untrained_score_is_the_one_its_single_job_measures(tmp_path):
     job = {**trial.job, "output_dir": str(tmp_path / "packed"), "train": {**trial.job["train"], "resume": False}}
     [member] = train_members([validate_job_config(job)])
     assert member["metrics"]["test_untrained_score"] == pytest.approx(alone["metrics"]["test_untrained_score"])
+
+
+def test_select_values_pack_together_and_each_member_keeps_its_own(tmp_path):
+    sweep = packed(tmp_path, "pack.max_members=4", "tasks=[rte]", "select={optim.lr: [0.01, 0.1]}")
+    [first, second] = sweep_packs(sweep)
+    assert [(t.select["optim.lr"], t.seed) for t in first.members] == [(0.01, 0), (0.01, 1), (0.01, 2), (0.1, 0)]
+    assert [m["select"] for m in pack_point(second)["members"]] == [{"optim.lr": 0.1}] * 2
+    assert {t.job["optim"]["lr"] for t in first.members} == {0.01, 0.1}, "members differ in lr within one pack"
