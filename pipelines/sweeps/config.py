@@ -26,6 +26,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.config.schema import STRICT, Seed, model_slug
 from pipelines.config.sources import JobConfigError, merge_sources
 from pipelines.config.tracking import TrackingSection
+from pipelines.sweeps.pack_rules import PackSection, member_problems, pack_option_problems
 from pipelines.sweeps.resources import ResourcesSection
 from pipelines.sweeps.rules import (
     DISTINCT,
@@ -118,6 +119,9 @@ class SweepConfig:
     """Per-trial resources."""
     failure: FailureSection = Field(default_factory=FailureSection)
     """Retries."""
+    pack: PackSection | None = None
+    """Packed trials, e.g. {max_members: 3}: trials sharing a base model train K per Tune trial in one loop (CaPT
+    rows only; pipelines/sweeps/pack_rules.py). null (default): one Tune trial per trial."""
     tracking: TrackingSection = Field(default_factory=TrackingSection)
     """MLflow."""
     storage_path: str = "outputs/sweeps"
@@ -193,13 +197,17 @@ def trials(sweep: SweepConfig) -> list[Trial]:
                     job = trial_job(sweep, task, model, entry, seed, values)
                     try:
                         validate_job_config(job)
+                        found = member_problems(sweep.pack, job)
                     except JobConfigError as err:
-                        where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
-                        by_problem.setdefault(str(err), []).append(where)
+                        found = [str(err)]
+                    where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
+                    for problem in found:
+                        by_problem.setdefault(problem, []).append(where)
                     points.append(Trial(task, model, entry.key, seed, job, values))
     for problem, names in by_problem.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
+    problems += pack_option_problems(sweep)
     problems += real_data_problems(sweep.data_source, [(t.name, t.job.get("task", {}).get("source")) for t in points])
     if not points:
         problems.append(f"the grid is empty: no method row runs on models={sweep.models} (rows restricted by "

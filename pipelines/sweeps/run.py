@@ -20,6 +20,7 @@ from pipelines.config.sources import JobConfigError
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
+from pipelines.sweeps.packs import pack_point, sweep_packs, trial_point
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
@@ -30,12 +31,13 @@ logger = logging.getLogger("pipelines.sweep")
 
 
 def param_space(sweep: SweepConfig) -> dict:
-    """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search."""
+    """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search; a packed
+    sweep's axis is over its packs (`pipelines.sweeps.packs`)."""
     from ray import tune
 
-    points = [{"task": t.task, "model": t.model, "method": t.method, "seed": t.seed, "select": t.select}
-              for t in trials(sweep)]
-    space = {"point": tune.grid_search(points)}
+    if sweep.pack is not None:
+        return {"point": tune.grid_search([pack_point(plan) for plan in sweep_packs(sweep)])}
+    space = {"point": tune.grid_search([trial_point(t) for t in trials(sweep)])}
     for key, spec in sweep.search.items():
         kind, values = next(iter(spec.items()))
         space[key] = tune.grid_search(values) if kind == "grid" else getattr(tune, kind)(*(
@@ -45,6 +47,8 @@ def param_space(sweep: SweepConfig) -> dict:
 
 def _trial_name(trial) -> str:
     point = trial.config["point"]
+    if "pack" in point:
+        return point["pack"]
     name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
     extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
@@ -72,6 +76,8 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
     cluster = ray.cluster_resources()
     if local:
         check_local_fit(sweep.resources, cluster)
+    # one trainable for every sweep (run_trial runs a pack's point as a pack); a pack trial asks what a one-worker
+    # trial asks: one process, one base model (README, "Packed sweeps")
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri, run_context=run_context),
         trial_resources(sweep.resources, cluster))

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trials
+from pipelines.sweeps.packs import member_points
 from pipelines.sweeps.select import chosen_labels, select_label
 
 logger = logging.getLogger(__name__)
@@ -39,17 +40,20 @@ def data_kinds(sweep: SweepConfig) -> dict[tuple[str, str, str], str]:
 
 
 def result_rows(grid: Iterable, kinds: Mapping[tuple[str, str, str], str] | None = None) -> list[dict[str, Any]]:
-    """One row per trial of a Tune ResultGrid, sorted, each marked `chosen` (the `select:` value kept on validation)."""
+    """One row per trial of a Tune ResultGrid (each member of a pack trial: its ``pack`` column names the pack),
+    sorted, each marked `chosen` (the `select:` value kept on validation)."""
     rows = []
     for result in grid:
-        point, metrics = result.config["point"], result.metrics or {}
-        row = {"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
-               "seed": point["seed"], "select": select_label(point.get("select", {}))}
-        row["data"] = (kinds or {}).get(tuple(row[k] for k in _KEYS), "")
-        row.update({column: metrics.get(metric) for column, metric in SCORE_COLUMNS.items()})
-        row["status"] = "error" if result.error else "done"
-        row["reused"] = bool(metrics.get("reused")) and not result.error  # its job's finished result, not trained now
-        rows.append(row)
+        for point, metrics, pack in member_points(result.config["point"], result.metrics or {}):
+            row = {"task": point["task"], "model": model_slug(point["model"]), "method": point["method"],
+                   "seed": point["seed"], "select": select_label(point.get("select", {}))}
+            row["data"] = (kinds or {}).get(tuple(row[k] for k in _KEYS), "")
+            row.update({column: metrics.get(metric) for column, metric in SCORE_COLUMNS.items()})
+            row["status"] = "error" if result.error else "done"
+            row["reused"] = bool(metrics.get("reused")) and not result.error  # its job's finished result, not trained
+            if pack:
+                row["pack"] = pack
+            rows.append(row)
     chosen = chosen_labels(rows)
     for r in rows:
         r["chosen"] = chosen.get(tuple(r[k] for k in _KEYS), r["select"]) == r["select"]  # no score: no choice
@@ -105,7 +109,7 @@ def summary_markdown(sweep: SweepConfig, rows: list[dict]) -> str:
     generated = any(r["data"] == GENERATED for r in rows)
     title = f"# Sweep `{sweep.name}`: results" + (" on generated data (not benchmark data)" if generated else "")
     columns = ["task", "model", "method", *(["select"] if any(r["select"] for r in rows) else []), "seed", "data",
-               *SCORE_COLUMNS, "status"]
+               *SCORE_COLUMNS, "status", *(["pack"] if any(r.get("pack") for r in rows) else [])]
     tracked = f"MLflow experiment `{sweep.experiment_name()}`; " if sweep.tracking.enabled else ""
     lines = [title, "", f"{tracked}{len(rows)} trials. Every trial, with the values of `select:` not chosen, is in "
              f"`{SUMMARY_CSV}`; `{README}` explains this folder.", "",
@@ -151,7 +155,8 @@ def _write_files(sweep: SweepConfig, rows: list[dict]) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    fields = ["task", "model", "method", "select", "seed", "data", *SCORE_COLUMNS, "status", "chosen"]
+    fields = ["task", "model", "method", "select", "seed", "data", *SCORE_COLUMNS, "status", "chosen",
+              *(["pack"] if any(r.get("pack") for r in rows) else [])]
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -183,6 +188,8 @@ resolved config, so a changed config trains in a new folder and an identical one
 
 - `<task>-<model>-<method>-s<seed>/` (the trial name, no hash): Tune's log of the trial: `params.json`,
   `progress.csv` and `result.json` (every report, one line each).
+- `pack<NNN>-<model>-x<members>/` (a sweep with `pack:`): Tune's log of one pack trial; its members' folders are
+  in `jobs/` like any trial's, and `summary.csv` names each member's pack.
 - `train/` (only for trials with several workers): Ray Train's state of each trial's worker group.
 - `experiment_state-*.json`, `basic-variant-state-*.json`, `tuner.pkl`, `.validate_storage_marker`: Tune's
   experiment state.

@@ -15,7 +15,6 @@ every validation reported, the capsule registered before the final report.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,18 +25,13 @@ from pydantic import TypeAdapter
 from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
+from pipelines.sweeps.pack_trial import run_pack_trial
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
-from pipelines.sweeps.select import SELECT_TAG, select_label
-from pipelines.training.tracked import RUN_DESCRIPTION, job_run_name, job_run_tags, numeric_metrics
+from pipelines.sweeps.trial_process import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
 
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0
 """How often a trial's progress bar redraws: parallel trials share the driver's console, one line per redraw."""
-CLAIM_WAIT_S = 60.0
-"""How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""
-RESET_WAIT_S = "60"
-"""Seconds Tune waits for a finished trial's thread before reusing its process (Tune's own default, 2 s, can be
-shorter than a stopped trial's clean-up, e.g. marking its MLflow run failed, and then fails the next trial)."""
 
 
 def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None,
@@ -48,6 +42,9 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
+    if "members" in params["point"]:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
+        run_pack_trial(params, sweep, tracking_uri, run_context)
+        return
     quiet_trial_process()
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
@@ -55,7 +52,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     entry = next(e for e in config.methods if e.key == point["method"])
     job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     name = tune.get_context().get_trial_name()
-    tracking = _tracking(config, job, point, entry, searched, name, tracking_uri)
+    tracking = trial_tracking(config, job, point, entry, searched, name, tracking_uri)
     context = run_context or {}
     tracking["tags"] = {**context.get("tags", {}), **tracking["tags"]}
     tracking["ui_uri"] = context.get("ui_uri")
@@ -74,22 +71,10 @@ def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
 
     from pipelines.models.cache import BASE_MODELS
 
-    os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", RESET_WAIT_S)  # read by Tune when it resets this process
-    # Ray sets OMP_NUM_THREADS for every actor from its CPUs (unless set already), as it does for Train workers.
-    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, math.floor(cpus)))
-    torch.set_num_threads(threads)
-    _forget_accelerate_state()
+    prepare_trial_process(cpus)
     tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
                 final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
                                      "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
-
-
-def _forget_accelerate_state() -> None:
-    """Accelerate keeps one state per process: a reused trial process starts each job from none, as a new one does."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None:
@@ -116,24 +101,6 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
     trainer.fit()
 
 
-def _tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str, uri: str | None) -> dict:
-    from pipelines.methods import registers_model
-
-    job_config = validate_job_config(job)
-    run_name = job_run_name(job_config, entry.key)
-    if searched:
-        run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
-    return {
-        "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
-        "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
-        "register": config.tracking.register and registers_model(entry.name),
-        "tags": {**job_run_tags(job_config, entry.key), "sweep": config.name, "trial": trial,
-                 SELECT_TAG: select_label(point.get("select", {})),
-                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, "
-                                  f"seed {point['seed']} (trial {trial} of sweep {config.name})"},
-    }
-
-
 def worker_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: run the job; rank 0 tracks it in MLflow."""
     import ray.train
@@ -156,16 +123,4 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
                  lambda report, log: run(config, report, base_models=base_models, log=log,
                                          progress_every_s=PROGRESS_EVERY_S),
                  report_to, is_main=is_main, claim_wait_s=CLAIM_WAIT_S)
-    report_to(_final_report(done.result, done.reused, final_extra))
-
-
-def _final_report(result: dict[str, Any], reused: bool,
-                  final_extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
-    """The trial's last report: the final scores, the steps, `final_extra`'s figures and ``reused``: 1 when the job
-    returned the finished result already in its folder."""
-    final = result["metrics"]
-    extra = final_extra() if final_extra is not None else {}
-    return {**numeric_metrics(final), "validation_score": final["best_validation_score"], "step": result["steps"],
-            "reused": float(reused), **numeric_metrics(extra)}
-
-
+    report_to(final_report(done.result, done.reused, final_extra))

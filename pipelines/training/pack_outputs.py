@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from capt.heads import head_installed
 from capt.packing import PackedCapsules
+from pipelines.config.load import validate_job_config
 from pipelines.methods import save_artifact
-from pipelines.training.outputs import claim_job_folder
+from pipelines.training.outputs import RESULT_FILE, claim_job_folder
 from pipelines.training.pack_setup import Member, Pack, PackError
+
+REPLACED_OUTPUTS = ("artifact", RESULT_FILE, RESULT_FILE + ".tmp")
+"""What a member's folder may hold from an interrupted end of a pack, removed before a pack that keeps checkpoints
+trains it again."""
 
 
 class _MemberSaver:
@@ -43,9 +49,13 @@ def save_member_artifact(pack: Pack, member: Member, metrics: dict[str, float]) 
 
 
 @contextlib.contextmanager
-def claimed_member_folders(configs: list) -> Iterator[None]:
+def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Iterator[None]:
     """Hold every member's output_dir as a single job holds its own (`pipelines.training.outputs.claim_job_folder`):
-    locked for the pack's duration, another config's outputs refused, the member's config recorded."""
+    locked for the pack's duration, another config's outputs refused, the member's config recorded.
+
+    `keep_checkpoints`: the folder's outputs of the same config are kept as a resumed job keeps them (its checkpoints,
+    its run record) but for the artifact and result.json, which this pack writes again (`REPLACED_OUTPUTS`); else
+    they are removed, as a job that does not resume removes them."""
     folders = [str(config.resolved_output_dir().resolve()) for config in configs]
     shared = [(i, folder) for i, folder in enumerate(folders) if folders.index(folder) != i]
     if shared:
@@ -54,5 +64,23 @@ def claimed_member_folders(configs: list) -> Iterator[None]:
                         "member writes its artifact to a folder of its own (give it another output_dir)")
     with contextlib.ExitStack() as stack:
         for config in configs:
-            stack.enter_context(claim_job_folder(config))
+            stack.enter_context(claim_job_folder(with_resume(config, True) if keep_checkpoints else config))
+            if keep_checkpoints:
+                _remove_replaced(Path(config.resolved_output_dir()))
         yield
+
+
+def with_resume(config, resume: bool):
+    """The resolved `config` with `train.resume` set to `resume`: outside the config hash, so the same folder and hash
+    (on: a claim keeps the folder's outputs of this config; off: what a pack member trains with)."""
+    data = config.to_dict()
+    return validate_job_config({**data, "train": {**data["train"], "resume": resume}})
+
+
+def _remove_replaced(folder: Path) -> None:
+    for name in REPLACED_OUTPUTS:
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()

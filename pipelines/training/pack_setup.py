@@ -51,6 +51,9 @@ class PackOptions:
     """Seed of the pack's own random stream (dropout masks of the whole batch); None: the first member's seed."""
     write_artifacts: bool = True
     """Write each member's best capsule (and head) as an artifact in its own output_dir, as a single job does."""
+    checkpoints: bool = False
+    """Save each member's state at each of its validations in its output_dir, and continue a member from it when a
+    pack starts (`pipelines.training.pack_checkpoint`)."""
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -118,6 +121,8 @@ class Pack:
     """The base model, its tokenizer and family."""
     members: list[Member]
     """The members, in pack order."""
+    reports: dict[int, Any] = field(default_factory=dict)
+    """Member index -> the callable that gets its every validation record (`packed.fit_pack`)."""
 
     @property
     def spec(self) -> ArchSpec:
@@ -158,9 +163,9 @@ def _member_problems(i: int, config: JobConfig) -> list[str]:
     if config.train.grad_accum_steps != 1:
         problems.append(f"member {i}: train.grad_accum_steps={config.train.grad_accum_steps}: a pack steps every "
                         "member on each batch (allowed: 1)")
-    for key in ("resume", "score_untrained"):
-        if getattr(config.train, key):
-            problems.append(f"member {i}: train.{key}=true is not supported in a pack yet (allowed: false)")
+    if config.train.resume:
+        problems.append(f"member {i}: train.resume=true is not supported in a pack (allowed: false; a pack continues "
+                        "its members from its own checkpoints, PackOptions.checkpoints)")
     return problems
 
 

@@ -16,51 +16,75 @@ schedule, clipping, validation points and early stopping; the same dropout strea
 the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
-What differs from a single job (`pipelines.train.run`): one process only; no checkpoints, resume, curve callbacks,
-tracking or result.json yet (each member's best state is kept in memory and returned, and written as an artifact in
-its output_dir, `pipelines.training.pack_outputs`); dropout masks are drawn from the pack's one random stream over
-the whole batch, so a member's masks are not the ones it draws alone (a pack of one draws the single job's).
+What differs from a single job (`pipelines.train.run`): one process only; no loss-curve callbacks; checkpoints only
+with `PackOptions.checkpoints` (`pipelines.training.pack_checkpoint`: each member's state at its last validation,
+continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact
+in its output_dir (`pipelines.training.pack_outputs`; `pipelines.training.tracked_pack` adds result.json and MLflow
+runs); dropout masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not
+the ones it draws alone (a pack of one draws the single job's).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from pipelines.config.load import require_resolved
 from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.training.pack_checkpoint import restore_member, save_member
 from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
 logger = logging.getLogger(__name__)
+Report = Callable[[dict[str, Any]], None]
 
 
 class PackDivergedError(RuntimeError):
     """A member's training loss became NaN or infinite."""
 
 
-def train_pack(configs: list, options: PackOptions | None = None) -> list[dict[str, Any]]:
+def train_pack(configs: list, options: PackOptions | None = None,
+               reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
     """Train the jobs `configs` (resolved `JobConfig`s) as one pack; one result per member, in order.
 
     When the members write artifacts (`PackOptions.write_artifacts`), each member's output_dir is claimed as a job
-    claims its folder, for the whole pack."""
+    claims its folder, for the whole pack. `reports[i]`, when given, gets member i's every validation record (as
+    `pipelines.train.run`'s `report` does)."""
     options = options or PackOptions()
     configs = [require_resolved(config, "train_pack") for config in configs]
-    with claimed_member_folders(configs if options.write_artifacts else []):
-        return fit_pack(build_pack(configs, options))
+    with claimed_member_folders(configs if options.write_artifacts else [], keep_checkpoints=options.checkpoints):
+        return fit_pack(build_pack(configs, options), reports)
 
 
-def fit_pack(pack: Pack) -> list[dict[str, Any]]:
-    """Train a built pack until its last member ends; each member's result, its best state restored and tested."""
+def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
+    """Train a built pack until its last member ends; each member's result, its best state restored and tested.
+    `reports[i]`: called with member i's every validation record."""
+    pack.reports = dict(reports or {})
+    if pack.options.checkpoints:
+        resumed = [m.index for m in pack.members if restore_member(pack, m)]
+        if resumed:
+            logger.info("pack members %s continue from their checkpoints", resumed)
+    _score_untrained(pack)
     schedules = {m.index: _member_batches(pack, m) for m in pack.members}
     pending = _advance(schedules, dict.fromkeys(schedules))
     while pending:
         _pack_step(pack, pending)
         pending = _advance(schedules, pending)
     return [_finish(pack, member) for member in pack.members]
+
+
+def _score_untrained(pack: Pack) -> None:
+    """With `train.score_untrained`, a member's test score before its first step, as `pipelines.train.fit` takes it:
+    the reference its training has to beat (kept in its loop, so a resumed member keeps it too)."""
+    for member in pack.members:
+        loop = member.loop
+        if member.config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
+            loop.untrained_score = _evaluate(pack, member, member.splits.test)["score"]
+    pack.model.train(pack.options.dropout)
 
 
 def _advance(schedules: dict[int, Iterator[dict]], pending: dict[int, Any]) -> dict[int, dict]:
@@ -115,9 +139,11 @@ def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
 def _member_batches(pack: Pack, member: Member) -> Iterator[dict]:
     """`pipelines.train._train` for one member: yields its batches; after each, the pack has stepped on it."""
     loop, cfg = member.loop, member.config.train
+    if member.stopped_early:  # restored from the checkpoint of a member whose patience ran out
+        return
     while loop.epoch < cfg.max_epochs and loop.step < member.total_steps:
         member.sampler.set_epoch(loop.epoch)
-        for batch in member.loader:
+        for batch in itertools.islice(member.loader, loop.batches_in_epoch, None):  # a resumed epoch: the rest
             yield batch
             loop.step, loop.batches_in_epoch = loop.step + 1, loop.batches_in_epoch + 1
             if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(pack, member):
@@ -155,6 +181,10 @@ def _validate(pack: Pack, member: Member) -> bool:
     record["best_validation_score"] = loop.best_score
     patience = member.config.train.patience
     member.stopped_early = patience is not None and loop.bad_evals >= patience
+    if pack.options.checkpoints:
+        save_member(pack, member)
+    if (report := pack.reports.get(member.index)) is not None:
+        report(dict(record))
     if member.stopped_early:
         logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name, loop.step)
     return member.stopped_early

@@ -175,6 +175,8 @@ CASES = [
     Case("sweep-mlflow-store-on-proc", "sweep", lambda p: [*_sweep("tracked.yaml")(p), "tracking.local_dir=/proc/x"],
          "tracking.local_dir='/proc/x' is on a kernel file system"),
     Case("sweep-unknown-task", "sweep", _sweep("sweep.yaml", "tasks=[mnli]"), "task.name='mnli': Input should be"),
+    Case("sweep-pack-unpackable-method", "sweep", _sweep("sweep.yaml", "pack.max_members=2", "methods=[{name: lora}]"),
+         "pack: method 'lora' does not pack: only CaPT and its ablations"),
     Case("sweep-unreachable-mlflow", "sweep", lambda p: [*_sweep("tracked.yaml")(p), f"tracking.uri={p.closed_uri}"],
          "Cannot reach the MLflow tracking server"),
     Case("sweep-unreachable-ray", "sweep", _sweep("sweep.yaml"), "Cannot reach the Ray cluster (RAY_ADDRESS)",

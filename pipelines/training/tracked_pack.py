@@ -1,0 +1,80 @@
+"""A pack of jobs tracked in MLflow as single jobs are (`pipelines.training.tracked`): every member's folder claimed,
+its own run (params, every validation, the final metrics, result.json and the capsule, a registry version when
+asked), its result.json in its own folder.
+
+A member whose folder already holds the finished result of its exact config (`outputs.finished_result`, verified,
+and checked against its finished run's scores as `tracked_job` checks a reused result) is not trained again: the
+others train as a pack (`pipelines.training.pack_results.train_members`), each saving its state at every validation
+(`pipelines.training.pack_checkpoint`). An unfinished member, e.g. after a killed sweep, continues from its last
+checkpoint (from scratch when it has none) in the pack run again; its run is the one it had (`TrialTracker` reopens
+it from the record in its folder). If the pack raises, every run not finished ends FAILED.
+
+Imports no mlflow itself: `pipelines.tracking` is imported only when a run is tracked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_result
+from pipelines.training.pack_outputs import with_resume
+from pipelines.training.tracked import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
+
+logger = logging.getLogger(__name__)
+
+
+def tracked_pack(configs: list, plans: list[RunPlan], claim_wait_s: float = 0.0,
+                 pack_info: dict[str, Any] | None = None) -> list[TrackedResult]:
+    """Run the jobs `configs` (resolved) as one pack, each tracked by its `plans[i]`; their results, in order."""
+    with contextlib.ExitStack() as stack:
+        for config in configs:
+            stack.enter_context(claim_job_folder(config, wait_s=claim_wait_s))
+        trackers = [start_tracker(plan, config) if plan.uri else None
+                    for plan, config in zip(plans, configs, strict=True)]
+        stored = [stored_digest(config) for config in configs]
+        try:
+            results = _results(configs, trackers, pack_info)
+        except BaseException as err:
+            for tracker in trackers:
+                if tracker is not None:
+                    tracker.fail(err)
+            raise
+        for tracker, plan, result in zip(trackers, plans, results, strict=True):
+            if tracker is not None:
+                tracker.finish(result, Path(result["artifact_dir"]), register=plan.register)
+    return [TrackedResult(result, digest is not None and result.get("result_digest") == digest,
+                          *((tracker.run_id, tracker.run_url) if tracker is not None else ()))
+            for result, digest, tracker in zip(results, stored, trackers, strict=True)]
+
+
+def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each member's result: the finished one in its folder (verified), else trained now with the other such."""
+    from pipelines.training.pack_results import train_members
+    from pipelines.training.pack_setup import PackOptions
+
+    results = [finished_result(config) for config in configs]
+    for config, tracker, result in zip(configs, trackers, results, strict=True):
+        if result is not None and tracker is not None and tracker.finished:  # as `tracked_job` checks a reused one
+            tracker.verify_reused(result, Path(config.resolved_output_dir()) / RESULT_FILE)
+    todo = [i for i, result in enumerate(results) if result is None]
+    if todo:
+        logger.info("Pack %s: training %d member(s), reusing %d", (pack_info or {}).get("name", ""), len(todo),
+                    len(configs) - len(todo))
+        fresh = [with_resume(configs[i], False) for i in todo]  # a pack refuses train.resume: it has checkpoints
+        reports = {j: _reporter(trackers[i]) for j, i in enumerate(todo) if trackers[i] is not None}
+        trained = train_members(fresh, reports, pack_info, PackOptions(checkpoints=True))
+        for i, result in zip(todo, trained, strict=True):
+            results[i] = result
+    return results
+
+
+def _reporter(tracker) -> Callable[[dict[str, Any]], None]:
+    """Logs a member's validation records to its run: a pack draws no loss curve of its own, so each record's
+    ``train_loss`` (the mean since the previous validation) is the run's ``train/loss``."""
+    def report(record: dict[str, Any]) -> None:
+        tracker.log_metrics(numeric_metrics(record), step=int(record["step"]))
+    return report
