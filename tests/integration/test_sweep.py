@@ -96,7 +96,8 @@ def _job_folder(jobs: Path, trial: str) -> Path:
 
 def _sweep(ray_head, tmp_path, uri, *extra: str) -> list[str]:
     return [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-resume", f"storage_path={tmp_path}",
-            f"tracking.uri={uri}", "seeds=[0,1]", "resources.max_concurrent_trials=1", *extra]
+            f"tracking.uri={uri}", "seeds=[0,1]", "resources.max_concurrent_trials=1", "tracking.register=false",
+            *extra]
 
 
 def _finished(jobs: Path) -> int:
