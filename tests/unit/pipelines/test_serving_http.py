@@ -19,7 +19,7 @@ from pipelines.capsule_predictor import validated_examples
 from pipelines.serving import limits as limits_module
 from pipelines.serving.auth import TOKEN_ENV, authorized, digest, find_token
 from pipelines.serving.limits import ClientError, Limits, parse
-from pipelines.serving.routes import Front
+from pipelines.serving.routes import Catalog, Front
 from pipelines.serving.source import ServeError
 
 TOKEN = "s3cret-token-for-tests-0123456789"
@@ -30,11 +30,8 @@ ROW = {"premise": "A cat sat.", "hypothesis": "A cat."}
 class FakeServed:
     """Serves 'rte' and answers every row 'entailment'."""
 
-    def names(self) -> list[str]:
-        return ["rte"]
-
-    def limits(self) -> Limits:
-        return LIMITS
+    def catalog(self) -> Catalog:
+        return Catalog(["rte"], LIMITS)
 
     def max_chars(self, name: str) -> int:
         return 50
