@@ -32,6 +32,9 @@ ROUTES: dict[str, tuple[str, ...]] = {"/": ("POST",), "/tasks": ("GET",), "/heal
 OPEN_ROUTES = ("/health",)
 """Routes answered without the token."""
 _ROW_FIELD = re.compile(r"row (\d+): field '([^']+)': (.*)", re.S)
+SHOWN_NAMES = 20
+"""Names a refusal lists; past that it says how many more there are and where all are listed (a replica may serve
+1,000, and a refusal of 1,000 names helps nobody)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,17 @@ class Catalog:
 
     def __post_init__(self) -> None:
         names = list(self.names)
+        shown, more = names[:SHOWN_NAMES], _more(len(names))
         object.__setattr__(self, "names", tuple(names))
         object.__setattr__(self, "members", frozenset(names))
-        object.__setattr__(self, "shape", f"send {{\"task\": one of {names}, \"inputs\": [task rows]}}")
-        object.__setattr__(self, "listing", ", ".join(names))
+        object.__setattr__(self, "shape", f"send {{\"task\": one of {shown}{more}, \"inputs\": [task rows]}}")
+        object.__setattr__(self, "listing", ", ".join(shown) + more)
+
+
+def _more(count: int) -> str:
+    """What a listing of `count` names says after the first `SHOWN_NAMES`: nothing when it showed them all."""
+    extra = count - SHOWN_NAMES
+    return f" ... and {extra} more (GET /tasks lists them all)" if extra > 0 else ""
 
 
 class Served(Protocol):
