@@ -24,7 +24,7 @@ from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import Answer, CapsuleEngine, ServedCapsule
 from pipelines.serving.limits import Limits
 from pipelines.serving.reload import Reloader
-from pipelines.serving.routes import Front
+from pipelines.serving.routes import Catalog, Front
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 
@@ -49,6 +49,8 @@ class CapsuleServer:
         self.engine = CapsuleEngine(capsules)
         self.loaded_rss_mb = _rss_mb()
         """Resident memory once the base model and every capsule are loaded, before any request."""
+        self._catalog: tuple[int, Catalog] | None = None
+        """(engine revision, the route checks' catalog of what it served then): `catalog`."""
         self.front = Front(self, self.settings.token_sha256 if self.settings.auth else None)
         self.answer_batch.set_max_batch_size(self.settings.max_batch_requests)
         self.answer_batch.set_batch_wait_timeout_s(self.settings.batch_wait_s)
@@ -74,9 +76,13 @@ class CapsuleServer:
         return await asyncio.to_thread(self.engine.answer, requests)
 
     # What `routes.Front` asks of a replica (`routes.Served`).
-    def names(self) -> list[str]:
-        """The capsules served, by name."""
-        return self.engine.names
+    def catalog(self) -> Catalog:
+        """The names served and the request limits, built again only after the served set changed (the engine's
+        revision moved: load, hot add, swap, or a drop by the registry poll), not on every request."""
+        revision = self.engine.revision  # read first: a change made while building is caught by the next request
+        if self._catalog is None or self._catalog[0] != revision:
+            self._catalog = revision, Catalog(self.engine.names, self.limits())
+        return self._catalog[1]
 
     def max_chars(self, name: str) -> int:
         """Most characters per string in a row for capsule `name`."""

@@ -110,6 +110,9 @@ class CapsuleEngine:
         are refused, but kept in the bank, so a request accepted just before still gets its answer."""
         self.lock = threading.Lock()
         """Held around every batch and every capsule swap: a swap waits for the batch in flight."""
+        self.revision = 0
+        """Counts the changes of what is served (swap, add, retire): what is computed from the served names (the
+        app's route checks: `app.CapsuleServer.catalog`) is computed again only when it moves."""
 
     def _bank(self, base: torch.nn.Module, capsules: Sequence[ServedCapsule]) -> CapsuleBank:
         """A bank of `capsules` on `base`; each capsule's fit to the base model's weights is checked as it loads."""
@@ -165,6 +168,7 @@ class CapsuleEngine:
             self.bank.replace(served.name, capsule, head)
             self.settings[served.name] = settings
             self.retired.discard(served.name)
+            self.revision += 1
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
 
     def add(self, served: ServedCapsule) -> None:
@@ -178,12 +182,14 @@ class CapsuleEngine:
         with self.lock:
             self.bank.add(served.name, capsule, head)
             self.settings[served.name] = settings
+            self.revision += 1
         logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
 
     def retire(self, name: str) -> None:
         """Stop serving `name`: new requests for it are refused (its capsule stays in the bank, a few KB)."""
         with self.lock:
             self.retired.add(name)
+            self.revision += 1
         logger.info("No longer serving %r", name)
 
     @torch.no_grad()

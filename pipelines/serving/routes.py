@@ -16,7 +16,8 @@ table here.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -31,13 +32,46 @@ ROUTES: dict[str, tuple[str, ...]] = {"/": ("POST",), "/tasks": ("GET",), "/heal
 OPEN_ROUTES = ("/health",)
 """Routes answered without the token."""
 _ROW_FIELD = re.compile(r"row (\d+): field '([^']+)': (.*)", re.S)
+SHOWN_NAMES = 20
+"""Names a refusal lists; past that it says how many more there are and where all are listed (a replica may serve
+1,000, and a refusal of 1,000 names helps nobody)."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What a request's checks read of the served set, built once per change of it (load, hot add, swap, drop):
+    at 1,000 names, taking the largest character limit and listing the names on every request cost ~2 ms."""
+
+    names: Sequence[str]
+    """The names served, in the order the refusals list them."""
+    limits: Limits
+    """The request limits (characters: the largest of the served capsules')."""
+    members: frozenset[str] = field(init=False)
+    """`names` as a set: a request's task is looked up, not searched for."""
+    shape: str = field(init=False)
+    """What a body must look like, as the refusals of a malformed body say it."""
+    listing: str = field(init=False)
+    """The names served, as the refusal of a task not served lists them."""
+
+    def __post_init__(self) -> None:
+        names = list(self.names)
+        shown, more = names[:SHOWN_NAMES], _more(len(names))
+        object.__setattr__(self, "names", tuple(names))
+        object.__setattr__(self, "members", frozenset(names))
+        object.__setattr__(self, "shape", f"send {{\"task\": one of {shown}{more}, \"inputs\": [task rows]}}")
+        object.__setattr__(self, "listing", ", ".join(shown) + more)
+
+
+def _more(count: int) -> str:
+    """What a listing of `count` names says after the first `SHOWN_NAMES`: nothing when it showed them all."""
+    extra = count - SHOWN_NAMES
+    return f" ... and {extra} more (GET /tasks lists them all)" if extra > 0 else ""
 
 
 class Served(Protocol):
     """What `Front` needs from the replica."""
 
-    def names(self) -> list[str]: ...
-    def limits(self) -> Limits: ...
+    def catalog(self) -> Catalog: ...
     def max_chars(self, name: str) -> int: ...
     def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]: ...
     def answer(self, name: str, examples: list[Any]) -> Awaitable[dict[str, Any]]: ...
@@ -76,11 +110,12 @@ class Front:
         return self.served.describe()
 
     async def _infer(self, request: Request) -> dict[str, Any]:
-        limits = self.served.limits()
+        catalog = self.served.catalog()
+        limits = catalog.limits
         data = await read_body(request.headers.get("content-length"), request.stream(), limits.max_body_bytes)
         body = parse(data, limits)
         check_strings(body, limits.max_chars)  # before any message echoes a string back
-        name, rows = self._fields(body, limits)
+        name, rows = self._fields(body, catalog)
         check_strings(rows, self.served.max_chars(name), "inputs")
         try:
             examples = self.served.examples(name, rows)
@@ -88,10 +123,9 @@ class Front:
             raise _row_error(err) from err
         return await self.served.answer(name, examples)
 
-    def _fields(self, body: Any, limits: Limits) -> tuple[str, list[dict[str, Any]]]:
+    def _fields(self, body: Any, catalog: Catalog) -> tuple[str, list[dict[str, Any]]]:
         """(task, rows) of a parsed body, each problem a ClientError naming the field."""
-        names = self.served.names()
-        shape = f"send {{\"task\": one of {names}, \"inputs\": [task rows]}}"
+        shape, limits = catalog.shape, catalog.limits
         if not isinstance(body, dict):
             raise ClientError(f"The body must be a JSON object; {shape}.", "body", "type")
         for key in body:
@@ -101,9 +135,9 @@ class Front:
             if key not in body:
                 raise ClientError(f"The field {key!r} is missing; {shape}.", key, "required")
         name, rows = body["task"], body["inputs"]
-        if not isinstance(name, str) or name not in names:
+        if not isinstance(name, str) or name not in catalog.members:
             shown = repr(name)[:80] if isinstance(name, str) else f"a {type(name).__name__}"
-            raise ClientError(f"task={shown} is not served here; tasks served: {', '.join(names)}.", "task",
+            raise ClientError(f"task={shown} is not served here; tasks served: {catalog.listing}.", "task",
                               "served_task")
         if not isinstance(rows, list) or not rows:
             raise ClientError("'inputs' must be a non-empty list of task rows (JSON objects).", "inputs",

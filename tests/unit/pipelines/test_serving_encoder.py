@@ -12,8 +12,9 @@ import torch
 from helpers.jobs import tiny_job
 from torch import nn
 
+from capt import heads as heads_module
 from capt.errors import CapsuleArtifactError
-from capt.heads import TaskHead, TaskHeads, linear_head_problem
+from capt.heads import TaskHead, TaskHeads, linear_head, linear_head_problem
 from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
 from pipelines.evaluation import _to
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
@@ -92,6 +93,18 @@ def test_a_swap_brings_its_own_head_and_readout(jobs: dict[str, Any]) -> None:
     assert torch.allclose(torch.tensor(answer.scores), scores, atol=ATOL)
 
 
+def test_the_head_is_searched_once_per_base_model_however_many_capsules_load(jobs: dict[str, Any],
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    searched: list[nn.Module] = []
+    search = heads_module._search_linear_head
+    monkeypatch.setattr(heads_module, "_search_linear_head", lambda model: searched.append(model) or search(model))
+    engine = CapsuleEngine([_served(jobs[task], name=f"{task}-{i}") for i in range(3) for task in ("rte", "cb")])
+    engine.add(_served(jobs["csqa"]))
+    engine.replace(_served(jobs["rte1"], name="rte-0", version=2))
+    assert searched == [engine.bank.base_model]  # 8 capsules and their heads read, one search
+    assert engine.bank.heads.label_counts == [2, 3] * 3 + [5] and engine.bank.heads.readouts[0] == "cls"
+
+
 def test_heads_that_do_not_fit_are_refused() -> None:
     heads = TaskHeads([TaskHead(torch.zeros(2, 8), torch.zeros(2), "mean")], hidden_size=8)
     with pytest.raises(CapsuleArtifactError, match=r"does not fit this encoder: it needs \(labels, 8\)"):
@@ -104,7 +117,9 @@ def test_a_head_that_is_not_one_linear_layer_is_named() -> None:
     from pipelines.models.loading import load_model
 
     model = load_model("tiny-bert", 2).model
-    assert linear_head_problem(model) is None
+    assert linear_head_problem(model) is None and linear_head(model) is model.classifier
+    model.classifier = nn.Linear(model.config.hidden_size, 3)  # a new head is found, not the one found before
+    assert linear_head(model) is model.classifier and linear_head(model).out_features == 3
     model.classifier = nn.Sequential(nn.Linear(model.config.hidden_size, 4), nn.Tanh(), nn.Linear(4, 2))
     assert "not one linear layer over the pooled vector" in linear_head_problem(model)
 

@@ -19,7 +19,7 @@ from pipelines.capsule_predictor import validated_examples
 from pipelines.serving import limits as limits_module
 from pipelines.serving.auth import TOKEN_ENV, authorized, digest, find_token
 from pipelines.serving.limits import ClientError, Limits, parse
-from pipelines.serving.routes import Front
+from pipelines.serving.routes import Catalog, Front
 from pipelines.serving.source import ServeError
 
 TOKEN = "s3cret-token-for-tests-0123456789"
@@ -30,11 +30,8 @@ ROW = {"premise": "A cat sat.", "hypothesis": "A cat."}
 class FakeServed:
     """Serves 'rte' and answers every row 'entailment'."""
 
-    def names(self) -> list[str]:
-        return ["rte"]
-
-    def limits(self) -> Limits:
-        return LIMITS
+    def catalog(self) -> Catalog:
+        return Catalog(["rte"], LIMITS)
 
     def max_chars(self, name: str) -> int:
         return 50
@@ -49,8 +46,16 @@ class FakeServed:
         return {"tasks": {"rte": {"version": 1, "digest": None}}}
 
 
+class ManyServed(FakeServed):
+    """Serves 1,000 names."""
+
+    def catalog(self) -> Catalog:
+        return Catalog([f"task{i:04d}" for i in range(1000)], LIMITS)
+
+
 def _call(method: str, path: str, body: bytes = b"", token: str | None = TOKEN,
-          headers: dict[str, str] | None = None, chunked: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
+          headers: dict[str, str] | None = None, chunked: bool = False,
+          served: FakeServed | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
     given = {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {}),
              **({} if chunked else {"content-length": str(len(body))}), **(headers or {})}
     scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
@@ -61,7 +66,7 @@ def _call(method: str, path: str, body: bytes = b"", token: str | None = TOKEN,
         return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)} if pieces \
             else {"type": "http.disconnect"}
 
-    response = asyncio.run(Front(FakeServed(), digest(TOKEN)).respond(Request(scope, receive)))
+    response = asyncio.run(Front(served or FakeServed(), digest(TOKEN)).respond(Request(scope, receive)))
     return response.status_code, json.loads(response.body), dict(response.headers)
 
 
@@ -126,6 +131,20 @@ def test_every_client_error_is_a_4xx_naming_the_field_and_the_rule(body: bytes, 
     got, answer, _ = _post(body)
     assert (got, answer["field"], answer["rule"]) == (status, field, rule), answer
     assert answer["error"] and set(answer) == {"error", "field", "rule"}
+
+
+def test_a_refusal_lists_the_first_20_of_1000_names_and_where_to_find_them_all() -> None:
+    status, body, _ = _post({"task": "nope", "inputs": [ROW]}, served=ManyServed())
+    assert (status, body["rule"]) == (400, "served_task")
+    assert body["error"].endswith("task0000, task0001, task0002, task0003, task0004, task0005, task0006, task0007, "
+                                  "task0008, task0009, task0010, task0011, task0012, task0013, task0014, task0015, "
+                                  "task0016, task0017, task0018, task0019 ... and 980 more (GET /tasks lists them "
+                                  "all)."), body
+    status, body, _ = _post({"task": "task0999"}, served=ManyServed())
+    assert (status, body["rule"]) == (400, "required") and "'task0019'] ... and 980 more (GET /tasks" in body["error"]
+    assert len(body["error"]) < 500 and "task0020" not in body["error"]
+    assert _post({"task": "task0999", "inputs": [ROW]}, served=ManyServed())[0] == 200
+    assert _post({"task": "nope", "inputs": [ROW]})[1]["error"].endswith("tasks served: rte.")  # 20 or fewer: all
 
 
 def test_the_size_cap_holds_without_content_length_and_before_reading_with_one() -> None:

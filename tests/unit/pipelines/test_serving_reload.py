@@ -1,17 +1,21 @@
 """The engine's side of a registry poll, without Ray: a new task joins a running bank and answers as its pyfunc
 predictor, a retired task is refused but comes back, a capsule of another base model is refused while the bank
-keeps answering as before."""
+keeps answering as before; the replica's route checks follow each change."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.registry import train_capsule
+from starlette.requests import Request
 
 from capt.errors import CapsuleArtifactError
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from pipelines.serving.app import CapsuleServer
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 
 
@@ -57,3 +61,44 @@ def test_a_capsule_of_another_base_model_is_refused_and_the_bank_is_unchanged(
     with pytest.raises(CapsuleArtifactError, match="tiny-llama"):
         engine.add(_served(jobs["copa-llama"]))
     assert engine.names == ["rte"] and _labels(engine, "rte", rows) == before
+
+
+def _post(server: CapsuleServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """`body` POSTed to the replica's routes in process (answers stubbed: the checks are what is tested here)."""
+    data = json.dumps(body).encode()
+    scope = {"type": "http", "method": "POST", "path": "/", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]}
+    sent = [data]
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": sent.pop(), "more_body": False} if sent else {"type": "http.disconnect"}
+
+    response = asyncio.run(server.front.respond(Request(scope, receive)))
+    return response.status_code, json.loads(response.body)
+
+
+def test_the_route_checks_follow_a_hot_add_a_swap_and_a_drop(jobs: dict[str, dict[str, Any]]) -> None:
+    server = CapsuleServer({"model": "tiny-t5", "tasks": ["rte"], "tracking_uri": "unused", "auth": False},
+                           [_served(jobs["rte"])])
+
+    async def checked(name: str, examples: list[Any]) -> dict[str, Any]:
+        return {"task": name}
+
+    server.answer = checked
+    cb, rte = ({"task": task, "inputs": example_rows(task, 1)} for task in ("cb", "rte"))
+    assert _post(server, rte) == (200, {"task": "rte"})
+    status, body = _post(server, cb)
+    assert (status, body["rule"]) == (400, "served_task") and body["error"].endswith("tasks served: rte."), body
+    server.engine.add(_served(jobs["cb"]))
+    assert _post(server, cb) == (200, {"task": "cb"})
+    assert _post(server, {"task": "cb"})[1]["error"].startswith("The field 'inputs' is missing; send {\"task\": one "
+                                                                "of ['rte', 'cb'],")
+    longer = {**jobs["rte"], "config": {**jobs["rte"]["config"], "model": {
+        **jobs["rte"]["config"]["model"], "max_length": 4 * jobs["rte"]["config"]["model"]["max_length"]}}}
+    before = server.catalog().limits.max_chars
+    server.engine.replace(_served(longer, version=2))  # a swap may change the largest character limit
+    assert server.catalog().limits.max_chars == 4 * before == server.max_chars("rte")
+    server.engine.retire("rte")
+    status, body = _post(server, rte)
+    assert (status, body["field"]) == (400, "task") and body["error"].endswith("tasks served: cb."), body
+    assert server.catalog().limits.max_chars == server.max_chars("cb") == before
