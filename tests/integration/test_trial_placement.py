@@ -53,7 +53,8 @@ def test_two_worker_trials_fit_a_worker_node_with_their_drivers_on_the_head(head
     command = [sys.executable, "pipelines/sweep.py", "--config", "pipelines/configs/smoke.yaml", "tasks=[cb]",
                "models=[tiny-t5]", "data_source=generated", "tracking.enabled=false", "seeds=[0,1]",
                f"storage_path={tmp_path}", "resources.num_workers=2", "resources.cpus_per_worker=1",
-               "resources.pending_timeout_s=60", "job.train.max_steps=4"]
+               # the first trial's freed placement group can take a minute to return on 2 loaded CPUs
+               "resources.pending_timeout_s=240", "job.train.max_steps=4"]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("cb ")]
