@@ -21,7 +21,7 @@ def _members(folder) -> list:
     """Two members, 24 examples in batches of 8 (3 per epoch), 7 steps, validation every 2 (mid-epoch)."""
     source = "local" if os.environ.get("CAPT_DATA_DIR") else "generated"
     return [load_job_config(None, [
-        "model.name=tiny-t5", f"task.name={task}", f"task.source={source}", "task.generated_size=24",
+        "model.name=tiny-t5", f"task.name={task}", f"task.source={source}", "task.generated_size=48",
         "task.max_train_examples=24", "task.max_eval_examples=8", "train.batch_size=8", "train.eval_batch_size=8",
         "train.max_steps=7", "train.eval_every_steps=2", "train.eval_mode=rank", "train.patience=null",
         "model.max_length=96", "train.cpu=true", f"seed={seed}", f"output_dir={folder}/{task}-s{seed}"])
