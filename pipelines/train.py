@@ -27,7 +27,7 @@ from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
 from pipelines.cli_errors import cli_main
 from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig, model_slug
+from pipelines.config.schema import JobConfig
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.models.cache import BaseModelCache
@@ -39,13 +39,12 @@ from pipelines.training.checkpoint import (
     save_checkpoint,
     trainable_state,
 )
-from pipelines.training.dataset_card import dataset_card
 from pipelines.training.disk_full import no_space_reported
 from pipelines.training.job_tracking import TRACKING_HELP, add_tracking_flags, train_from_cli
 from pipelines.training.loss_curve import Log, curve_point_if_due
-from pipelines.training.outputs import claim_job_folder, config_hash, finished_result
+from pipelines.training.outputs import claim_job_folder, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
-from pipelines.training.result import peak_memory_mb, ranks_in_sync, reference_scores, resolved_optimizer
+from pipelines.training.result import ranks_in_sync, result_record
 from pipelines.training.setup import Job, build_job, num_labels
 
 logger = logging.getLogger(__name__)
@@ -230,24 +229,11 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
     wall = time.perf_counter() - meter.started
-    result = {
-        "task": job.config.task.name, "model": job.config.model.name, "model_slug": model_slug(job.config.model.name),
-        "method": job.config.method.name, "seed": job.config.seed, "family": job.spec.family,
-        "metrics": {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-                    **{f"test_{k}": v for k, v in test.items()}, **reference_scores(job, loop)},
-        "history": loop.history, "curve": loop.curve, "steps": loop.step, "epochs": loop.epoch,
-        "best_step": loop.best_step,
-        "stopped_early": stopped_early, "wall_time_s": wall, "tokens_per_second": meter.tokens / max(wall, 1e-9),
-        "peak_memory_mb": peak_memory_mb(accelerator.device),
-        "trainable_parameters": sum(p.numel() for p in best.values()),
-        "generated_data": job.config.task.source == "generated", "dataset": dataset_card(job.config.task, job.splits),
-        "processes": accelerator.num_processes,
-        "ranks_in_sync": in_sync,
-        "optimizer": resolved_optimizer(job), "readout": job.config.model.readout,
-        "artifact_dir": str(job.output_dir / "artifact"),
-        "config": job.config.to_dict(),
-        "config_hash": config_hash(job.config),
-    }
+    scores = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
+              **{f"test_{k}": v for k, v in test.items()}}
+    result = result_record(job, job.spec.family, loop, scores, best, stopped_early, wall,
+                           meter.tokens / max(wall, 1e-9), accelerator.device, accelerator.num_processes, in_sync,
+                           str(job.output_dir / "artifact"))
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
                       job.output_dir / "artifact", job.config.task.name, result["metrics"], job.config.model.readout)

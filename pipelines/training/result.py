@@ -9,8 +9,33 @@ import torch
 
 from capt.tasks.levels import reference_levels
 from pipelines.config.optim_defaults import model_family, optim_default
+from pipelines.config.schema import model_slug
 from pipelines.training.checkpoint import LoopState
+from pipelines.training.dataset_card import dataset_card
+from pipelines.training.outputs import config_hash
 from pipelines.training.setup import Job, warmup_steps
+
+
+def result_record(job: Job, family: str, loop: LoopState, scores: dict[str, float], best: dict[str, torch.Tensor],
+                  stopped_early: bool, wall_s: float, tokens_per_second: float | None, device: torch.device,
+                  processes: int, in_sync: bool, artifact_dir: str) -> dict[str, Any]:
+    """result.json's content for `job` (a single job, or a pack member: what `reference_scores` reads), before it is
+    sealed: `scores` (train loss, best validation, test scores) with the reference levels, the loop's history and
+    the run's facts. One builder, so a pack member's result has a single job's fields in a single job's order."""
+    config = job.config
+    return {
+        "task": config.task.name, "model": config.model.name, "model_slug": model_slug(config.model.name),
+        "method": config.method.name, "seed": config.seed, "family": family,
+        "metrics": {**scores, **reference_scores(job, loop)},
+        "history": loop.history, "curve": loop.curve, "steps": loop.step, "epochs": loop.epoch,
+        "best_step": loop.best_step, "stopped_early": stopped_early, "wall_time_s": wall_s,
+        **({} if tokens_per_second is None else {"tokens_per_second": tokens_per_second}),
+        "peak_memory_mb": peak_memory_mb(device), "trainable_parameters": sum(p.numel() for p in best.values()),
+        "generated_data": config.task.source == "generated", "dataset": dataset_card(config.task, job.splits),
+        "processes": processes, "ranks_in_sync": in_sync, "optimizer": resolved_optimizer(job),
+        "readout": config.model.readout, "artifact_dir": artifact_dir, "config": config.to_dict(),
+        "config_hash": config_hash(config),
+    }
 
 
 def reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
