@@ -47,10 +47,15 @@ def pack_point(plan: PackPlan) -> dict[str, Any]:
     return {"pack": plan.name, "members": [trial_point(t) for t in plan.members]}
 
 
+def is_pack_point(point: dict[str, Any]) -> bool:
+    """Whether a Tune grid point is a pack's (`pack_point`) rather than one trial's (`trial_point`)."""
+    return "members" in point
+
+
 def member_points(point: dict[str, Any], metrics: dict[str, Any]) -> list[tuple[dict, dict, str]]:
     """(trial point, its metrics, its pack name) of each trial of a Tune result: one for a plain trial (no pack:
     ""), each member of a pack with the metrics its pack reported for it (`member_report_key`)."""
-    if "members" not in point:
+    if not is_pack_point(point):
         return [(point, metrics, "")]
     return [(member, {key.removeprefix(member_report_key(i, "")): value for key, value in metrics.items()
                       if key.startswith(member_report_key(i, ""))}, point["pack"])

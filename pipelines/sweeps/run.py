@@ -20,7 +20,7 @@ from pipelines.config.sources import JobConfigError
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
-from pipelines.sweeps.packs import pack_point, sweep_packs, trial_point
+from pipelines.sweeps.packs import is_pack_point, pack_point, sweep_packs, trial_point
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
@@ -47,7 +47,7 @@ def param_space(sweep: SweepConfig) -> dict:
 
 def _trial_name(trial) -> str:
     point = trial.config["point"]
-    if "pack" in point:
+    if is_pack_point(point):
         return point["pack"]
     name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
     extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])

@@ -26,6 +26,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.pack_trial import run_pack_trial
+from pipelines.sweeps.packs import is_pack_point
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.trial_process import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
 
@@ -42,7 +43,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
-    if "members" in params["point"]:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
+    if is_pack_point(params["point"]):  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
         run_pack_trial(params, sweep, tracking_uri, run_context)
         return
     quiet_trial_process()
