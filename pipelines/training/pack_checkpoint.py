@@ -11,11 +11,11 @@ the pack's dropout stream (one stream over the whole batch, drawn afresh by the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from capt.atomic import write_atomically
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.pack_setup import Member, Pack, PackError
 
@@ -36,9 +36,7 @@ def save_member(pack: Pack, member: Member) -> None:
     state = {"params": params, "best": member.best, "optimizer": member.optimizer.state_dict(),
              "scheduler": member.scheduler.state_dict(), "loop": member.loop.to_json(), "losses": member.losses,
              "stopped_early": member.stopped_early}
-    partial = path.with_name(path.name + ".tmp")
-    torch.save(state, partial)
-    os.replace(partial, path)
+    write_atomically(path, lambda staging: torch.save(state, staging))
 
 
 def restore_member(pack: Pack, member: Member) -> bool:
