@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 NAME = "packing"
 TITLE = "Packed training: capsules per hour, K members in one pass of one frozen base vs one after another"
 TASKS = ("rte", "cb")
+MIX_TASKS = ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")
+"""The 7-task pack's members, one per task (seeds 0..6), against the same 7 trained one after another."""
 LEARNING_RATES = {"minilm": (0.03, 0.1, 0.01), "tiny-t5": (0.3, 0.1, 0.03)}
 """Members' learning rates in turn: each model family's default first (`capt.config.CapsuleConfig`)."""
 TARGET = ("minilm", 9, 1.2)
@@ -33,22 +35,23 @@ TARGET = ("minilm", 9, 1.2)
 
 
 def settings(quick: bool) -> dict[str, Any]:
-    """Models, pack sizes and job sizes (quick: the tiny T5, K = 1 and 2, two steps)."""
+    """Models, pack sizes and job sizes (quick: the tiny T5, K = 1 and 2, two steps); `mix`: add the 7-task pack."""
     data_dir = os.environ.get("CAPT_DATA_DIR")
     common = {"source": "local" if data_dir else "generated", "batch_size": 8, "max_length": 128}
     if quick:
         return {**common, "models": ["tiny-t5"], "ks": [1, 2], "steps": 2, "max_train_examples": 32,
-                "max_eval_examples": 4}
+                "max_eval_examples": 4, "mix": False}
     return {**common, "models": ["minilm", "tiny-t5"], "ks": [1, 3, 9], "steps": 6, "max_train_examples": 200,
-            "max_eval_examples": 16}
+            "max_eval_examples": 16, "mix": True}
 
 
-def member_overrides(config: dict[str, Any], model: str, index: int, folder: Path) -> list[str]:
-    """The key=value overrides of member `index`: its task, seed and learning rate."""
+def member_overrides(config: dict[str, Any], model: str, index: int, folder: Path,
+                     tasks: tuple[str, ...] = TASKS) -> list[str]:
+    """The key=value overrides of member `index`: its task (`tasks` in turn), seed and learning rate."""
     rates = LEARNING_RATES.get(model, (None,))
     lr = rates[index % len(rates)]
     return [f"model.name={model}", f"model.max_length={config['max_length']}",
-            f"task.name={TASKS[index % len(TASKS)]}", f"task.source={config['source']}",
+            f"task.name={tasks[index % len(tasks)]}", f"task.source={config['source']}",
             f"task.max_train_examples={config['max_train_examples']}",
             f"task.max_eval_examples={config['max_eval_examples']}", "task.generated_size=64",
             f"train.batch_size={config['batch_size']}", f"train.max_steps={config['steps']}", "train.patience=null",
@@ -56,11 +59,11 @@ def member_overrides(config: dict[str, Any], model: str, index: int, folder: Pat
             *([f"optim.lr={lr}"] if lr else [])]
 
 
-def members(config: dict[str, Any], model: str, count: int, folder: Path) -> list:
+def members(config: dict[str, Any], model: str, count: int, folder: Path, tasks: tuple[str, ...] = TASKS) -> list:
     """The resolved configs of the first `count` members."""
     from pipelines.config.load import load_job_config
 
-    return [load_job_config(None, member_overrides(config, model, i, folder)) for i in range(count)]
+    return [load_job_config(None, member_overrides(config, model, i, folder, tasks)) for i in range(count)]
 
 
 def timed(fn) -> tuple[float, float]:
@@ -71,14 +74,15 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def sequential_times(config: dict[str, Any], model: str, indices: range, folder: Path, cache) -> dict[str, list[float]]:
+def sequential_times(config: dict[str, Any], model: str, indices: range, folder: Path, cache,
+                     tasks: tuple[str, ...] = TASKS) -> dict[str, list[float]]:
     """Members `indices` each alone: wall time through `pipelines.train.run` (the shared base-model cache `cache`)
     and as a pack of one, each route writing to folders of its own."""
     from pipelines.train import run
     from pipelines.training.packed import train_pack
 
-    jobs = members(config, model, indices.stop, folder / "run")[indices.start:]
-    packs = members(config, model, indices.stop, folder / "pack_of_one")[indices.start:]
+    jobs = members(config, model, indices.stop, folder / "run", tasks)[indices.start:]
+    packs = members(config, model, indices.stop, folder / "pack_of_one", tasks)[indices.start:]
     return {"run": [timed(lambda c=c: run(c, base_models=cache, progress_every_s=60)) for c in jobs],
             "pack_of_one": [timed(lambda c=c: train_pack([c])) for c in packs]}
 
@@ -100,7 +104,22 @@ def measure(config: dict[str, Any], model: str, folder: Path) -> list[dict[str, 
             alone[route] += times
         rows.append(row(model, k, packed, alone))
         logger.info("%s K=%d: %s", model, k, rows[-1])
+    if config.get("mix"):
+        rows.append(mixed_row(config, model, folder / model / "mix", cache))
     return rows
+
+
+def mixed_row(config: dict[str, Any], model: str, folder: Path, cache) -> dict[str, Any]:
+    """The 7-task pack (one member per task of `MIX_TASKS`) against the same 7 members alone, timed right after."""
+    from pipelines.training.packed import train_pack
+
+    k = len(MIX_TASKS)
+    configs = members(config, model, k, folder / "packed", MIX_TASKS)
+    packed = timed(lambda: train_pack(configs))
+    alone = sequential_times(config, model, range(k), folder, cache, MIX_TASKS)
+    mixed = {**row(model, k, packed, alone), "tasks": ", ".join(MIX_TASKS)}
+    logger.info("%s, %d-task pack: %s", model, k, mixed)
+    return mixed
 
 
 def row(model: str, k: int, packed: tuple[float, float], alone: dict[str, list[tuple[float, float]]]) -> dict:
@@ -109,9 +128,10 @@ def row(model: str, k: int, packed: tuple[float, float], alone: dict[str, list[t
     run_s, one_s = (sum(w for w, _ in alone[r][:k]) for r in ("run", "pack_of_one"))
     run_cpu, one_cpu = (sum(c for _, c in alone[r][:k]) for r in ("run", "pack_of_one"))
     best, best_cpu = min(run_s, one_s), min(run_cpu, one_cpu)
-    return {"model": model, "K": k, "packed_s": packed[0], "sequential_run_s": run_s,
-            "sequential_pack_of_one_s": one_s, "capsules_per_hour_packed": 3600 * k / packed[0],
-            "capsules_per_hour_sequential": 3600 * k / best, "ratio": best / packed[0],
+    return {"model": model, "K": k, "tasks": "/".join(TASKS) + " in turn", "packed_s": packed[0],
+            "sequential_run_s": run_s, "sequential_pack_of_one_s": one_s,
+            "capsules_per_hour_packed": 3600 * k / packed[0], "capsules_per_hour_sequential": 3600 * k / best,
+            "ratio": best / packed[0],
             "packed_cpu_s": packed[1], "sequential_cpu_s": best_cpu, "ratio_cpu": best_cpu / packed[1]}
 
 
@@ -121,7 +141,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="bench-pack-") as tmp:
         rows = [row for model in config["models"] for row in measure(config, model, Path(tmp))]
     result.tables.append(Table("Capsules per hour: packed vs one after another",
-                               ["model", "K", "packed_s", "sequential_run_s", "sequential_pack_of_one_s",
+                               ["model", "K", "tasks", "packed_s", "sequential_run_s", "sequential_pack_of_one_s",
                                 "capsules_per_hour_packed", "capsules_per_hour_sequential", "ratio", "packed_cpu_s",
                                 "sequential_cpu_s", "ratio_cpu"], rows))
     model, k, goal = TARGET
@@ -130,7 +150,9 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
             result.targets.append(at_least(f"capsules per hour, packed / sequential ({model}, K={k})",
                                            row["ratio"], goal, "x"))
     result.notes += [
-        f"Members: tasks {' and '.join(TASKS)} alternating, seeds 0..K-1, learning rates {LEARNING_RATES} in turn; "
+        f"Members: tasks {' and '.join(TASKS)} alternating, seeds 0..K-1 (the row of {len(MIX_TASKS)} tasks: one "
+        f"member per task of {', '.join(MIX_TASKS)}, seeds 0..{len(MIX_TASKS) - 1}), learning rates "
+        f"{LEARNING_RATES} in turn; "
         f"{config['steps']} steps of batch {config['batch_size']} each, max_length {config['max_length']}, one "
         f"validation and one test of {config['max_eval_examples']} examples each (rank evaluation), "
         f"{config['source']} data.",

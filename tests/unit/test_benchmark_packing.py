@@ -28,13 +28,25 @@ def test_members_differ_in_task_seed_and_learning_rate(tmp_path):
     assert "task.name=cb" in overrides[1] and "seed=1" in overrides[1] and "optim.lr=0.1" in overrides[1]
 
 
+def test_the_mixed_pack_has_one_member_per_task(tmp_path):
+    config = packing.settings(quick=False)
+    assert config["mix"] and not packing.settings(quick=True)["mix"]
+    tasks = [next(o for o in packing.member_overrides(config, "minilm", i, tmp_path, packing.MIX_TASKS)
+                  if o.startswith("task.name=")) for i in range(len(packing.MIX_TASKS))]
+    assert tasks == [f"task.name={task}" for task in ("boolq", "cb", "copa", "multirc", "rte", "wic", "csqa")]
+
+
 @pytest.mark.slow
 def test_the_quick_benchmark_times_packs_and_sequential_members(tmp_path, monkeypatch):
     monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
-    config = {**packing.settings(quick=True), "steps": 1, "max_train_examples": 16, "max_eval_examples": 2}
+    # the mixed pack at two tasks of different layouts (a passage question, a choice of two)
+    monkeypatch.setattr(packing, "MIX_TASKS", ("boolq", "copa"))
+    config = {**packing.settings(quick=True), "steps": 1, "max_train_examples": 16, "max_eval_examples": 2,
+              "mix": True}
     result = packing.run(config, tmp_path)
     (table,) = result.tables
-    assert [row["K"] for row in table.rows] == [1, 2]
+    assert [(row["K"], row["tasks"]) for row in table.rows] == [(1, "rte/cb in turn"), (2, "rte/cb in turn"),
+                                                                  (2, "boolq, copa")]
     for row in table.rows:
         assert row["packed_s"] > 0 and row["sequential_run_s"] > 0 and row["sequential_pack_of_one_s"] > 0
         assert row["capsules_per_hour_packed"] == pytest.approx(3600 * row["K"] / row["packed_s"])
