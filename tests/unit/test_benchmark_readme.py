@@ -78,3 +78,26 @@ def test_every_headline_cell_is_the_merged_reports_and_every_report_cell_is_in_t
             at = header.index(column)
             lr = cells[at] if at + 1 < len(header) and header[at + 1] == "lr" else None
             _check_cell(f"{label} / {column}", cells[at - 1], lr, report.get((table, ROW_METHODS[label], task)))
+
+
+SERVING_JSON = ROOT / "benchmarks/results/serving_1000/serving.json"
+SERVING_LATEST = "**Latest run: "
+
+
+def test_the_latest_serving_table_is_the_shipped_serving_json():
+    """Every cell of the README's latest serving table is the shipped `serving.json`'s value at the shown precision."""
+    import json
+
+    rows = json.loads(SERVING_JSON.read_text(encoding="utf-8"))["tables"][0]["rows"]
+    by_key = {(row["model"], row["workload"], row["tasks"]): row for row in rows}
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index(SERVING_LATEST):].split("\n\n- Throughput")[0]
+    header, *body = _rows(section.splitlines())
+    assert header == ["model", "workload", "capsules", "rows/s (pooled)", "worst", "median", "best", "p50 ms"]
+    assert len(body) == len(rows) == 10
+    for model, workload, capsules, rate, worst, median, best, p50 in body:
+        row = by_key[({"MiniLM": "minilm"}.get(model, model), workload, int(capsules.replace(",", "")))]
+        assert float(rate) == round(row["rows_per_s"], 1), (model, workload, capsules)
+        for cell, key in ((worst, "vs_base_min"), (median, "vs_base_median"), (best, "vs_base_max")):
+            assert float(cell.strip("*")) == round(row[key], 3), (model, workload, capsules, key)
+        assert int(p50) == round(row["p50_ms"]), (model, workload, capsules)
