@@ -81,7 +81,8 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
                                     token_sha256=digest(serving_app.TOKEN),
                                     max_rows_per_request=config["rows_per_request"],
                                     max_batch_requests=config["max_batch_requests"],
-                                    batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"])
+                                    batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"],
+                                    num_gpus=config.get("num_gpus", 0.0))
             key = model, (workload, count)
             prefix, ready_s = serving_app.deploy(options, capsules, f"{model}-{workload}-{count}")
             urls[key] = f"http://{LOCALHOST}:{port}{prefix}"
