@@ -123,6 +123,7 @@ def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) ->
     started, start = now_iso(), time.perf_counter()
     logger.info("=== %s (%s) ===", name, mode.name)
     try:
+        forget_accelerate_state()
         result = part(mode, tmp, *extra)
     except Exception as err:  # noqa: BLE001 - one failing part must not lose the others' results
         logger.exception("%s failed", name)
@@ -132,6 +133,15 @@ def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) ->
     result.started, result.duration_s = started, time.perf_counter() - start
     save_result(result, out)
     return result
+
+
+def forget_accelerate_state() -> None:
+    """Accelerate keeps one state per process: each part's jobs start from none (their mixed precision differs on
+    the CPU), as a sweep's reused trial process does (`pipelines.sweeps.trial_process`)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def gpu_info() -> dict[str, object]:
@@ -181,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
     path = write_report(results, info, args.out)
     failed = [r.name for r in results if r.error]
-    print(f"Total {info['total_s']:.0f} s ({mode.name}); failed: {', '.join(failed) or 'none'}. Report: {path}")
+    parts = ", ".join(f"{r.name} {r.duration_s:.0f} s" for r in results)
+    print(f"Total {info['total_s']:.0f} s ({mode.name}: {parts}); failed: {', '.join(failed) or 'none'}. "
+          f"Report: {path}")
     return 1 if failed else 0
 
 

@@ -48,7 +48,8 @@ def test_cpu_smoke_runs_every_part_and_fails_none(ray_head, mlflow_server, tmp_p
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, env=_env(**ray_head.client_env()), capture_output=True, text=True,
                           timeout=600)
-    print(f"device_check --cpu-smoke: {time.perf_counter() - start:.1f} s wall")
+    wall = time.perf_counter() - start
+    print(f"device_check --cpu-smoke: {wall:.1f} s wall; {proc.stdout.strip().splitlines()[-1:]}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.startswith("+ ") and "failed: none" in proc.stdout
     steps = _part(out, "device_step_cost")
