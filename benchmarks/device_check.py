@@ -54,7 +54,7 @@ def relabel(result: BenchResult, path: Path) -> BenchResult:
     return result
 
 
-def step_cost_part(mode: Mode, tmp: Path) -> BenchResult:
+def step_cost_part(mode: Mode, tmp: Path, out: Path) -> BenchResult:
     """(a) The step-cost table at the mode's shapes, on its device in its dtype."""
     from benchmarks import device_steps
 
@@ -62,7 +62,7 @@ def step_cost_part(mode: Mode, tmp: Path) -> BenchResult:
                              "warmup": mode.warmup, "target_ratio": STEP_GOAL})
 
 
-def packing_part(mode: Mode, tmp: Path) -> BenchResult:
+def packing_part(mode: Mode, tmp: Path, out: Path) -> BenchResult:
     """(b) Packed capsules per hour against the same members one after another, on the T5 checkpoint."""
     from benchmarks import packing
 
@@ -78,7 +78,7 @@ def packing_part(mode: Mode, tmp: Path) -> BenchResult:
     return result
 
 
-def serving_part(mode: Mode, tmp: Path, ray_address: str | None, tracking_uri: str | None) -> BenchResult:
+def serving_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None) -> BenchResult:
     """(c) The Serve app with the mode's capsule counts (1,000 on the GPU) on the T5 checkpoint, on a local Ray or
     on `ray_address`'s cluster."""
     from benchmarks import serving
@@ -93,7 +93,7 @@ def serving_part(mode: Mode, tmp: Path, ray_address: str | None, tracking_uri: s
         return relabel(serving.run(config, tmp), folder)
 
 
-def sweep_part(mode: Mode, tmp: Path, ray_address: str | None, tracking_uri: str | None) -> BenchResult:
+def sweep_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None, tracking_uri: str | None) -> BenchResult:
     """(d) One real sweep of 4 trials sharing the device (`pipelines/sweep.py` in a subprocess)."""
     from benchmarks import device_sweep
 
@@ -104,7 +104,8 @@ def sweep_part(mode: Mode, tmp: Path, ray_address: str | None, tracking_uri: str
                  f"tracking.register={str(mode.sweep_register).lower()}",
                  f"tracking.promote={str(mode.sweep_register).lower()}"]
     config = {"config": SWEEP_CONFIG, "overrides": overrides, "ray_address": ray_address,
-              "tracking_uri": tracking_uri, "num_cpus": mode.ray_cpus, "timeout_s": mode.timeout_s}
+              "tracking_uri": tracking_uri, "num_cpus": mode.ray_cpus, "timeout_s": mode.timeout_s,
+              "log": str(out / "device_sweep.log")}
     return relabel(device_sweep.run(config, tmp), t5_checkpoint(mode, tmp))
 
 
@@ -114,7 +115,7 @@ PARTS: dict[str, tuple[str, Callable[..., BenchResult]]] = {
     "device_serving": ("Serving: one base model, many capsules", serving_part),
     "device_sweep": ("A sweep of 4 trials sharing the device", sweep_part),
 }
-"""Part name -> (title, function(mode, tmp, ...)); each writes `<name>.json`."""
+"""Part name -> (title, function(mode, temporary folder, results folder, ...)); each writes `<name>.json`."""
 
 
 def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) -> BenchResult:
@@ -124,7 +125,7 @@ def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) ->
     logger.info("=== %s (%s) ===", name, mode.name)
     try:
         forget_accelerate_state()
-        result = part(mode, tmp, *extra)
+        result = part(mode, tmp, out, *extra)
     except Exception as err:  # noqa: BLE001 - one failing part must not lose the others' results
         logger.exception("%s failed", name)
         result = BenchResult(name, title, {}, error=f"{type(err).__name__}: {err}")
@@ -180,12 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mode = smoke_mode() if args.cpu_smoke else gpu_mode()
+    if mode.threads:
+        torch.set_num_threads(mode.threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(mode.threads))
     info = {"date": now_iso(), "command": "bash benchmarks/device_check.sh " + " ".join(argv),
             "machine": {**machine(), **gpu_info()}, "versions": versions(), "settings": mode.to_dict()}
     start, results = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="capt-device-check-") as tmp:
         for name in args.only or list(PARTS):
-            extra = (args.ray_address, args.tracking_uri) if name in ("device_serving", "device_sweep") else ()
+            extra = {"device_serving": (args.ray_address,),
+                     "device_sweep": (args.ray_address, args.tracking_uri)}.get(name, ())
             results.append(run_part(name, mode, Path(tmp), args.out, *extra))
     info["total_s"] = time.perf_counter() - start
     (args.out / "run.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -2,7 +2,8 @@
 
 The CPU smoke keeps every architecture and code path of the GPU run (bf16 frozen weights under bf16 autocast, a
 local T5 checkpoint loaded by path, a served capsule bank, a sweep of 4 fractional trials) at sizes that run in
-about a minute on 2 CPUs.
+about a minute on 2 CPUs, on one torch thread (tiny steps on two threads of a loaded 2-CPU machine took 100 times
+longer: 2.5 s against 27 ms).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Mode:
     """CPUs of the local Ray the sweep starts (no --ray-address)."""
     timeout_s: float = 300.0
     """Most seconds the sweep subprocess may run."""
+    threads: int | None = None
+    """Torch threads of this process and OMP_NUM_THREADS of its children (None: torch's default)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings."""
@@ -97,4 +100,5 @@ def smoke_mode() -> Mode:
     return Mode("cpu-smoke", "cpu", archs=archs, rounds=1, warmup=1, t5_changes=TINY["t5-base"], pack_ks=[1, 2],
                 pack_steps=2, pack_examples=(32, 4), serve_tasks=["rte", "cb"],
                 serve_counts={"rte": [1, 3], "mix": [2]}, serve_requests=4, serve_rounds=1, serve_gpus=0.0,
-                sweep_steps=2, sweep_cpus=0.25, sweep_gpus=0.0, sweep_register=False, ray_cpus=2, timeout_s=240.0)
+                sweep_steps=2, sweep_cpus=0.25, sweep_gpus=0.0, sweep_register=False, ray_cpus=2, timeout_s=240.0,
+                threads=1)

@@ -54,7 +54,7 @@ def run(config: dict[str, Any], tmp: Path) -> BenchResult:
                  *([f"tracking.uri={config['tracking_uri']}"] if config.get("tracking_uri") else [])]
     sweep = load_sweep_config(REPO / config["config"], overrides)
     cmd, env = command(config, overrides)
-    log = tmp / "device-sweep.log"
+    log = Path(config["log"])
     logger.info("sweep: %s", " ".join(cmd))
     code, wall = run_logged(cmd, log, env=env, timeout=config["timeout_s"])
     if code != 0:
