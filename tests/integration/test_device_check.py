@@ -66,3 +66,15 @@ def test_cpu_smoke_runs_every_part_and_fails_none(ray_head, mlflow_server, tmp_p
     run = json.loads((out / "run.json").read_text())
     assert run["settings"]["name"] == "cpu-smoke" and run["machine"]["gpu"].startswith("none")
     assert "device_sweep" in (out / "report.md").read_text()
+
+
+def test_gpu_mode_sizes_are_the_issues():
+    from benchmarks.device_settings import gpu_mode
+
+    mode = gpu_mode()
+    assert (mode.device, mode.dtype, mode.t5_changes) == ("cuda", "bfloat16", {})
+    assert [(a["arch"], a["changes"], a.get("methods")) for a in mode.archs] == [
+        ("t5-base", {}, None), ("llama-3.2-1b", {}, None), ("qwen2.5-1.5b", {}, None)]
+    assert mode.pack_ks == [1, 4, 16] and max(n for counts in mode.serve_counts.values() for n in counts) == 1000
+    assert (mode.sweep_gpus, mode.sweep_register) == (0.25, True)
+    assert "train.cpu=false" in mode.job_overrides() and "train.precision=bf16" in mode.job_overrides()
