@@ -88,7 +88,7 @@ def serving_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None) -> B
     config = {**serving.settings(quick=True), "models": [str(folder)], "tasks": mode.serve_tasks,
               "task_counts": mode.serve_counts, "requests": {str(folder): mode.serve_requests},
               "rounds": mode.serve_rounds, "engine_rounds": mode.serve_rounds, "num_gpus": mode.serve_gpus,
-              "train_steps": 2}
+              "train_steps": 2, "dtype": mode.dtype}
     with environ(**({"RAY_ADDRESS": ray_address} if ray_address else {})):
         return relabel(serving.run(config, tmp), folder)
 

@@ -143,7 +143,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         sets, extras = {}, {}
         for model in config["models"]:
             folder = Path(tmp) / model
-            trained = train_capsules(folder, model, config["tasks"], config["train_steps"])
+            trained = train_capsules(folder, model, config["tasks"], config["train_steps"],
+                                     config.get("dtype", "float32"))
             sets[model] = capsule_sets(trained, config["task_counts"], folder)
             extras[model] = extra_capsule(trained, folder)
         rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
