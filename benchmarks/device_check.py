@@ -46,11 +46,13 @@ def t5_checkpoint(mode: Mode, tmp: Path) -> Path:
 
 
 def relabel(result: BenchResult, path: Path) -> BenchResult:
-    """Name the checkpoint `T5_LABEL` instead of its temporary path in the tables' model column."""
+    """Name the checkpoint `T5_LABEL` instead of its temporary path in the tables' model column and the targets."""
     for table in result.tables:
         for row in table.rows:
             if row.get("model") == str(path):
                 row["model"] = T5_LABEL
+    for target in result.targets:
+        target.name = target.name.replace(str(path), T5_LABEL)
     return result
 
 
