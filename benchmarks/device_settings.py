@@ -94,11 +94,12 @@ def gpu_mode() -> Mode:
 
 
 def smoke_mode() -> Mode:
-    """The same parts at tiny shapes on the CPU: K = 1 and 2, 2 steps, 3 capsules served, 4 trials at 0.25 CPU."""
+    """The same parts at tiny shapes on the CPU: K = 1 and 2, 2 steps, 1 and 3 RTE capsules served (no task mix: one
+    replica fewer), 4 trials at 0.25 CPU."""
     archs = [{"arch": arch, "changes": TINY[arch], "batch": 2, "seq": 16, "target": 4, "methods": SMOKE_METHODS}
              for arch in ARCHS]
     return Mode("cpu-smoke", "cpu", archs=archs, rounds=1, warmup=1, t5_changes=TINY["t5-base"], pack_ks=[1, 2],
-                pack_steps=2, pack_examples=(32, 4), serve_tasks=["rte", "cb"],
-                serve_counts={"rte": [1, 3], "mix": [2]}, serve_requests=4, serve_rounds=1, serve_gpus=0.0,
+                pack_steps=2, pack_examples=(32, 4), serve_tasks=["rte"],
+                serve_counts={"rte": [1, 3]}, serve_requests=4, serve_rounds=1, serve_gpus=0.0,
                 sweep_steps=2, sweep_cpus=0.25, sweep_gpus=0.0, sweep_register=False, ray_cpus=2, timeout_s=240.0,
                 threads=1)

@@ -150,7 +150,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
         with ray_cluster(2):
             apps, adds = measure(config, sets, rows, extras)
-        mixed = MIX, max(config["task_counts"][MIX])
+        counts = config["task_counts"]
+        mixed = (MIX, max(counts[MIX])) if MIX in counts else (SINGLE, max(counts[SINGLE]))  # no mix: RTE only
         engine = {model: serving_engine.measure(model, by_app[mixed], rows, config["engine_rounds"])
                   for model, by_app in sets.items()}
     return tabulate(result, apps, adds, engine)

@@ -59,7 +59,7 @@ def test_cpu_smoke_runs_every_part_and_fails_none(ray_head, mlflow_server, tmp_p
     packing = _part(out, "device_packing")
     assert [(r["model"], r["K"]) for r in packing["tables"][0]["rows"]] == [("t5-base-shape", 1), ("t5-base-shape", 2)]
     serving = _part(out, "device_serving")
-    assert {(r["workload"], r["tasks"]) for r in serving["tables"][0]["rows"]} == {("rte", 1), ("rte", 3), ("mix", 2)}
+    assert {(r["workload"], r["tasks"]) for r in serving["tables"][0]["rows"]} == {("rte", 1), ("rte", 3)}
     trials = _part(out, "device_sweep")["tables"][0]["rows"]
     assert len(trials) == 4 and {r["seed"] for r in trials} == {0, 1, 2, 3}
     assert {(r["dtype"], r["precision"], r["steps"]) for r in trials} == {("bfloat16", "bf16", 2)}
