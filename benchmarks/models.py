@@ -9,6 +9,7 @@ ready at once (for interleaved timing) without one weight copy per method.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,9 +41,10 @@ def config_for(arch: str, **changes: Any):
     fields = {**ARCHS[arch], **changes}
     kind = fields.pop("kind")
     if kind == "t5":
-        return T5Config(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **fields)
+        return T5Config(**{"decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1, **fields})
     config_cls = LlamaConfig if kind == "llama" else Qwen2Config
-    return config_cls(pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096, **fields)
+    return config_cls(**{"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 4096,
+                         **fields})
 
 
 def model_class(config) -> type[nn.Module]:
@@ -114,3 +116,18 @@ def describe(config) -> str:
         return (f"d={config.d_model}, {config.num_layers}+{config.num_decoder_layers} layers, "
                 f"vocab {config.vocab_size}")
     return f"d={config.hidden_size}, {config.num_hidden_layers} layers, vocab {config.vocab_size}"
+
+
+def save_random_checkpoint(arch: str, folder: Path, dtype: torch.dtype = torch.float32, **changes: Any) -> Path:
+    """A random-weight `arch` (with `changes`) saved as a local checkpoint folder that jobs load by path
+    (`model.name=<folder>`: any folder with a config.json loads, no pipeline hook), with the project's test
+    tokenizer (its special-token ids written into the config)."""
+    from capt.tasks import test_tokenizer
+
+    tokenizer = test_tokenizer("t5" if ARCHS[arch]["kind"] == "t5" else "decoder")
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "eos", "bos")}
+    model = build(config_for(arch, **ids, **changes)).to(dtype).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    logger.info("saved a random-weight %s (%s) to %s", arch, describe(model.config), folder)
+    return folder

@@ -47,7 +47,8 @@ def settings(quick: bool) -> dict[str, Any]:
 
 def member_overrides(config: dict[str, Any], model: str, index: int, folder: Path,
                      tasks: tuple[str, ...] = TASKS) -> list[str]:
-    """The key=value overrides of member `index`: its task (`tasks` in turn), seed and learning rate."""
+    """The key=value overrides of member `index`: its task (`tasks` in turn), seed and learning rate, then the
+    config's `job_overrides` (the device check's `train.cpu=false model.dtype=bfloat16`)."""
     rates = LEARNING_RATES.get(model, (None,))
     lr = rates[index % len(rates)]
     return [f"model.name={model}", f"model.max_length={config['max_length']}",
@@ -56,7 +57,7 @@ def member_overrides(config: dict[str, Any], model: str, index: int, folder: Pat
             f"task.max_eval_examples={config['max_eval_examples']}", "task.generated_size=64",
             f"train.batch_size={config['batch_size']}", f"train.max_steps={config['steps']}", "train.patience=null",
             "train.eval_mode=rank", "train.cpu=true", f"seed={index}", f"output_dir={folder / f'm{index}'}",
-            *([f"optim.lr={lr}"] if lr else [])]
+            *([f"optim.lr={lr}"] if lr else []), *config.get("job_overrides", [])]
 
 
 def members(config: dict[str, Any], model: str, count: int, folder: Path, tasks: tuple[str, ...] = TASKS) -> list:

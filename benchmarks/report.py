@@ -25,7 +25,8 @@ def machine_section(info: dict[str, Any]) -> list[str]:
         f"- RAM: {machine.get('ram_gib', '-')} GiB; load average at start (1, 5, 15 min): "
         f"{machine.get('load_average_1_5_15')} (other processes share these CPUs: ratios are measured "
         "side by side, absolute times are context only)",
-        f"- Platform: {machine.get('platform')}, Python {machine.get('python')}; no GPU used",
+        f"- Platform: {machine.get('platform')}, Python {machine.get('python')}; "
+        + (f"GPU: {machine['gpu']}, CUDA {machine.get('cuda', '-')}" if "gpu" in machine else "no GPU used"),
         "- Versions: " + ", ".join(f"{name} {v}" for name, v in versions.items()),
         "",
     ]

@@ -81,7 +81,8 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
                                     token_sha256=digest(serving_app.TOKEN),
                                     max_rows_per_request=config["rows_per_request"],
                                     max_batch_requests=config["max_batch_requests"],
-                                    batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"])
+                                    batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"],
+                                    num_gpus=config.get("num_gpus", 0.0))
             key = model, (workload, count)
             prefix, ready_s = serving_app.deploy(options, capsules, f"{model}-{workload}-{count}")
             urls[key] = f"http://{LOCALHOST}:{port}{prefix}"
@@ -142,13 +143,15 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         sets, extras = {}, {}
         for model in config["models"]:
             folder = Path(tmp) / model
-            trained = train_capsules(folder, model, config["tasks"], config["train_steps"])
+            trained = train_capsules(folder, model, config["tasks"], config["train_steps"],
+                                     config.get("dtype", "float32"))
             sets[model] = capsule_sets(trained, config["task_counts"], folder)
             extras[model] = extra_capsule(trained, folder)
         rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
         with ray_cluster(2):
             apps, adds = measure(config, sets, rows, extras)
-        mixed = MIX, max(config["task_counts"][MIX])
+        counts = config["task_counts"]
+        mixed = (MIX, max(counts[MIX])) if MIX in counts else (SINGLE, max(counts[SINGLE]))  # no mix: RTE only
         engine = {model: serving_engine.measure(model, by_app[mixed], rows, config["engine_rounds"])
                   for model, by_app in sets.items()}
     return tabulate(result, apps, adds, engine)

@@ -20,19 +20,22 @@ MIX = "mix"
 """The workload of every task's rows."""
 
 
-def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int) -> dict[str, dict[str, Any]]:
-    """One short real CaPT job of `model` per task (generated data); {task: its result dict}."""
+def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int,
+                   dtype: str = "float32") -> dict[str, dict[str, Any]]:
+    """One short real CaPT job of `model` per task (generated data); {task: its result dict}. With `dtype`
+    "bfloat16" the frozen base is bf16 under bf16 autocast, and the engine serves it in bf16 (the job's dtype)."""
     from pipelines.config.load import load_job_config
     from pipelines.train import run
 
+    precision = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "auto")
     results = {}
     for task in tasks:
         job = load_job_config(None, [], base={
-            "model": {"name": model, "max_length": 96},
+            "model": {"name": model, "max_length": 96, "dtype": dtype},
             "task": {"name": task, "source": "generated", "generated_size": 16, "max_eval_examples": 4},
             "method": {"name": "capt"}, "output_dir": str(directory / task),
             "train": {"batch_size": 8, "eval_batch_size": 8, "max_steps": steps, "eval_every_steps": steps,
-                      "eval_mode": "rank", "patience": None}})
+                      "eval_mode": "rank", "patience": None, "precision": precision}})
         results[task] = run(job)
     return results
 

@@ -106,7 +106,7 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
     ids = batch["input_ids"]
     with torch.no_grad():
         embeds = model.get_input_embeddings()(torch.cat([ids[:, :1], ids], dim=1))  # (B, n+1, D)
-    mask = torch.ones(embeds.shape[:2], dtype=torch.long)
+    mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
     labels = batch["labels"]
     if models.family(model.config) != "t5":
         labels = torch.cat([torch.full_like(labels[:, :1], -100), labels], dim=1)
@@ -134,10 +134,14 @@ class MethodRunner:
     """One method on its own weight-sharing copy of the base model, with its optimizer."""
 
     def __init__(self, base: torch.nn.Module, method: str, options: dict[str, Any],
-                 batch: dict[str, torch.Tensor]) -> None:
+                 batch: dict[str, torch.Tensor], device: torch.device | None = None) -> None:
+        """`device`: where the adapted model runs (adapted on `base`'s device first, then moved, as a job's
+        Accelerate does: on another device it is a copy of its own, no longer sharing `base`'s storage)."""
         from pipelines.methods import adapt
 
         self.model = adapt(models.shared_copy(base), method, options)
+        if device is not None:
+            self.model.to(device)
         self.params = list(self.model.trainable_parameters())
         self.optimizer = make_optimizer(method, models.family(base.config), self.model)
         self.batch = batch
