@@ -114,7 +114,7 @@ def mixed_row(config: dict[str, Any], model: str, folder: Path, cache) -> dict[s
     """The 7-task pack (one member per task of `MIX_TASKS`) against the same 7 members alone, timed right after."""
     from pipelines.training.packed import train_pack
 
-    k = len(MIX_TASKS)
+    k, config = len(MIX_TASKS), {**config, "source": "generated"}  # the local files hold no BoolQ train split
     configs = members(config, model, k, folder / "packed", MIX_TASKS)
     packed = timed(lambda: train_pack(configs))
     alone = sequential_times(config, model, range(k), folder, cache, MIX_TASKS)
@@ -152,7 +152,8 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
                                            row["ratio"], goal, "x"))
     result.notes += [
         f"Members: tasks {' and '.join(TASKS)} alternating, seeds 0..K-1 (the row of {len(MIX_TASKS)} tasks: one "
-        f"member per task of {', '.join(MIX_TASKS)}, seeds 0..{len(MIX_TASKS) - 1}), learning rates "
+        f"member per task of {', '.join(MIX_TASKS)}, seeds 0..{len(MIX_TASKS) - 1}, on generated data: the local "
+        f"files hold no BoolQ train split), learning rates "
         f"{LEARNING_RATES} in turn; "
         f"{config['steps']} steps of batch {config['batch_size']} each, max_length {config['max_length']}, one "
         f"validation and one test of {config['max_eval_examples']} examples each (rank evaluation), "
