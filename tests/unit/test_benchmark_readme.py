@@ -101,3 +101,26 @@ def test_the_latest_serving_table_is_the_shipped_serving_json():
         for cell, key in ((worst, "vs_base_min"), (median, "vs_base_median"), (best, "vs_base_max")):
             assert float(cell.strip("*")) == round(row[key], 3), (model, workload, capsules, key)
         assert int(p50) == round(row["p50_ms"]), (model, workload, capsules)
+
+
+PACKING_JSON = ROOT / "benchmarks/results/packing/packing.json"
+
+
+def test_the_packing_table_is_the_shipped_packing_json():
+    """Every cell of the README's packing table is the shipped `packing.json`'s value at the shown precision."""
+    import json
+
+    rows = json.loads(PACKING_JSON.read_text(encoding="utf-8"))["tables"][0]["rows"]
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## What the packing run shows"):].split("\nTarget (")[0]
+    header, *body = _rows(section.splitlines())
+    assert header[:3] == ["model", "K", "members"] and len(body) == len(rows) == 8
+    for cells, row in zip(body, rows, strict=True):
+        model, k, members, packed, sequential, per_hour, ratio, ratio_cpu = cells
+        assert ({"MiniLM": "minilm", "tiny T5": "tiny-t5"}[model], int(k)) == (row["model"], row["K"])
+        assert (members == "one per task") == (row["tasks"] != "rte/cb in turn")
+        assert float(packed) == round(row["packed_s"], 1)
+        assert sequential == f"{row['sequential_run_s']:.1f} / {row['sequential_pack_of_one_s']:.1f}"
+        assert per_hour == f"{row['capsules_per_hour_packed']:.0f} / {row['capsules_per_hour_sequential']:.0f}"
+        assert float(ratio.strip("*")) == round(row["ratio"], 2) and float(ratio_cpu.strip("*")) == round(
+            row["ratio_cpu"], 2)
