@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import stat
-import subprocess
 import sys
 import time
 import urllib.error
@@ -22,8 +20,9 @@ from typing import Any
 import mlflow
 import pandas as pd
 import pytest
-from helpers.bad_inputs import ROOT, entry_env
+from helpers.bad_inputs import entry_env
 from helpers.registry import track, train_capsule
+from helpers.serve_process import serve_entry_point
 from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
@@ -92,22 +91,15 @@ def server(registry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
                registry["uri"], "--port", str(port), "--poll-s", str(POLL_S), "--max-rows", str(MAX_ROWS),
                "--num-cpus", "2"]
     env = {k: v for k, v in entry_env().items() if k != "CAPT_SERVE_TOKEN"}
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://{LOCALHOST}:{port}/"
-    deadline = time.monotonic() + 240
-    while not (line := re.search(r"^Serving .*$", log.read_text(errors="replace"), re.M)):
-        assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
-        time.sleep(1)
-    token_file = re.search(r"token in (\S+) \(mode 600, generated now\)", line.group(0))
-    assert token_file, line.group(0)
-    assert stat.S_IMODE(os.stat(token_file.group(1)).st_mode) == 0o600
-    TOKEN["token"] = Path(token_file.group(1)).read_text().strip()
-    assert _get(url + "health") == {"status": "ok"}
-    yield url
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    with serve_entry_point(command, env, log) as (proc, line):
+        token_file = re.search(r"token in (\S+) \(mode 600, generated now\)", line)
+        assert token_file, line
+        assert stat.S_IMODE(os.stat(token_file.group(1)).st_mode) == 0o600
+        TOKEN["token"] = Path(token_file.group(1)).read_text().strip()
+        assert _get(url + "health") == {"status": "ok"}
+        yield url
+    assert proc.returncode == 0, log.read_text()[-3000:]
     assert _get(url + "health") is None
 
 

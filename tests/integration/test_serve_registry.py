@@ -10,9 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,8 +22,9 @@ from typing import Any
 import grpc
 import psutil
 import pytest
-from helpers.bad_inputs import ROOT, entry_env
+from helpers.bad_inputs import entry_env
 from helpers.registry import track, train_capsule
+from helpers.serve_process import serve_entry_point
 from mlflow import MlflowClient
 
 from capt.tasks import generate_rows
@@ -78,17 +77,9 @@ def server(registry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("serve-registry-log") / "serve.log"
     command = [sys.executable, "-m", "pipelines.serve", "--model", MODEL, "--all", "--tracking-uri",
                registry["uri"], "--port", str(port), "--poll-s", str(POLL_S), "--num-cpus", "2"]
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(command, cwd=ROOT, env=entry_env(CAPT_SERVE_TOKEN=TOKEN), stdout=sink,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    while not (line := re.search(r"^Serving .*$", log.read_text(errors="replace"), re.M)):
-        assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
-        time.sleep(1)
-    yield f"http://{LOCALHOST}:{port}/", line.group(0), log
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    with serve_entry_point(command, entry_env(CAPT_SERVE_TOKEN=TOKEN), log) as (proc, line):
+        yield f"http://{LOCALHOST}:{port}/", line, log
+    assert proc.returncode == 0, log.read_text()[-3000:]
 
 
 def _answer_if(url: str, task: str, rows: int, wanted: Callable[[int], bool]) -> tuple[int, dict[str, Any]] | None:
