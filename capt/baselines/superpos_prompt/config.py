@@ -21,7 +21,8 @@ class SuperPosPromptConfig(BaselineConfig):
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
         "t5": OptimDefault("adafactor", 0.3, _SUPERPOS_T5),
         "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
-        "encoder": OptimDefault("adamw", 1e-2, measured(0.01, "0.003, 0.01, 0.03", "COPA chose 0.003")),
+        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "with issue 33's per-token "
+                                                        "dE_i; COPA chose 0.003 under the old defaults")),
     }
 
     num_tokens: int = 10
