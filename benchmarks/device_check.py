@@ -122,11 +122,13 @@ PARTS: dict[str, tuple[str, Callable[..., BenchResult]]] = {
 
 def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) -> BenchResult:
     """Run one part; a failure is recorded in its result, not raised (the other parts still run)."""
+    from pipelines.sweeps.trial_process import forget_accelerate_state
+
     title, part = PARTS[name]
     started, start = now_iso(), time.perf_counter()
     logger.info("=== %s (%s) ===", name, mode.name)
     try:
-        forget_accelerate_state()
+        forget_accelerate_state()  # each part's jobs start from no Accelerate state, as a reused trial process's do
         result = part(mode, tmp, out, *extra)
     except Exception as err:  # noqa: BLE001 - one failing part must not lose the others' results
         logger.exception("%s failed", name)
@@ -136,15 +138,6 @@ def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) ->
     result.started, result.duration_s = started, time.perf_counter() - start
     save_result(result, out)
     return result
-
-
-def forget_accelerate_state() -> None:
-    """Accelerate keeps one state per process: each part's jobs start from none (their mixed precision differs on
-    the CPU), as a sweep's reused trial process does (`pipelines.sweeps.trial_process`)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def gpu_info() -> dict[str, object]:

@@ -29,10 +29,10 @@ def prepare_trial_process(cpus: float) -> None:
     # Ray sets OMP_NUM_THREADS for every actor from its CPUs (unless set already), as it does for Train workers.
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, math.floor(cpus)))
     torch.set_num_threads(threads)
-    _forget_accelerate_state()
+    forget_accelerate_state()
 
 
-def _forget_accelerate_state() -> None:
+def forget_accelerate_state() -> None:
     """Accelerate keeps one state per process: a reused trial process starts each job from none, as a new one does."""
     from accelerate.state import AcceleratorState, GradientState
 
