@@ -2,11 +2,13 @@
 in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its checkpoint) while the
 MLflow server is stopped and restarted; a second sweep on the same storage is started and refused; the driver is
 stopped by SIGTERM and resumed, then SIGKILLed and resumed again. The sweep must end with the capsules of the calm
-run, bit for bit, one MLflow run per trial and one registry version per capsule, and no trial process outliving a
-killed driver by more than 10 s."""
+run, bit for bit, one MLflow run per trial and one registry version per capsule, no trial process outliving a
+killed driver by more than 10 s, the trial finished before the driver stops untouched by the resumes, and the last
+driver's summary covering both trials."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -52,6 +54,8 @@ class Sweep:
     outage_felt: bool = False
     final_output: str = ""
     stopped_at: int = 0
+    first_job: Path | None = None
+    finished_first: dict[str, int] = field(default_factory=dict)
 
     @property
     def jobs(self) -> Path:
@@ -214,6 +218,7 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
         server.start()  # back before Tune's retry of the trial finishes it
         _assert_refused(second_sweep, holder=sweep.driver.pid)
         second = sweep.wait_for("the second trial training", lambda: _training_job_besides(sweep.jobs, job_dir))
+        sweep.first_job, sweep.finished_first = job_dir, _written_files(job_dir)
         _sigterm_stops_the_driver(sweep, second)
         sweep.start("--resume")
         _sigkill_leaves_no_trial_process(sweep, second, dashboard_url)
@@ -226,6 +231,27 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
         sweep.stop_driver()
         server.stop()
     return sweep, wall, outcome
+
+
+def _written_files(job_dir: Path) -> dict[str, int]:
+    """Modification times of what a finished trial wrote: its result.json and its artifact."""
+    paths = [job_dir / "result.json", *(job_dir / "artifact").rglob("*")]
+    return {str(p): p.stat().st_mtime_ns for p in paths if p.is_file()}
+
+
+def _assert_summary_covers_both_trials(sweep: Sweep) -> None:
+    """The last driver's summary (files and printed table) has every trial, also the one finished two drivers ago."""
+    folder = sweep.storage / NAME
+    with (folder / "summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((r["seed"], r["status"], r["data"]) for r in rows) == [(str(s), "done", "generated") for s in SEEDS]
+    assert all(float(r["majority"]) > 0 and r["chance"] and r["untrained"] and r["test"] for r in rows)
+    table = (folder / "summary.md").read_text()
+    assert all(f"| rte | tiny-t5 | capt | {seed} | generated |" in table for seed in SEEDS), table
+    assert "jobs/" in (folder / "README.md").read_text()
+    header = next(line for line in sweep.final_output.splitlines() if line.startswith("task "))
+    assert header.split()[4:9] == ["data", "majority", "chance", "untrained", "valid"]
+    assert f"Summary: {folder / 'summary.md'}" in sweep.final_output
 
 
 def _training_job_besides(jobs: Path, first: Path) -> Path | None:
@@ -308,4 +334,7 @@ def test_trial_and_driver_kills_and_an_mlflow_restart_leave_the_capsules_of_a_ca
     assert all(f"pid: {kill['pid']}" in errors[0] for kill in sweep.killed), errors
     final_rows = [line.split() for line in sweep.final_output.splitlines() if line.startswith("rte ")]
     assert len(final_rows) == len(SEEDS) and all(row[-1] == "done" for row in final_rows), sweep.final_output[-3000:]
+    assert sweep.finished_first and _written_files(sweep.first_job) == sweep.finished_first, (
+        "the trial finished before the driver stopped ran again after a resume")
+    _assert_summary_covers_both_trials(sweep)
     _assert_same_capsules(calm, chaos)

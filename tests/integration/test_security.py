@@ -5,6 +5,7 @@ Ray and MLflow listen on 127.0.0.1 only; the job API refuses requests without th
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import secrets
@@ -116,14 +117,18 @@ def _wait_for_the_trial(dashboard: str, token: str, process: subprocess.Popen[st
 
 
 def test_a_local_sweep_keeps_the_canary_out_of_ray_and_listens_on_loopback_only(tmp_path):
+    """The laptop path as `make demo` runs it (a local Ray and MLflow server of its own, the capsule registered and
+    promoted): no secret reaches Ray or a file, nothing listens beyond loopback, and both stop cleanly."""
     canary = _canary()
     short_tmp = Path(tempfile.mkdtemp(prefix="capt-sec-", dir="/tmp"))  # Ray's socket paths must stay short
     token_path = short_tmp / "ray_token"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_AUTH_TOKEN")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_AUTH_TOKEN", "RAY_API_SERVER_ADDRESS")}
     env |= {"TMPDIR": str(short_tmp), "RAY_AUTH_TOKEN_PATH": str(token_path), "OMP_NUM_THREADS": "1",
             "MLFLOW_TRACKING_USERNAME": "capt", "MLFLOW_TRACKING_PASSWORD": canary}
-    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-security", f"storage_path={tmp_path}",
-               f"tracking.local_dir={tmp_path / 'mlflow'}"]
+    registered = [arg for arg in SMALL if arg != "tracking.register=false"]  # the laptop path registers, promotes
+    command = [sys.executable, "pipelines/sweep.py", *registered, "name=it-security", f"storage_path={tmp_path}",
+               f"tracking.local_dir={tmp_path / 'mlflow'}", "--num-cpus", "2"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
     output = _Output(process)
@@ -145,6 +150,7 @@ def test_a_local_sweep_keeps_the_canary_out_of_ray_and_listens_on_loopback_only(
         # every interface): everything of Ray, MLflow and the trial must be on loopback.
         assert exposed == [], exposed
         assert process.wait(timeout=600) == 0, output.text()[-5000:]
+        _assert_the_laptop_sweep_ended_cleanly(output.text(), tmp_path)
     finally:
         if process.poll() is None:
             process.kill()
@@ -157,6 +163,15 @@ def test_a_local_sweep_keeps_the_canary_out_of_ray_and_listens_on_loopback_only(
         searched, holding = _files_holding(root, canary)
         assert searched > 20 and holding == [], (root, searched, holding)
     shutil.rmtree(short_tmp, ignore_errors=True)
+
+
+def _assert_the_laptop_sweep_ended_cleanly(output: str, tmp_path: Path) -> None:
+    """The capsule trained, was promoted on the sweep's own SQLite store, and Ray Train's controller reached the
+    local state API (no teardown stall waiting for it)."""
+    [result] = (tmp_path / "it-security" / "jobs").glob("rte-tiny-t5-capt-s0-*/result.json")
+    assert json.loads(result.read_text())["steps"] == 2
+    assert "capt-tiny-t5-rte@champion" in output and (tmp_path / "mlflow" / "mlflow.db").is_file(), output[-3000:]
+    assert "Failed to stop PlacementGroupCleaner" not in output and "did not exit within" not in output
 
 
 def _assert_a_user_sees_only_what_is_granted(server: LocalMlflowServer, experiment_id: str) -> None:

@@ -1,13 +1,12 @@
 """End-to-end sweeps on a real Ray head and a real MLflow server: `ray job submit`, DDP trials, the
-registry and promotion, driver kill + --resume, an MLflow outage during a trial, and one-worker trials
-in a reused trial process that keeps its base model."""
+registry and promotion, a sweep run again unchanged and changed, an MLflow outage during a trial synced later,
+and one-worker trials in a reused trial process that keeps its base model (driver kills and --resume:
+test_chaos.py; the laptop path with its own Ray and MLflow: test_security.py)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -94,54 +93,6 @@ def _job_folder(jobs: Path, trial: str) -> Path:
     return folder
 
 
-def _sweep(ray_head, tmp_path, uri, *extra: str) -> list[str]:
-    return [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-resume", f"storage_path={tmp_path}",
-            f"tracking.uri={uri}", "seeds=[0,1]", "resources.max_concurrent_trials=1", "tracking.register=false",
-            *extra]
-
-
-def _finished(jobs: Path) -> int:
-    return len(list(jobs.glob("*/result.json")))
-
-
-
-def test_killed_driver_resumes_without_repeating_trials(ray_head, mlflow_server, tmp_path):
-    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
-    driver = subprocess.Popen(_sweep(ray_head, tmp_path, mlflow_server.uri), cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    jobs = tmp_path / "it-resume" / "jobs"
-    deadline = time.monotonic() + 600
-    # Kill the moment the first job has written its result: its trial may not have ended in Tune's
-    # experiment state yet, and the second trial (one at a time) has not trained.
-    while _finished(jobs) == 0 and driver.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
-    done_before = {p.parent.name: p.stat().st_mtime for p in jobs.glob("*/result.json")}
-    assert len(done_before) == 1, "the driver must die mid-sweep"
-    resumed = subprocess.run(_sweep(ray_head, tmp_path, mlflow_server.uri, "--resume"), cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert _finished(jobs) == 2
-    for name, mtime in done_before.items():
-        assert (jobs / name / "result.json").stat().st_mtime == mtime, f"{name} ran twice"
-    client = _mlflow().MlflowClient(mlflow_server.uri)
-    experiment = client.get_experiment_by_name("capt-it-resume")
-    names = [r.info.run_name for r in trial_runs(client, [experiment.experiment_id])]
-    assert sorted(names) == [f"rte/tiny-t5/capt/s{seed}" for seed in range(2)], "one MLflow run per trial"
-    folder = tmp_path / "it-resume"  # the resumed sweep's summary covers the trial finished before the kill too
-    with (folder / "summary.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    assert sorted((r["seed"], r["status"], r["data"]) for r in rows) == [("0", "done", "generated"),
-                                                                       ("1", "done", "generated")]
-    assert all(float(r["majority"]) > 0 and r["chance"] and r["untrained"] and r["test"] for r in rows)
-    assert "| rte | tiny-t5 | capt | 1 | generated |" in (folder / "summary.md").read_text()
-    assert "jobs/" in (folder / "README.md").read_text()
-    header = next(line for line in resumed.stdout.splitlines() if line.startswith("task "))
-    assert header.split()[4:9] == ["data", "majority", "chance", "untrained", "valid"]
-    assert f"Summary: {folder / 'summary.md'}" in resumed.stdout
-
-
 def _final_tune_results(experiment: Path) -> dict[int, dict]:
     """Per seed: the last result Tune recorded for the trial (its `result.json` holds one JSON line per report)."""
     finals = {}
@@ -184,22 +135,59 @@ def _outputs(folder: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in paths if p.is_file()}
 
 
-def test_a_changed_sweep_trains_afresh_and_an_unchanged_one_trains_nothing(ray_head, mlflow_server, tmp_path):
-    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
-    jobs = tmp_path / "it-rerun" / "jobs"
+def _start_tracked_sweep(ray_head, uri: str, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-rerun", f"storage_path={tmp_path / 'sweeps'}",
+               f"tracking.uri={uri}", "tracking.retry_s=2", *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=_env(ray_head, RAY_ADDRESS=ray_head.address),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def sweep(*extra: str) -> None:
-        command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-rerun", f"storage_path={tmp_path}",
-                   f"tracking.uri={mlflow_server.uri}", *extra]
-        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
 
-    client = _mlflow().MlflowClient(mlflow_server.uri)
+def _sweep_through_an_outage(ray_head, server: LocalMlflowServer, tmp_path: Path, old: Path, *extra: str) -> Path:
+    """Run the sweep, stopping `server` once its new trial (a folder other than `old`) has opened its run; the
+    driver must end with exit 3, its results kept for later and the `sync` command named. The new trial's folder."""
+    driver = _start_tracked_sweep(ray_head, server.uri, tmp_path, *extra)
+    jobs = old.parent
+    deadline = time.monotonic() + 600
+    while not (opened := [p.parent for p in jobs.glob("rte-tiny-t5-capt-s0-*/mlflow_run.json") if p.parent != old]) \
+            and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert opened, f"the changed trial opened no run: {driver.poll()=}"
+    server.stop()  # the trial keeps training while MLflow is down
+    try:
+        stdout, stderr = driver.communicate(timeout=900)
+        assert driver.returncode == 3, "every trial trained, not everything is tracked: " + stderr[-4000:]
+        assert (opened[0] / "mlflow_pending.jsonl").is_file(), "results were kept for later"
+        assert f"  {opened[0].name}: " in stdout and "Not fully tracked: " in stdout, stdout[-3000:]
+        assert f"`python -m pipelines.tracking sync --root {jobs.parent}`" in stdout, stdout[-3000:]
+    finally:
+        server.start()
+    return opened[0]
+
+
+def test_a_changed_sweep_trains_afresh_an_unchanged_one_trains_nothing_and_an_outage_syncs_later(ray_head, tmp_path):
+    """The same sweep twice (the second trains nothing, adds no run), then changed (trained afresh in its own folder)
+    while the MLflow server goes down: the driver exits 3 and `python -m pipelines.tracking sync` later gives the new
+    trial its FINISHED run and its registry version."""
+    server = LocalMlflowServer(tmp_path / "mlflow").start()
+    try:
+        _changed_unchanged_and_outage(ray_head, server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path: Path) -> None:
+    def sweep() -> None:
+        driver = _start_tracked_sweep(ray_head, server.uri, tmp_path)
+        stdout, stderr = driver.communicate(timeout=900)
+        assert driver.returncode == 0, stdout[-3000:] + stderr[-4000:]
+
+    client = _mlflow().MlflowClient(server.uri)
 
     def runs() -> dict[str, object]:
         experiment = client.get_experiment_by_name("capt-it-rerun")
         return {r.info.run_id: r for r in trial_runs(client, [experiment.experiment_id])}
 
+    jobs = tmp_path / "sweeps" / "it-rerun" / "jobs"
     sweep()
     old = _job_folder(jobs, "rte-tiny-t5-capt-s0")
     trained, first_runs = _outputs(old), runs()
@@ -208,70 +196,24 @@ def test_a_changed_sweep_trains_afresh_and_an_unchanged_one_trains_nothing(ray_h
     assert _outputs(old) == trained and list(jobs.iterdir()) == [old], "nothing trained again"
     assert runs().keys() == first_runs.keys(), "no new MLflow run"
 
-    sweep("job.optim.weight_decay=0.01")  # changed: trained afresh in its own folder, with its own run
+    # changed (long enough to outlive server.stop()): trained afresh in its own folder, tracked by `sync` later
+    new = _sweep_through_an_outage(ray_head, server, tmp_path, old, "job.train.max_steps=30",
+                                   "job.train.eval_every_steps=10")
+    sync = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(tmp_path / "sweeps"),
+                           "--tracking-uri", server.uri], cwd=ROOT, env=_env(ray_head), capture_output=True,
+                          text=True, timeout=300)
+    assert sync.returncode == 0, sync.stderr[-3000:]
     assert _outputs(old) == trained, "the old trial's outputs are kept"
-    [new] = [folder for folder in jobs.iterdir() if folder != old]
+    assert sorted(jobs.iterdir()) == sorted([old, new])
     result = json.loads((new / "result.json").read_text())
-    assert result["config"]["optim"]["weight_decay"] == 0.01 and result["steps"] == 6
+    assert result["config"]["train"]["max_steps"] == 30 and result["steps"] == 30
     [new_run] = [r for run_id, r in runs().items() if run_id not in first_runs]
     assert new_run.info.status == "FINISHED" and new_run.data.tags["config_hash"] == result["config_hash"]
     assert new_run.data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
     [version] = client.search_model_versions(f"run_id='{new_run.info.run_id}'")
-    assert version.tags["config_hash"] == result["config_hash"]
+    assert version.tags["config_hash"] == result["config_hash"], "the capsule was registered by sync"
     [old_run] = first_runs.values()
     assert old_run.data.tags["config_hash"] == json.loads((old / "result.json").read_text())["config_hash"]
-
-
-def test_results_reach_mlflow_after_an_outage(ray_head, tmp_path):
-    server = LocalMlflowServer(tmp_path / "mlflow").start()
-    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
-    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-outage", f"storage_path={tmp_path / 'sweeps'}",
-               f"tracking.uri={server.uri}", "tracking.retry_s=2",
-               "job.train.max_steps=30", "job.train.eval_every_steps=10"]  # long enough to outlive server.stop()
-    driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    jobs = tmp_path / "sweeps" / "it-outage" / "jobs"
-    deadline = time.monotonic() + 600
-    while not list(jobs.glob("rte-tiny-t5-capt-s0-*/mlflow_run.json")) and driver.poll() is None \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
-    run_file = _job_folder(jobs, "rte-tiny-t5-capt-s0") / "mlflow_run.json"
-    server.stop()  # the trial keeps training while MLflow is down
-    try:
-        stdout, stderr = driver.communicate(timeout=900)
-        assert driver.returncode == 3, "every trial trained, not everything is tracked: " + stderr[-4000:]
-        assert (run_file.parent / "mlflow_pending.jsonl").is_file(), "results were kept for later"
-        assert f"  {run_file.parent.name}: " in stdout and "Not fully tracked: " in stdout, stdout[-3000:]
-        assert f"`python -m pipelines.tracking sync --root {jobs.parent}`" in stdout, stdout[-3000:]
-    finally:
-        server.start()
-    sync = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(tmp_path / "sweeps"),
-                           "--tracking-uri", server.uri], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    try:
-        assert sync.returncode == 0, sync.stderr[-3000:]
-        client = _mlflow().MlflowClient(server.uri)
-        runs = trial_runs(client, [client.get_experiment_by_name("capt-it-outage").experiment_id])
-        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-        result = json.loads((run_file.parent / "result.json").read_text())
-        assert runs[0].data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
-        assert client.search_model_versions(f"run_id='{runs[0].info.run_id}'"), "the capsule was registered"
-    finally:
-        server.stop()
-
-
-def test_a_laptop_sweep_starts_and_stops_its_own_ray_and_mlflow(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS"):
-        env.pop(key, None)
-    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-laptop", f"storage_path={tmp_path / 'sweeps'}",
-               f"tracking.local_dir={tmp_path / 'mlflow'}", "--num-cpus", "2"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
-    assert (_job_folder(tmp_path / "sweeps" / "it-laptop" / "jobs", "rte-tiny-t5-capt-s0") / "result.json").is_file()
-    assert "capt-tiny-t5-rte@champion" in proc.stdout and (tmp_path / "mlflow" / "mlflow.db").is_file()
-    # Ray Train's controller reached the local state API: no teardown stall waiting for it.
-    assert "Failed to stop PlacementGroupCleaner" not in output and "did not exit within" not in output
 
 
 def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_scores(ray_head, mlflow_server,

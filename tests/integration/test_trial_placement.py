@@ -1,7 +1,8 @@
 """Where a multi-worker trial's driver runs, on a real two-node Ray: a 0-CPU head that declares
 `capt_trial_driver` (as both cluster files' heads do) and one 2-CPU worker node. Trials of 2 workers x 1 CPU
 fit the worker node only if their drivers stay off it: with a driver asking 0.1 CPU (what a head without the
-resource gets) the driver takes a slice of the worker node and its own workers wait forever."""
+resource gets) the driver takes a slice of the worker node and its own workers wait forever. One trial shows it (a
+second, after the first, would only wait for the first's placement group to be freed)."""
 
 from __future__ import annotations
 
@@ -51,11 +52,10 @@ def test_two_worker_trials_fit_a_worker_node_with_their_drivers_on_the_head(head
     address, dashboard = head_and_worker
     env = {**os.environ, "RAY_ADDRESS": address, "RAY_API_SERVER_ADDRESS": dashboard, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "pipelines/sweep.py", "--config", "pipelines/configs/smoke.yaml", "tasks=[cb]",
-               "models=[tiny-t5]", "data_source=generated", "tracking.enabled=false", "seeds=[0,1]",
+               "models=[tiny-t5]", "data_source=generated", "tracking.enabled=false", "seeds=[0]",
                f"storage_path={tmp_path}", "resources.num_workers=2", "resources.cpus_per_worker=1",
-               # the first trial's freed placement group can take a minute to return on 2 loaded CPUs
                "resources.pending_timeout_s=240", "job.train.max_steps=4"]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("cb ")]
-    assert len(rows) == 2 and all(line.endswith("done") for line in rows), proc.stdout[-2000:]
+    assert len(rows) == 1 and rows[0].endswith("done"), proc.stdout[-2000:]
