@@ -18,6 +18,7 @@ the same demand `ray status` lists under "Pending Demands" and an autoscaler add
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -92,6 +93,17 @@ def worker_bundle(resources) -> dict[str, float]:
     if resources.gpus_per_worker:
         bundle["GPU"] = float(resources.gpus_per_worker)
     return bundle | {name: float(amount) for name, amount in resources.custom_per_worker.items()}
+
+
+def pack_resources(resources: ResourcesSection, members: int) -> ResourcesSection:
+    """What a pack trial of `members` trials asks for (`pack:`; one process, one device): a trial's CPUs and custom
+    resources (the process's threads and what it holds), and its share of a GPU once per member, up to one whole
+    GPU (a share of 1 or more stays as given). The pack so reserves the device its members would hold as separate
+    trials, and never more than the one device it trains on; it saves them the base model's copies."""
+    gpus = resources.gpus_per_worker
+    if 0 < gpus < 1:
+        gpus = min(1.0, gpus * members)
+    return dataclasses.replace(resources, gpus_per_worker=gpus)
 
 
 def runs_in_trial_process(resources) -> bool:

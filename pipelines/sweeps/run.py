@@ -22,7 +22,13 @@ from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
 from pipelines.sweeps.packs import is_pack_point, pack_point, sweep_packs, trial_point
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
-from pipelines.sweeps.resources import check_local_fit, runs_in_trial_process, trial_resources
+from pipelines.sweeps.resources import (
+    ResourcesSection,
+    check_local_fit,
+    pack_resources,
+    runs_in_trial_process,
+    trial_resources,
+)
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
 from pipelines.tracking.spool import registered_model_name
 from pipelines.training.folder_checks import OutputFolderError, folder_problem
@@ -54,9 +60,18 @@ def _trial_name(trial) -> str:
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
 
+def requested_resources(sweep: SweepConfig) -> ResourcesSection:
+    """What each Tune trial of `sweep` asks Ray for: `sweep.resources`; in a packed sweep, what its largest pack
+    needs (`pack_resources`: a GPU share per member). Every pack asks the same, so the local fit check, Tune's
+    bound on trials at once and the pending watch all see one request; a last, smaller pack reserves as much."""
+    if sweep.pack is None:
+        return sweep.resources
+    return pack_resources(sweep.resources, max(len(plan.members) for plan in sweep_packs(sweep)))
+
+
 def max_concurrent(sweep: SweepConfig, cluster: dict[str, float], local: bool = True) -> int | None:
     """Tune's bound on trials at once (None: none, on a cluster that may scale; see `ResourcesSection`)."""
-    return _trials_at_once(sweep.resources, cluster, local)
+    return _trials_at_once(requested_resources(sweep), cluster, local)
 
 
 def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_context: dict | None = None):
@@ -73,14 +88,13 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
     from pipelines.sweeps.trial import run_trial
 
     local = not os.environ.get("RAY_ADDRESS")  # as `ray_cluster` decides: no address, a local Ray of our own
-    cluster = ray.cluster_resources()
+    cluster, resources = ray.cluster_resources(), requested_resources(sweep)
     if local:
-        check_local_fit(sweep.resources, cluster)
-    # one trainable for every sweep (run_trial runs a pack's point as a pack); a pack trial asks what a one-worker
-    # trial asks: one process, one base model (README, "Packed sweeps")
+        check_local_fit(resources, cluster)
+    # one trainable for every sweep (run_trial runs a pack's point as a pack): one process, one base model
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri, run_context=run_context),
-        trial_resources(sweep.resources, cluster))
+        trial_resources(resources, cluster))
     path = sweep.storage_root() / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)
@@ -97,7 +111,7 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
                 trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
             run_config=_run_config(sweep),
         )
-    with PendingWatch(sweep.resources, pending_timeout(sweep.resources, local)) as watch, no_default_loggers():
+    with PendingWatch(resources, pending_timeout(resources, local)) as watch, no_default_loggers():
         grid = tuner.fit()
     watch.raise_if_gave_up()
     return grid

@@ -208,3 +208,29 @@ def test_select_values_pack_together_and_each_member_keeps_its_own(tmp_path):
     assert [(t.select["optim.lr"], t.seed) for t in first.members] == [(0.01, 0), (0.01, 1), (0.01, 2), (0.1, 0)]
     assert [m["select"] for m in pack_point(second)["members"]] == [{"optim.lr": 0.1}] * 2
     assert {t.job["optim"]["lr"] for t in first.members} == {0.01, 0.1}, "members differ in lr within one pack"
+
+
+def test_a_pack_asks_a_gpu_share_per_member_up_to_one_gpu_and_a_trials_cpus(tmp_path):
+    """4 members at 0.25 GPU hold one GPU, as 4 separate trials would; CPUs and custom resources are the one
+    process's; a share of a whole GPU or more is kept; every pack of a sweep asks what its largest pack needs."""
+    from pipelines.sweeps.resources import ResourcesSection, pack_resources, trial_resources
+    from pipelines.sweeps.run import max_concurrent, requested_resources
+
+    quarter = ResourcesSection(gpus_per_worker=0.25, cpus_per_worker=2, custom_per_worker={"a100": 0.001})
+    assert [pack_resources(quarter, k).gpus_per_worker for k in (1, 3, 4, 9)] == [0.25, 0.75, 1.0, 1.0]
+    assert (pack_resources(quarter, 4).cpus_per_worker, pack_resources(quarter, 4).custom_per_worker) == (
+        2, {"a100": 0.001})
+    assert pack_resources(ResourcesSection(gpus_per_worker=2), 4).gpus_per_worker == 2
+    assert pack_resources(ResourcesSection(), 4) == ResourcesSection(), "a CPU pack asks what a CPU trial asks"
+
+    gpu = ["resources.gpus_per_worker=0.25", "job.train.cpu=false", "models=[tiny-t5]"]
+    sweep = packed(tmp_path, *gpu, "pack.max_members=4")  # rte and cb x 3 seeds: packs of 4 and 2
+    assert [len(plan.members) for plan in sweep_packs(sweep)] == [4, 2]
+    asked = requested_resources(sweep)
+    assert trial_resources(asked, {"CPU": 8.0, "GPU": 2.0}).bundles == [{"CPU": 1.0, "GPU": 1.0}]
+    assert max_concurrent(sweep, {"CPU": 8.0, "GPU": 2.0}) == 2, "a pack a GPU"
+    unpacked = load_sweep_config(None, [f"storage_path={tmp_path}", *BASE, *gpu])
+    assert requested_resources(unpacked) == unpacked.resources
+    assert max_concurrent(unpacked, {"CPU": 8.0, "GPU": 2.0}) == 8, "four 0.25-GPU trials a GPU"
+    small = packed(tmp_path, *gpu, "pack.max_members=2", "tasks=[rte]", "seeds=[0]")  # one pack of one member
+    assert requested_resources(small).gpus_per_worker == 0.25
