@@ -134,15 +134,3 @@ def test_a_second_job_on_a_folder_in_use_fails_at_once(tmp_path, capsys):
     config = load_job_config(None, _job_command(folder, *long)[3:])
     with claim_job_folder(config):  # the kernel released the dead job's lock
         assert json.loads((folder / CLAIM_FILE).read_text())["config_hash"] == config_hash(config)
-
-
-@pytest.mark.slow
-def test_the_ranks_of_one_ddp_job_share_its_folder(tmp_path):
-    # Only the main process locks: a second rank taking the lock would fail this job as "in use".
-    folder = tmp_path / "job"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               *_job_command(folder, "train.max_steps=2", "train.eval_every_steps=2", "train.cpu=true")[1:]]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads((folder / "result.json").read_text())["processes"] == 2

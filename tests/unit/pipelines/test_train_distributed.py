@@ -73,7 +73,8 @@ def _accelerate_launch(target: list[str], output_dir: Path, use_cpu: bool) -> su
 @pytest.mark.slow
 @pytest.mark.parametrize("use_cpu", [True, False], ids=["ACCELERATE_USE_CPU=1", "no-env"])
 def test_accelerate_launch_of_the_job_joins_two_processes(tmp_path, use_cpu):
-    # Without ACCELERATE_USE_CPU the job itself asks Accelerate for the CPU when there is no CUDA.
+    # Without ACCELERATE_USE_CPU the job itself asks Accelerate for the CPU when there is no CUDA. Both ranks run in
+    # one job folder: only the main process locks it (a second rank taking the lock would fail the job as "in use").
     if torch.cuda.is_available() and not use_cpu:
         pytest.skip("with CUDA, the job without ACCELERATE_USE_CPU=1 or train.cpu=true runs on the GPUs")
     done = _accelerate_launch(["-m", "pipelines.train"], tmp_path / "job", use_cpu)
