@@ -23,7 +23,7 @@ class SMoPConfig(PromptTuningConfig):
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
         "t5": OptimDefault("adafactor", 0.5, _SMOP_T5),
         "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
-        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose 0.003")),
+        "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too")),
     }
 
     num_tokens: int = 5
