@@ -84,14 +84,18 @@ def _process_labels(root_pid: int) -> dict[int, tuple[str, bool]]:
             continue
         joined = " ".join(command)
         is_ray = name in _RAY_DAEMONS or joined.startswith("ray::") or f"{os.sep}ray{os.sep}" in joined
-        labels[process.pid] = ("this driver" if process.pid == root_pid else _label(name, command), is_ray)
+        labels[process.pid] = ("this driver" if process.pid == root_pid else process_label(name, command), is_ray)
     return labels
 
 
-def _label(name: str, command: list[str]) -> str:
-    """``ray::ServeReplica:capt:capsules`` for a Ray worker (its title), ``python dashboard.py`` for a script."""
+def process_label(name: str, command: list[str]) -> str:
+    """``ray::ServeReplica:capt:capsules`` for a Ray worker (its title, without the ``.method`` a busy actor's title
+    ends with, so that one process reads the same whenever the start-up line is written), ``python dashboard.py``
+    for a script."""
     if command and command[0].startswith("ray::"):
-        return command[0].split()[0]
+        title = command[0].split()[0]
+        head, _, method = title.rpartition(".")
+        return head if head.startswith("ray::") and method.isidentifier() else title
     if name.startswith("python") and len(command) > 1:
         if "-c" in command[1:]:  # the code itself is no name
             return f"{name} -c"

@@ -28,7 +28,7 @@ from pipelines.services import LocalMlflowServer
 from pipelines.services.folder_lock import current_holder
 from pipelines.sweeps.run import SWEEP_LOCK_FILE
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]  # two sweeps, three drivers
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "chaos"
 SEEDS = (0, 1)

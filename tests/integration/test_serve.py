@@ -275,7 +275,8 @@ def _non_loopback_address() -> str | None:
 def test_the_replicas_grpc_port_is_listed_and_refuses_a_call_without_the_ray_token(server: Server) -> None:
     line = server.line
     assert "beyond loopback: none" not in line, line
-    listed = re.findall(r"\[::\]:(\d+) ray::ServeReplica:capt:capsules \(Ray token\)", line)
+    # the replica's process title ends with the method it runs at that moment (e.g. `.push_proxy_handle`)
+    listed = re.findall(r"\[::\]:(\d+) ray::ServeReplica:capt:capsules\S* \(Ray token\)", line)
     assert listed, f"the start-up line does not list the replica's gRPC port on every interface: {line}"
     assert f"{LOCALHOST}:" in line and "(loopback only, serve bearer token)" in line, line
     address = _non_loopback_address()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipelines.serving.exposure import LOOPBACK, OPEN, SERVE_TOKEN, describe, serving_listeners
+from pipelines.serving.exposure import LOOPBACK, OPEN, SERVE_TOKEN, describe, process_label, serving_listeners
 
 CHILD = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); print(s.getsockname()[1], " \
         "flush=True); time.sleep(60)"
@@ -52,3 +52,11 @@ def test_every_listening_port_is_listed_with_its_guard(sockets: dict[str, int]) 
 def test_without_the_serve_token_the_http_port_says_so(sockets: dict[str, int]) -> None:
     found = {item.port: item for item in serving_listeners(sockets["http"], serve_token=False)}
     assert found[sockets["http"]].guard == f"{LOOPBACK}, NO TOKEN (--no-auth)"
+
+
+def test_a_ray_workers_label_is_its_title_without_the_method_it_runs_now() -> None:
+    busy = process_label("python", ["ray::ServeReplica:capt:capsules.push_proxy_handle"])
+    assert busy == process_label("python", ["ray::ServeReplica:capt:capsules"]) == "ray::ServeReplica:capt:capsules"
+    assert process_label("python", ["ray::IDLE"]) == "ray::IDLE"
+    assert process_label("python3.11", ["python3.11", "-u", "/x/ray/dashboard/dashboard.py", "--host=1"]) == (
+        "python3.11 dashboard.py")
