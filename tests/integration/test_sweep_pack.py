@@ -25,8 +25,8 @@ from pipelines.services.reaper import REAP_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-# 240 epochs of one batch, validated every 12: the stop, which reaches the pack a second or two after the signal
-# (48 steps were all done by then), lands mid-pack
+# 240 epochs of one batch, validated every 12: Tune's stop reaches the pack a second or two after the signal, and a
+# pack this long is still training then
 STEPS, EVERY = 240, 12
 PACKED = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks=[rte]", "seeds=[0,1,2]",
           f"job.train.max_steps={STEPS}", f"job.train.max_epochs={STEPS}", f"job.train.eval_every_steps={EVERY}",
