@@ -41,7 +41,7 @@ mlflow-ui: $(STAMP)
 # TEST_WORKERS=0 to run the tests in this process).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
-# The quick unit tier starts no server: two workers halve it on 2 CPUs (54 s instead of about 100 s).
+# The quick unit tier starts no server: on a quiet 2-CPU machine two workers take 37 s (54 s in one process).
 FAST_WORKERS ?= 2
 
 # Everything (CI): unit and integration tiers, slow tests included; a run that collects no test fails (exit 5).

@@ -84,6 +84,7 @@ def _heap_growth(build) -> tuple[object, int]:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # 1,002 capsules built under tracemalloc: about 6 s
 def test_a_capsule_costs_the_bank_its_values_and_a_few_hundred_bytes(tmp_path):
     """The capsules' tensor storage is exactly their values plus a 16-byte index each; the Python objects a capsule
     adds (its name in the selector, its index entries) stay under 300 bytes, not a module and its metadata."""
