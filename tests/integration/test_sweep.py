@@ -93,40 +93,22 @@ def _job_folder(jobs: Path, trial: str) -> Path:
     return folder
 
 
-def _final_tune_results(experiment: Path) -> dict[int, dict]:
-    """Per seed: the last result Tune recorded for the trial (its `result.json` holds one JSON line per report)."""
-    finals = {}
-    for path in experiment.glob("*/result.json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        finals[rows[-1]["config"]["point"]["seed"]] = rows[-1]
-    return finals
-
-
-def test_a_reused_trial_process_trains_the_next_trial_on_its_cached_base_model(ray_head, mlflow_server, tmp_path):
-    env = _env(ray_head, RAY_ADDRESS=ray_head.address)
-    command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-reuse", f"storage_path={tmp_path}",
-               f"tracking.uri={mlflow_server.uri}", "tracking.register=false", "seeds=[0,1]",
-               "resources.max_concurrent_trials=1"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    finals = _final_tune_results(tmp_path / "it-reuse")
-    assert sorted(finals) == [0, 1]
-    first, second = finals[0], finals[1]
-    assert first["process_id"] == second["process_id"], "Tune reused the trial process"
-    assert (first["base_model_loads"], first["base_model_hits"]) == (1, 0)
-    assert (second["base_model_loads"], second["base_model_hits"]) == (1, 1), "the second trial loaded no weights"
-    assert first["torch_threads"] == second["torch_threads"] == 1, "as a Ray Train worker of 1 CPU"
-    client = _mlflow().MlflowClient(mlflow_server.uri)
-    runs = trial_runs(client, [client.get_experiment_by_name("capt-it-reuse").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["rte/tiny-t5/capt/s0", "rte/tiny-t5/capt/s1"]
+def _check_one_reused_process(experiment: Path, jobs: Path, client, runs: list[dict]) -> None:
+    """Trials run one at a time share one trial process: the first loads the base model, every later one finds it
+    cached; each trial's MLflow run holds what its result.json holds."""
+    finals = [json.loads(p.read_text().splitlines()[-1]) for p in experiment.glob("*/result.json")]
+    assert len({final["process_id"] for final in finals}) == 1, "Tune reused the trial process"
+    assert {final["base_model_loads"] for final in finals} == {1}, "one load of the base model in the process"
+    assert sorted(final["base_model_hits"] for final in finals) == list(range(len(finals))), "later trials: cached"
+    assert {final["torch_threads"] for final in finals} == {1}, "as a Ray Train worker of 1 CPU"
     for run in runs:
-        result = json.loads((_job_folder(tmp_path / "it-reuse" / "jobs", f"rte-tiny-t5-capt-s{run.data.tags['seed']}")
-                             / "result.json").read_text())
-        assert run.info.status == "FINISHED" and run.data.metrics["test/score"] == pytest.approx(
+        [folder] = (p.parent for p in jobs.glob("*/result.json")
+                    if json.loads(p.read_text())["config_hash"] == run["tags"]["config_hash"])
+        result = json.loads((folder / "result.json").read_text())
+        assert run["status"] == "FINISHED" and run["metrics"]["test_score"] == pytest.approx(
             result["metrics"]["test_score"])
-        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "validation/score")}
+        logged = {m.step: m.value for m in client.get_metric_history(run["run_id"], "validation/score")}
         assert logged == {r["step"]: r["validation_score"] for r in result["history"]}
-        assert finals[int(run.data.tags["seed"])]["validation_score"] == result["metrics"]["best_validation_score"]
 
 
 def _outputs(folder: Path) -> dict[str, int]:
@@ -218,14 +200,15 @@ def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path:
 
 def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_scores(ray_head, mlflow_server,
                                                                                         tmp_path):
-    """3 learning rates x 2 seeds of CaPT on tiny-t5: the results table and the report keep the lr with the
-    best mean validation score (computed here from the trials' own result.json) and only its runs."""
+    """3 learning rates x 2 seeds of CaPT on tiny-t5, one trial at a time: the results table and the report keep
+    the lr with the best mean validation score (computed here from the trials' own result.json) and only its runs;
+    the six trials ran in one reused trial process that loaded the base model once."""
     from pipelines.report import build_report, run_frame
     from pipelines.tracking import experiment_runs
 
     command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-select", f"storage_path={tmp_path}",
                f"tracking.uri={mlflow_server.uri}", "seeds=[0,1]", "tracking.register=false",
-               "select={optim.lr: [0.01, 0.1, 0.3]}"]
+               "select={optim.lr: [0.01, 0.1, 0.3]}", "resources.max_concurrent_trials=1"]
     proc = subprocess.run(command, cwd=ROOT, env=_env(ray_head, RAY_ADDRESS=ray_head.address), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
@@ -245,6 +228,8 @@ def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_s
     frame = run_frame(runs, "test_score")
     chosen_runs = {r["run_id"] for r in runs if r["tags"]["select"] == f"optim.lr={best}"}
     assert set(frame["run_id"]) == chosen_runs and len(chosen_runs) == 2
+    _check_one_reused_process(tmp_path / "it-select", tmp_path / "it-select" / "jobs",
+                              _mlflow().MlflowClient(mlflow_server.uri), runs)
     text, _, _ = build_report("capt-it-select", mlflow_server.uri, tmp_path / "report")
     tests = sorted(r["metrics"]["test_score"] for r in by_lr[best])
     [row] = [line for line in text.splitlines() if line.startswith("| capt |")]
