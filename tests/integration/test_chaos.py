@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from helpers.mlflow_runs import sweep_runs, trial_runs
+from helpers.multinode import trainer_pid
 from safetensors.torch import load_file
 
 from pipelines.services import LocalMlflowServer
@@ -128,17 +129,27 @@ def _spooled_during_outage(ray_temp_dir: Path, job_dir: Path) -> bool:
     return False
 
 
-def _kill_trial(sweep: Sweep, job_dir: Path, dashboard_url: str, after_step: int) -> int:
+def _training_process(job_dir: Path, exclude: set[int]) -> int | None:
+    """Pid of the live process that holds `job_dir` now (a one-worker trial trains in the Tune trial's own process),
+    unless it is in `exclude`. Read from the folder's lock, not from Ray's state API: a trial of 100 tiny steps can
+    end within the seconds a state API call takes on a loaded machine."""
+    try:
+        pid = trainer_pid(job_dir)
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if pid not in exclude and Path(f"/proc/{pid}").exists() else None
+
+
+def _kill_trial(sweep: Sweep, job_dir: Path, after_step: int) -> int:
     """SIGKILL the trial's process once a checkpoint past `after_step` exists; the killed step."""
-    sweep.wait_for(f"a checkpoint after step {after_step} in {job_dir.name}",
-                   lambda: (_checkpoint_step(job_dir) or 0) > after_step)
     killed_pids = {k["pid"] for k in sweep.killed}
-    workers = sweep.wait_for("a live trial process", lambda: _live_trial_processes(dashboard_url, killed_pids))
-    assert len(workers) == 1, f"one trial at a time: {workers}"
+    worker = sweep.wait_for(f"a checkpoint after step {after_step} in {job_dir.name}, written by a live process",
+                            lambda: (_checkpoint_step(job_dir) or 0) > after_step
+                            and _training_process(job_dir, killed_pids))
     step = _checkpoint_step(job_dir) or after_step + 1
     assert not (job_dir / "result.json").exists(), "the trial must still be training when its worker is killed"
-    os.kill(workers[0], signal.SIGKILL)
-    sweep.killed.append({"pid": workers[0], "step": step})
+    os.kill(worker, signal.SIGKILL)
+    sweep.killed.append({"pid": worker, "step": step})
     return step
 
 
@@ -212,9 +223,9 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
         sweep.start()
         second_sweep = _start_a_second_sweep(sweep)  # runs while the first trial is killed
         job_dir = sweep.wait_for("the first checkpoint", lambda: _first_checkpointed_job(sweep.jobs))
-        first_step = _kill_trial(sweep, job_dir, dashboard_url, after_step=0)
+        first_step = _kill_trial(sweep, job_dir, after_step=0)
         server.stop()  # MLflow goes down while Tune retries the trial
-        _kill_trial(sweep, job_dir, dashboard_url, after_step=first_step)  # resumed, then killed again
+        _kill_trial(sweep, job_dir, after_step=first_step)  # resumed, then killed again
         server.start()  # back before Tune's retry of the trial finishes it
         _assert_refused(second_sweep, holder=sweep.driver.pid)
         second = sweep.wait_for("the second trial training", lambda: _training_job_besides(sweep.jobs, job_dir))
@@ -294,12 +305,15 @@ def _sigkill_leaves_no_trial_process(sweep: Sweep, job_dir: Path, dashboard_url:
     process of the sweep is left on the cluster."""
     sweep.wait_for("a checkpoint of the resumed trial", lambda: (_checkpoint_step(job_dir) or 0) > sweep.stopped_at)
     assert not (job_dir / "result.json").exists(), "the trial must still be training when its driver is killed"
+    trainer = _training_process(job_dir, set())
     os.killpg(sweep.driver.pid, signal.SIGKILL)
     sweep.driver.wait()
     deadline = time.monotonic() + 10
-    while (left := _live_trial_processes(dashboard_url, set())) and time.monotonic() < deadline:
+    while ((left := _live_trial_processes(dashboard_url, set())) or _training_process(job_dir, set())) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"trial processes {left} outlived the killed driver by 10 s"
+    assert trainer is not None and not Path(f"/proc/{trainer}").exists(), f"the training process {trainer} outlived it"
 
 
 def _assert_same_capsules(calm: dict, chaos: dict) -> None:
