@@ -1,0 +1,101 @@
+"""Page faults of a CPU training step at a packed batch: glibc's defaults against settings that keep pages mapped.
+
+    python -m benchmarks.page_faults                      # MiniLM shapes, batches 144 and 16 of 128 tokens
+    python -m benchmarks.page_faults --batches 144 16 --steps 3 --where thread main
+
+Each (batch, glibc settings, where) runs in a fresh process (glibc reads its `MALLOC_*` settings at start-up):
+random weights at MiniLM's shapes, one torch thread, forward and backward. `where=thread` runs the steps in a
+thread of their own, as a Tune trial trains (its glibc arena is not the main one); `where=main` in the main thread.
+It prints one markdown table of user and system CPU seconds and minor page faults per step (after one warm-up
+step). CPU times, not wall times: run it on a quiet machine or read only those columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+KEEP_MAPPED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(512 << 20)}
+"""glibc settings under which freed activations stay in the heap instead of being unmapped and faulted in again."""
+
+SHAPES = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
+"""MiniLM-L6's encoder (all-MiniLM-L6-v2)."""
+
+
+def measure(batch: int, tokens: int, steps: int, where: str, shapes: dict[str, int]) -> dict[str, float]:
+    """Per-step user and system CPU seconds and minor faults of `steps` steps after a warm-up (this process)."""
+    import resource
+    import threading
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.set_num_threads(1)
+    model = BertModel(BertConfig(vocab_size=30522, **shapes))
+    ids = torch.randint(0, 30000, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    found: dict[str, float] = {}
+
+    def run() -> None:
+        def step() -> None:
+            model(input_ids=ids).last_hidden_state.mean().backward()
+
+        step()
+        who = resource.RUSAGE_THREAD if where == "thread" else resource.RUSAGE_SELF
+        before = resource.getrusage(who)
+        for _ in range(steps):
+            step()
+        after = resource.getrusage(who)
+        found.update(user_s=(after.ru_utime - before.ru_utime) / steps,
+                     system_s=(after.ru_stime - before.ru_stime) / steps,
+                     minor_faults=(after.ru_minflt - before.ru_minflt) / steps)
+
+    if where == "thread":
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    else:
+        run()
+    return found
+
+
+def row(batch: int, tokens: int, steps: int, where: str, keep_mapped: bool, shapes: dict[str, int]) -> dict:
+    """One measurement in a fresh process, with or without `KEEP_MAPPED` in its environment."""
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_MAPPED} | (KEEP_MAPPED if keep_mapped else {})
+    code = (f"import json; from benchmarks.page_faults import measure; "
+            f"print(json.dumps(measure({batch}, {tokens}, {steps}, {where!r}, {shapes!r})))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    return {"batch": batch, "tokens": tokens, "where": where, "glibc": "keep mapped" if keep_mapped else "default",
+            **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def table(rows: Sequence[dict]) -> str:
+    lines = ["| batch | where | glibc | user s | system s | minor faults |", "|---:|---|---|---:|---:|---:|"]
+    lines += [f"| {r['batch']} x {r['tokens']} | {r['where']} | {r['glibc']} | {r['user_s']:.2f} | "
+              f"{r['system_s']:.2f} | {r['minor_faults']:,.0f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[144, 16], help="rows per step")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per row")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    parser.add_argument("--where", nargs="+", default=["thread"], choices=["thread", "main"],
+                        help="the thread the steps run in")
+    parser.add_argument("--layers", type=int, default=SHAPES["num_hidden_layers"], help="encoder layers")
+    args = parser.parse_args(argv)
+    shapes = {**SHAPES, "num_hidden_layers": args.layers}
+    rows = [row(batch, args.tokens, args.steps, where, keep, shapes)
+            for batch in args.batches for where in args.where for keep in (False, True)]
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
