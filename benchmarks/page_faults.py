@@ -23,6 +23,11 @@ from pathlib import Path
 KEEP_MAPPED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(512 << 20)}
 """glibc settings under which freed activations stay in the heap instead of being unmapped and faulted in again."""
 
+SETTINGS = {"default": {}, "keep mapped": KEEP_MAPPED,
+            "keep mapped, one arena": {**KEEP_MAPPED, "MALLOC_ARENA_MAX": "1"}}
+"""The glibc environments compared. A thread's own arena serves requests above its 64 MB heaps with fresh maps
+whatever `MALLOC_MMAP_MAX_` says; one arena sends every thread to the main heap."""
+
 SHAPES = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
 """MiniLM-L6's encoder (all-MiniLM-L6-v2)."""
 
@@ -63,14 +68,14 @@ def measure(batch: int, tokens: int, steps: int, where: str, shapes: dict[str, i
     return found
 
 
-def row(batch: int, tokens: int, steps: int, where: str, keep_mapped: bool, shapes: dict[str, int]) -> dict:
-    """One measurement in a fresh process, with or without `KEEP_MAPPED` in its environment."""
-    env = {k: v for k, v in os.environ.items() if k not in KEEP_MAPPED} | (KEEP_MAPPED if keep_mapped else {})
+def row(batch: int, tokens: int, steps: int, where: str, setting: str, shapes: dict[str, int]) -> dict:
+    """One measurement in a fresh process with the glibc environment `SETTINGS[setting]`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | SETTINGS[setting]
     code = (f"import json; from benchmarks.page_faults import measure; "
             f"print(json.dumps(measure({batch}, {tokens}, {steps}, {where!r}, {shapes!r})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])
-    return {"batch": batch, "tokens": tokens, "where": where, "glibc": "keep mapped" if keep_mapped else "default",
+    return {"batch": batch, "tokens": tokens, "where": where, "glibc": setting,
             **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
@@ -89,10 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--where", nargs="+", default=["thread"], choices=["thread", "main"],
                         help="the thread the steps run in")
     parser.add_argument("--layers", type=int, default=SHAPES["num_hidden_layers"], help="encoder layers")
+    parser.add_argument("--glibc", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                        help="the glibc environments to compare")
     args = parser.parse_args(argv)
     shapes = {**SHAPES, "num_hidden_layers": args.layers}
-    rows = [row(batch, args.tokens, args.steps, where, keep, shapes)
-            for batch in args.batches for where in args.where for keep in (False, True)]
+    rows = [row(batch, args.tokens, args.steps, where, setting, shapes)
+            for batch in args.batches for where in args.where for setting in args.glibc]
     print(table(rows))
     return 0
 

@@ -14,12 +14,19 @@ import pytest  # noqa: E402
 from benchmarks import page_faults  # noqa: E402
 
 
-@pytest.mark.slow  # four processes that import torch and transformers
+@pytest.mark.slow  # six processes that import torch and transformers
 def test_each_setting_is_measured_in_its_own_process_and_tabulated(capsys) -> None:
     assert page_faults.main(["--batches", "2", "--tokens", "8", "--steps", "1", "--layers", "1",
                              "--where", "thread", "main"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split(" | ") for line in lines[2:]]
-    assert [(r[1], r[2]) for r in rows] == [("thread", "default"), ("thread", "keep mapped"),
-                                            ("main", "default"), ("main", "keep mapped")]
+    assert [(r[1], r[2]) for r in rows] == [(where, setting) for where in ("thread", "main")
+                                            for setting in page_faults.SETTINGS]
     assert all(r[0] == "| 2 x 8" and float(r[3]) >= 0 and float(r[4]) >= 0 for r in rows)
+
+
+def test_the_readme_table_is_the_shipped_output() -> None:
+    """benchmarks/README.md quotes `python -m benchmarks.page_faults --where thread main` as it printed it."""
+    shipped = (ROOT / "benchmarks/results/page_faults.md").read_text(encoding="utf-8").strip()
+    assert shipped.startswith("| batch | where | glibc |") and len(shipped.splitlines()) == 14
+    assert shipped in (ROOT / "benchmarks/README.md").read_text(encoding="utf-8")
