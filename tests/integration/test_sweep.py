@@ -95,16 +95,21 @@ def _job_folder(jobs: Path, trial: str) -> Path:
 
 def _check_one_reused_process(experiment: Path, jobs: Path, client, runs: list[dict]) -> None:
     """Trials run one at a time share one trial process: the first loads the base model, every later one finds it
-    cached; each trial's MLflow run holds what its result.json holds."""
+    cached; each trial's last Tune result and its MLflow run hold what its result.json holds."""
     finals = [json.loads(p.read_text().splitlines()[-1]) for p in experiment.glob("*/result.json")]
     assert len({final["process_id"] for final in finals}) == 1, "Tune reused the trial process"
     assert {final["base_model_loads"] for final in finals} == {1}, "one load of the base model in the process"
     assert sorted(final["base_model_hits"] for final in finals) == list(range(len(finals))), "later trials: cached"
     assert {final["torch_threads"] for final in finals} == {1}, "as a Ray Train worker of 1 CPU"
+    results = [json.loads(p.read_text()) for p in jobs.glob("*/result.json")]
+    by_point = {(r["seed"], r["config"]["optim"]["lr"]): r for r in results}
+    for final in finals:
+        point = final["config"]["point"]
+        result = by_point[(point["seed"], point["select"]["optim.lr"])]
+        assert final["validation_score"] == result["metrics"]["best_validation_score"]
+    by_hash = {r["config_hash"]: r for r in results}
     for run in runs:
-        [folder] = (p.parent for p in jobs.glob("*/result.json")
-                    if json.loads(p.read_text())["config_hash"] == run["tags"]["config_hash"])
-        result = json.loads((folder / "result.json").read_text())
+        result = by_hash[run["tags"]["config_hash"]]
         assert run["status"] == "FINISHED" and run["metrics"]["test_score"] == pytest.approx(
             result["metrics"]["test_score"])
         logged = {m.step: m.value for m in client.get_metric_history(run["run_id"], "validation/score")}
