@@ -1,6 +1,10 @@
-"""The device check (#34, item 5) as a user runs it: `bash benchmarks/device_check.sh --cpu-smoke` runs every part
-(step-cost table, packing, serving, a 4-trial sweep) at tiny shapes on the CPU, here on the session's Ray head and
-MLflow server; GPU mode on a machine without a GPU is refused in one line."""
+"""The device check (#34, item 5) as a user runs it: `bash benchmarks/device_check.sh --cpu-smoke` runs the
+step-cost table, packing and a 4-trial sweep at tiny shapes on the CPU, here on the session's Ray head and MLflow
+server; GPU mode on a machine without a GPU is refused in one line.
+
+The serving part is left out here (37 s of this test's 78 on a quiet 2-CPU machine): it ran for real on an H200
+(benchmarks/results/device_check, checked by tests/unit/test_device_results.py), and the code it runs,
+`benchmarks.serving.run`, is run end to end by tests/unit/test_benchmark_serving.py's quick mode."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "benchmarks/device_check.sh"
-PARTS = ("device_step_cost", "device_packing", "device_serving", "device_sweep")
+PARTS = ("device_step_cost", "device_packing", "device_sweep")
+"""The parts this test runs (all but `device_serving`: see above)."""
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -41,9 +46,9 @@ def test_gpu_mode_without_a_gpu_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_cpu_smoke_runs_every_part_and_fails_none(ray_head, mlflow_server, tmp_path):
+def test_cpu_smoke_runs_its_parts_and_fails_none(ray_head, mlflow_server, tmp_path):
     out = tmp_path / "out"
-    command = ["bash", SCRIPT, "--cpu-smoke", "--out", str(out), "--ray-address", ray_head.address,
+    command = ["bash", SCRIPT, "--cpu-smoke", "--out", str(out), "--only", *PARTS, "--ray-address", ray_head.address,
                "--tracking-uri", mlflow_server.uri]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, env=_env(**ray_head.client_env()), capture_output=True, text=True,
@@ -58,8 +63,7 @@ def test_cpu_smoke_runs_every_part_and_fails_none(ray_head, mlflow_server, tmp_p
                for t in steps["tables"])
     packing = _part(out, "device_packing")
     assert [(r["model"], r["K"]) for r in packing["tables"][0]["rows"]] == [("t5-base-shape", 1), ("t5-base-shape", 2)]
-    serving = _part(out, "device_serving")
-    assert {(r["workload"], r["tasks"]) for r in serving["tables"][0]["rows"]} == {("rte", 1), ("rte", 3)}
+    assert not (out / "device_serving.json").exists()
     trials = _part(out, "device_sweep")["tables"][0]["rows"]
     assert len(trials) == 4 and {r["seed"] for r in trials} == {0, 1, 2, 3}
     assert {(r["dtype"], r["precision"], r["steps"]) for r in trials} == {("bfloat16", "bf16", 2)}
