@@ -20,11 +20,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-KEEP_MAPPED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(512 << 20)}
+from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV
+
+KEEP_MAPPED = {k: v for k, v in TUNED_HEAP_ENV.items() if k != "MALLOC_ARENA_MAX"}
 """glibc settings under which freed activations stay in the heap instead of being unmapped and faulted in again."""
 
-SETTINGS = {"default": {}, "keep mapped": KEEP_MAPPED,
-            "keep mapped, one arena": {**KEEP_MAPPED, "MALLOC_ARENA_MAX": "1"}}
+SETTINGS = {"default": {}, "keep mapped": KEEP_MAPPED, "keep mapped, one arena": dict(TUNED_HEAP_ENV)}
 """The glibc environments compared. A thread's own arena serves requests above its 64 MB heaps with fresh maps
 whatever `MALLOC_MMAP_MAX_` says; one arena sends every thread to the main heap."""
 

@@ -24,6 +24,7 @@ from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
+from pipelines.sweeps.pack_rules import trial_process_env  # noqa: E402
 from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
     check_sweep_folders,
@@ -67,7 +68,8 @@ def _sweep_from_cli(args: argparse.Namespace) -> int:
 def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequest) -> int:
     # The local MLflow server boots while Ray starts; both are up before the first trial.
     refuse_a_running_sweep(sweep)  # at once; the lock itself is taken once the services answered
-    with tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus), hold_sweep_folder(sweep):
+    with (tracking_server(sweep, wait=False) as endpoint, ray_cluster(args.num_cpus, trial_process_env(sweep)),
+          hold_sweep_folder(sweep)):
         stop.install()  # ray.init's core replaced the SIGTERM handler
         uri = endpoint.ready()
         experiment_id, run_context = _describe_tracking(sweep, args.config, uri)

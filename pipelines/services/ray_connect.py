@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pipelines.services.private import RAY_LOOPBACK_ENV
@@ -30,8 +30,9 @@ def worker_settings() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def ray_cluster(num_cpus: int | None) -> Iterator[None]:
-    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1 only."""
+def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1 only; every worker
+    process of this driver's job starts with `worker_env` (settings, never credentials: see above)."""
     from pipelines.services import ServiceError, check_reachable
 
     fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
@@ -43,12 +44,15 @@ def ray_cluster(num_cpus: int | None) -> Iterator[None]:
             if address:
                 import ray
 
-                settings = worker_settings()
+                settings = {**worker_settings(), **(worker_env or {})}
                 ray.init(address=address, runtime_env={"env_vars": settings})
                 logger.info("Ray cluster at %s: workers get %s from this driver and any credentials from their "
                             "own nodes' environment", address, ", ".join(settings) or "no variable")
             else:
-                stack.enter_context(_local_ray(num_cpus))
+                stack.enter_context(_local_ray(num_cpus, dict(worker_env or {})))
+                if worker_env:
+                    logger.info("Local Ray: its workers start with %s",
+                                " ".join(f"{name}={value}" for name, value in worker_env.items()))
         except (ConnectionError, RuntimeError, ValueError) as err:
             where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
             raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
@@ -76,7 +80,7 @@ def environ(**values: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _local_ray(num_cpus: int | None) -> Iterator[None]:
+def _local_ray(num_cpus: int | None, worker_env: dict[str, str]) -> Iterator[None]:
     """A local Ray with token auth, its dashboard and every port it can bind on 127.0.0.1, and its session
     folder (logs, sockets) below a folder only this user can open.
 
@@ -96,7 +100,8 @@ def _local_ray(num_cpus: int | None) -> Iterator[None]:
         import ray
 
         ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, include_dashboard=True,
-                 dashboard_host=LOCALHOST, dashboard_port=port, _node_ip_address=LOCALHOST, _temp_dir=str(temp_dir))
+                 dashboard_host=LOCALHOST, dashboard_port=port, _node_ip_address=LOCALHOST, _temp_dir=str(temp_dir),
+                 runtime_env={"env_vars": worker_env} if worker_env else None)
         logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
         yield
 

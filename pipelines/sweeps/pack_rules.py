@@ -10,7 +10,7 @@ other problem of the sweep (`pipelines.sweeps.config.trials`): CaPT and its abla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import PositiveInt
 from pydantic.dataclasses import dataclass
@@ -24,6 +24,33 @@ class PackSection:
 
     max_members: PositiveInt
     """Most trials per pack (K): one Tune trial trains them in one loop on one copy of the base model."""
+    heap: Literal["tuned", "default"] = "tuned"
+    """glibc heap of the sweep's trial processes: tuned (`TUNED_HEAP_ENV`: one arena, freed blocks kept mapped) or
+    default (glibc's own settings, or whatever the environment says)."""
+
+
+TUNED_HEAP_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                  "MALLOC_TOP_PAD_": str(512 << 20)}
+"""glibc settings of a packed sweep's trial processes (Ray runtime_env variables; glibc reads them when a process
+starts). A pack's step allocates and frees activations of hundreds of MB; in a Tune trial's thread glibc serves them
+from a fresh mmap each time (and from a thread arena it trims), so the kernel zero-fills every page again: a 144-row
+MiniLM step paid 14.5 s of kernel time for 13.2 s of compute, 5.6 s with these settings
+(benchmarks/results/page_faults.md). Kept mapped, a trial process's resident memory stays at its peak."""
+
+
+def trial_process_env(sweep: Any) -> dict[str, str]:
+    """Environment variables every trial process of `sweep` (a `SweepConfig`) starts with: the tuned heap of a packed
+    sweep, else none."""
+    if sweep.pack is None or sweep.pack.heap != "tuned":
+        return {}
+    return dict(TUNED_HEAP_ENV)
+
+
+def heap_in_force() -> dict[str, str]:
+    """The glibc heap settings this process started with (recorded in each pack member's result.json)."""
+    import os
+
+    return {name: os.environ[name] for name in TUNED_HEAP_ENV if name in os.environ}
 
 
 def pack_option_problems(sweep: Any) -> list[str]:

@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
+from pipelines.sweeps.pack_rules import heap_in_force
 from pipelines.sweeps.packs import member_report_key
 from pipelines.sweeps.trial_process import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
 
@@ -40,7 +41,8 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     point, name = params["point"], tune.get_context().get_trial_name()
     members = [_member(config, member, name, tracking_uri, run_context or {}) for member in point["members"]]
     prepare_trial_process(config.resources.cpus_per_worker)
-    info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members]}
+    info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members],
+            "heap": heap_in_force()}
     done = tracked_pack([job for job, _ in members], [RunPlan.from_dict(t) for _, t in members],
                         claim_wait_s=CLAIM_WAIT_S, pack_info=info)
     tune.report(pack_report(done))

@@ -22,6 +22,7 @@ import pytest
 from helpers.mlflow_runs import stopped_store_client, sweep_runs, trial_runs
 
 from pipelines.services.reaper import REAP_ENV
+from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,8 @@ def test_a_packed_sweep_stopped_by_sigterm_resumes_each_member_and_gives_it_what
     results = {r["seed"]: r for r in (json.loads(p.read_text()) for p in jobs.glob("*/result.json"))}
     assert sorted(results) == [0, 1, 2] and all(r["steps"] == STEPS and r["pack"]["name"] == PACK
                                                 for r in results.values())
+    # the trial process started with the pack's glibc heap (a runtime_env on the cluster's workers)
+    assert all(r["pack"]["heap"] == TUNED_HEAP_ENV for r in results.values()), results[0]["pack"]
     runs = _assert_each_member_has_what_a_trial_has(tmp_path / "mlflow", experiment, results)
     with (tmp_path / "sweeps" / "it-pack" / "summary.csv").open() as handle:
         rows = list(csv.DictReader(handle))

@@ -73,6 +73,17 @@ def test_k_must_be_positive_and_given(tmp_path):
         packed(tmp_path, "pack={}")
 
 
+def test_a_packed_sweeps_trial_processes_start_with_the_tuned_heap_unless_told_otherwise(tmp_path):
+    from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV, trial_process_env
+
+    assert trial_process_env(packed(tmp_path, "pack.max_members=3")) == TUNED_HEAP_ENV
+    assert TUNED_HEAP_ENV["MALLOC_ARENA_MAX"] == "1" and TUNED_HEAP_ENV["MALLOC_MMAP_MAX_"] == "0"
+    assert trial_process_env(packed(tmp_path, "pack.max_members=3", "pack.heap=default")) == {}
+    assert trial_process_env(load_sweep_config(None, [f"storage_path={tmp_path}", *BASE])) == {}, "no pack"
+    with pytest.raises(JobConfigError, match=r"pack.heap='huge': Input should be 'tuned' or 'default'"):
+        packed(tmp_path, "pack.max_members=3", "pack.heap=huge")
+
+
 def test_without_pack_the_grid_is_one_trial_per_point(tmp_path):
     from pipelines.sweeps.run import param_space
 
