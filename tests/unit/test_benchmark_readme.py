@@ -124,3 +124,45 @@ def test_the_packing_table_is_the_shipped_packing_json():
         assert per_hour == f"{row['capsules_per_hour_packed']:.0f} / {row['capsules_per_hour_sequential']:.0f}"
         assert float(ratio.strip("*")) == round(row["ratio"], 2) and float(ratio_cpu.strip("*")) == round(
             row["ratio_cpu"], 2)
+
+
+PACKED_CB = ROOT / "benchmarks/results/learning_packed_cb"
+
+
+def _learning_rows(run: str) -> tuple[float, list[dict]]:
+    import json
+
+    data = json.loads((PACKED_CB / run / "learning.json").read_text(encoding="utf-8"))
+    return data["duration_s"], data["tables"][0]["rows"]
+
+
+def _report_cell(run: str, method: str) -> str:
+    text = (PACKED_CB / run / "report.md").read_text(encoding="utf-8")
+    [row] = [r for r in _rows(text.splitlines()) if r[0] == method]
+    return row[1]
+
+
+def test_the_packed_cb_table_is_the_shipped_runs():
+    """Every cell of the packed-against-unpacked CB table is its shipped run's: wall, fit times, ms per row, scores."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Packed learning rows"):].split("\n- **Packed is slower")[0]
+    header, *body = _rows(section.splitlines())
+    assert header[0] == "run" and [row[0] for row in body] == ["unpacked", "packed (K = 9)"]
+    for (run, wall, capt_fit, head_fit, ms_per_row, capt_score, head_score), folder in zip(
+            body, ["unpacked", "packed"], strict=True):
+        duration, rows = _learning_rows(folder)
+        assert wall == f"{duration:.0f} s"
+        fits = {m: sorted(r["fit_s"] for r in rows if r["method"] == m) for m in ("capt", "head-only+anchor")}
+        for cell, times in ((capt_fit, fits["capt"]), (head_fit, fits["head-only+anchor"])):
+            expected = (f"{times[0]:.0f} s, one pack" if len(set(times)) == 1 else
+                        f"{times[0]:.0f}-{times[-1]:.0f} s each, 9 trials")
+            assert len(times) == 9 and cell == expected, (run, cell, expected)
+        members = 1 if folder == "unpacked" else 9
+        capt_s = sum(fits["capt"]) / 9 if members == 1 else fits["capt"][0]
+        assert int(ms_per_row) == round(1000 * capt_s / (150 * 16 * members)), run
+        for cell, method in ((capt_score, "capt"), (head_score, "head-only+anchor")):
+            shipped = _report_cell(folder, method)  # e.g. '58.64 ± 3.20 [optim.lr=0.3]'
+            value, lr = shipped.split(" [")
+            assert cell.split(" [")[0] == value and cell.split(" ")[-1].rstrip("]") == lr.split("=")[1].rstrip("]")
+    packed, unpacked = _learning_rows("packed")[0], _learning_rows("unpacked")[0]
+    assert f"**Packed is slower here: {unpacked / packed:.2f}x the capsules per hour**" in text
