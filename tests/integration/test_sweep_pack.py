@@ -5,7 +5,8 @@ within 10 s. The resumed sweep continues each member from its checkpoint in its 
 result.json, its own FINISHED run (nested under the sweep's run, with the capsule) and its summary row; the same sweep
 again trains nothing and adds no run. Registration is off here (three pyfunc versions took ~40 s on 2 shared CPUs):
 members' runs register through the trial's own `RunPlan.register` (tests/unit/pipelines/test_sweep_packs.py checks
-the members' plans ask for it; tests/integration/test_pack_registry.py registers two members on a real server). A driver SIGKILLed and resumed: tests/integration/test_chaos.py."""
+the members' plans ask for it; tests/integration/test_pack_registry.py registers two members on a real server). A
+driver SIGKILLed and resumed: tests/integration/test_chaos.py."""
 
 from __future__ import annotations
 
