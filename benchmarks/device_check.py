@@ -159,15 +159,34 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=list(PARTS), metavar="PART", help=f"some of {', '.join(PARTS)}")
     parser.add_argument("--ray-address", default=None, help="serve and sweep on this Ray cluster (default: local Rays)")
     parser.add_argument("--tracking-uri", default=None, help="the sweep's MLflow server (default: a local one)")
+    parser.add_argument("--check-imports", action="store_true",
+                        help="only import what the parts need, report every failure, exit 2 on one (no GPU needed)")
     return parser.parse_args(argv)
 
 
+def check_imports(parts: list[str]) -> int:
+    """`--check-imports`: 0 when every module of `parts` imports, else 2 with one paragraph naming each failure."""
+    from benchmarks.device_imports import import_problems
+
+    problems = import_problems(parts)
+    if problems:
+        print(f"error: {len(problems)} import(s) of the device check fail here: " + "; ".join(problems) +
+              ". Install or carry the missing packages (versions as in pyproject.toml) and check again.",
+              file=sys.stderr)
+        return 2
+    print(f"Every module of {', '.join(parts)} imports.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: exit 0 when every part ran, 1 when one failed, 2 for GPU mode without a GPU."""
+    """CLI entry point: exit 0 when every part ran, 1 when one failed, 2 for GPU mode without a GPU (or, with
+    `--check-imports`, for a module that does not import)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+    if args.check_imports:
+        return check_imports(args.only or list(PARTS))
     import torch
 
     if not args.cpu_smoke and not torch.cuda.is_available():
