@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult
+from benchmarks.device_check import PARTS
 from benchmarks.report import write_report
 
-PART_NAMES = ("device_step_cost", "device_packing", "device_serving", "device_sweep")
-"""The device check's parts, in report order (`benchmarks.device_check.PARTS`)."""
-LOGS = {"device_sweep": "device_sweep.log"}
-"""Files a part writes beside its JSON."""
+PART_NAMES = tuple(PARTS)
+"""The device check's parts, in report order; a part's log, where it writes one, is `<part>.log` beside its JSON."""
 
 
 def pick_parts(sources: list[Path]) -> dict[str, tuple[Path, BenchResult]]:
@@ -63,8 +62,8 @@ def merge(sources: list[Path], out: Path) -> Path:
     info = merged_info(sources)
     out.mkdir(parents=True, exist_ok=True)
     for name, (source, _) in picked.items():
-        for file in (f"{name}.json", LOGS.get(name)):
-            if file and (source / file).is_file() and (source / file).resolve() != (out / file).resolve():
+        for file in (f"{name}.json", f"{name}.log"):
+            if (source / file).is_file() and (source / file).resolve() != (out / file).resolve():
                 shutil.copyfile(source / file, out / file)
     (out / "run.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return write_report([picked[name][1] for name in PART_NAMES if name in picked], info, out)

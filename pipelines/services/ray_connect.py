@@ -50,9 +50,6 @@ def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = Non
                             "own nodes' environment", address, ", ".join(settings) or "no variable")
             else:
                 stack.enter_context(_local_ray(num_cpus, dict(worker_env or {})))
-                if worker_env:
-                    logger.info("Local Ray: its workers start with %s",
-                                " ".join(f"{name}={value}" for name, value in worker_env.items()))
         except (ConnectionError, RuntimeError, ValueError) as err:
             where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
             raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
@@ -103,6 +100,8 @@ def _local_ray(num_cpus: int | None, worker_env: dict[str, str]) -> Iterator[Non
                  dashboard_host=LOCALHOST, dashboard_port=port, _node_ip_address=LOCALHOST, _temp_dir=str(temp_dir),
                  runtime_env={"env_vars": worker_env} if worker_env else None)
         logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
+        if worker_env:
+            logger.info("Local Ray: its workers start with %s", " ".join(f"{k}={v}" for k, v in worker_env.items()))
         yield
 
 

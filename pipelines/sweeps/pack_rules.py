@@ -10,6 +10,7 @@ other problem of the sweep (`pipelines.sweeps.config.trials`): CaPT and its abla
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import PositiveInt
@@ -48,8 +49,6 @@ def trial_process_env(sweep: Any) -> dict[str, str]:
 
 def heap_in_force() -> dict[str, str]:
     """The glibc heap settings this process started with (recorded in each pack member's result.json)."""
-    import os
-
     return {name: os.environ[name] for name in TUNED_HEAP_ENV if name in os.environ}
 
 

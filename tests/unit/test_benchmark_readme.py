@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from helpers.markdown import table_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "benchmarks/README.md"
 REPORT = ROOT / "benchmarks/results/learning_fair150/report.md"
@@ -23,18 +25,13 @@ COLUMNS = [("CB score", "test_score", "cb"), ("CB accuracy", "test_accuracy", "c
            ("COPA accuracy", "test_score", "copa"), ("RTE accuracy", "test_score", "rte")]
 
 
-def _rows(table_lines: list[str]) -> list[list[str]]:
-    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table_lines
-            if line.startswith("|") and not line.startswith("|---")]
-
-
 def _report_cells() -> dict[tuple[str, str, str], str]:
     """(report table, method, task) -> the merged report's cell, e.g. '60.16 ± 0.84 [optim.lr=0.03]'."""
     text = REPORT.read_text(encoding="utf-8")
     score, accuracy = text.split("# The same trials: test_accuracy")
     cells = {}
     for name, part in (("test_score", score), ("test_accuracy", accuracy)):
-        header, *body = _rows(part.split("## Pieces")[0].splitlines())
+        header, *body = table_rows(part.split("## Pieces")[0].splitlines())
         for row in body:
             cells.update({(name, row[0], task): cell for task, cell in zip(header[1:], row[1:], strict=True)})
     return cells
@@ -43,7 +40,7 @@ def _report_cells() -> dict[tuple[str, str, str], str]:
 def _headline() -> tuple[list[str], list[list[str]]]:
     text = README.read_text(encoding="utf-8")
     section = text[text.index(HEADLINE):].split("\nWhat comes out")[0]
-    header, *body = _rows(section.splitlines())
+    header, *body = table_rows(section.splitlines())
     return header, body
 
 
@@ -92,7 +89,7 @@ def test_the_latest_serving_table_is_the_shipped_serving_json():
     by_key = {(row["model"], row["workload"], row["tasks"]): row for row in rows}
     text = README.read_text(encoding="utf-8")
     section = text[text.index(SERVING_LATEST):].split("\n\n- Throughput")[0]
-    header, *body = _rows(section.splitlines())
+    header, *body = table_rows(section.splitlines())
     assert header == ["model", "workload", "capsules", "rows/s (pooled)", "worst", "median", "best", "p50 ms"]
     assert len(body) == len(rows) == 10
     for model, workload, capsules, rate, worst, median, best, p50 in body:
@@ -113,7 +110,7 @@ def test_the_packing_table_is_the_shipped_packing_json():
     rows = json.loads(PACKING_JSON.read_text(encoding="utf-8"))["tables"][0]["rows"]
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## What the packing run shows"):].split("\nTarget (")[0]
-    header, *body = _rows(section.splitlines())
+    header, *body = table_rows(section.splitlines())
     assert header[:3] == ["model", "K", "members"] and len(body) == len(rows) == 8
     for cells, row in zip(body, rows, strict=True):
         model, k, members, packed, sequential, per_hour, ratio, ratio_cpu = cells
@@ -138,7 +135,7 @@ def _learning_rows(run: str) -> tuple[float, list[dict]]:
 
 def _report_cell(run: str, method: str) -> str:
     text = (PACKED_CB / run / "report.md").read_text(encoding="utf-8")
-    [row] = [r for r in _rows(text.splitlines()) if r[0] == method]
+    [row] = [r for r in table_rows(text.splitlines()) if r[0] == method]
     return row[1]
 
 
@@ -146,7 +143,7 @@ def test_the_packed_cb_table_is_the_shipped_runs():
     """Every cell of the packed-against-unpacked CB table is its shipped run's: wall, fit times, ms per row, scores."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("### Packed learning rows"):].split("\n- **Packed is slower")[0]
-    header, *body = _rows(section.splitlines())
+    header, *body = table_rows(section.splitlines())
     assert header[0] == "run" and [row[0] for row in body] == ["unpacked", "packed (K = 9)"]
     for (run, wall, capt_fit, head_fit, ms_per_row, capt_score, head_score), folder in zip(
             body, ["unpacked", "packed"], strict=True):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.markdown import table_rows
 
 from benchmarks import device_merge
 from benchmarks.common import BenchResult, Table, at_least, save_result
@@ -28,7 +29,7 @@ def _table_after(heading: str) -> list[list[str]]:
     lines = _section().split(heading, 1)[1].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = lines[first: next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))]
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:]]
+    return table_rows(table)[1:]
 
 
 def _result(name: str) -> dict:
