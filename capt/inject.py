@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,6 +43,18 @@ class _Pass:
     """(B, S) mean mask for later layers: tokens and slots."""
     row_capsule: torch.Tensor | None
     """(B,) capsule index per row, or None when every row uses capsule 0."""
+    host_rows: torch.Tensor | None = None
+    """`row_capsule` on the host (CPU)."""
+    routes: dict[int, Any] = field(default_factory=dict)
+    """The capsules' routing of the rows by batch size (`generate` may expand the batch), worked out once."""
+
+    def route(self, capsules: CapsuleList | CapsuleStack, batch: int) -> Any:
+        """`capsules.route` of this call's rows for a batch of `batch` rows."""
+        if batch not in self.routes:
+            host = None if self.host_rows is None else match_batch(self.host_rows, batch)
+            rows = None if self.row_capsule is None else match_batch(self.row_capsule, batch)
+            self.routes[batch] = capsules.route(host, rows)
+        return self.routes[batch]
 
 
 class CapsuleModel(SinglePhase, nn.Module):
@@ -217,11 +230,13 @@ class CapsuleModel(SinglePhase, nn.Module):
             model_kwargs["token_type_ids"] = insert_slots(kwargs["token_type_ids"], start, stop, 0)
         if labels is not None:
             model_kwargs["labels"] = self._slot_labels(labels, length)
+        host_rows = self.selector.rows(capsule, batch, len(self.capsules))
         ctx = _Pass(
             total_len=length + self.num_slots,
             first_mask=insert_slots(mean_tokens, start, stop, 0),
             rest_mask=insert_slots(mean_tokens, start, stop, 1),
-            row_capsule=self.selector.rows(capsule, batch, len(self.capsules), inputs_embeds.device),
+            row_capsule=None if host_rows is None else host_rows.to(inputs_embeds.device),
+            host_rows=host_rows,
         )
         return model_kwargs, ctx
 
@@ -271,8 +286,7 @@ class CapsuleModel(SinglePhase, nn.Module):
         batch = states.shape[0]
         mask = match_batch(ctx.first_mask if layer == 0 else ctx.rest_mask, batch)  # (B, S)
         slots = states[:, start:stop]  # (B, k, D)
-        row_capsule = None if ctx.row_capsule is None else match_batch(ctx.row_capsule, batch)
-        slots = self.capsules.fuse(layer, states, mask, row_capsule, slots)  # (B, k, D)
+        slots = self.capsules.fuse(layer, states, mask, ctx.route(self.capsules, batch), slots)  # (B, k, D)
         return torch.cat([states[:, :start], slots, states[:, stop:]], dim=1)  # (B, S, D)
 
 

@@ -51,15 +51,16 @@ class PackedCapsules(CapsuleModel):
     def member_logits(self, batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor | None]:
         """Per member m: the logits of its rows (where `rows` (B,) == m), or None when it has no row here.
 
-        Language models: (B_m, T, V) token logits; encoder classifiers: (B_m, C_m) through member m's head.
+        Language models: (B_m, T, V) token logits; encoder classifiers: (B_m, C_m) through member m's head. With
+        `rows` on the host (CPU), nothing here waits for the device (`member_rows`).
         """
+        picks = member_rows(rows, len(self.capsules), batch["input_ids"].device)
         if self.heads is not None:
             features = self._head_features(batch, rows)  # (B, D)
-            return [self.heads[m](features[rows == m]) if bool((rows == m).any()) else None
-                    for m in range(len(self.capsules))]
+            return [None if pick is None else self.heads[m](features[pick]) for m, pick in enumerate(picks)]
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "prompt_mask", "labels") if k in batch}
         logits = self(**inputs, capsule=rows).logits  # (B, T, V)
-        return [logits[rows == m] if bool((rows == m).any()) else None for m in range(len(self.capsules))]
+        return [None if pick is None else logits[pick] for pick in picks]
 
     def _head_features(self, batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
         """(B, D) each row's readout vector of the final encoder states, after the classifier's dropout."""
@@ -121,6 +122,23 @@ class MemberView(nn.Module):
     def generate(self, **kwargs):
         """`CapsuleModel.generate` with this member's capsule on every row."""
         return self.packed.generate(capsule=self.index, **kwargs)
+
+
+def member_rows(rows: torch.Tensor, count: int, device: torch.device) -> list[slice | torch.Tensor | None]:
+    """Per member m < `count`: what selects its rows of a batch whose rows belong to members `rows` (B,): a slice
+    when they are contiguous (a merged batch's are: a view, no copy), else an index on `device`; None when it has
+    none. Worked out on the host (a device tensor is read back once)."""
+    host = rows.detach().cpu()
+    picks: list[slice | torch.Tensor | None] = []
+    for m in range(count):
+        where = (host == m).nonzero().squeeze(1)
+        if not len(where):
+            picks.append(None)
+        elif int(where[-1]) - int(where[0]) + 1 == len(where):
+            picks.append(slice(int(where[0]), int(where[-1]) + 1))
+        else:
+            picks.append(where.to(device))
+    return picks
 
 
 def merge_batches(batches: Sequence[Mapping[str, Any]], pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -53,8 +53,9 @@ class CapsuleSelector:
         self.names.append(name)
         self._positions.setdefault(name, len(self.names) - 1)
 
-    def rows(self, capsule, batch: int, count: int, device: torch.device) -> torch.Tensor | None:
-        """(B,) capsule index per row, or None when every row uses the only capsule."""
+    def rows(self, capsule, batch: int, count: int) -> torch.Tensor | None:
+        """(B,) capsule index per row on the host (CPU), or None when every row uses the only capsule. A tensor on an
+        accelerator is read back here, once per call, so that no capsule layer waits for the device."""
         if capsule is None:
             if count > 1:
                 raise CaptError(f"This model holds {count} capsules {self.names}: pass capsule=[...] per row.")
@@ -62,9 +63,9 @@ class CapsuleSelector:
         if isinstance(capsule, str | int):
             capsule = [capsule] * batch
         if isinstance(capsule, torch.Tensor):
-            index = capsule.to(device=device, dtype=torch.long)
+            index = capsule.detach().to(device="cpu", dtype=torch.long)
         else:
-            index = torch.tensor([self._index(c, count) for c in capsule], dtype=torch.long, device=device)
+            index = torch.tensor([self._index(c, count) for c in capsule], dtype=torch.long)
         if index.shape != (batch,):
             raise CaptError(f"capsule= must give one capsule per row: got {tuple(index.shape)} for {batch} rows.")
         if index.numel() and (index.min() < 0 or index.max() >= count):

@@ -10,6 +10,7 @@ Both answer the three questions the hooks ask: slot counts, the layers with a ca
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,7 +20,10 @@ from capt.config import CapsuleConfig
 
 
 class CapsuleList(nn.ModuleList):
-    """One trainable `Capsule` module per capsule, fused one capsule at a time (the rows that use it)."""
+    """One trainable `Capsule` module per capsule. A batch of one capsule's rows goes through that capsule's own
+    `fuse`; a batch mixing capsules (a pack) fuses each group of like capsules in one gather over their parameters
+    stacked once per call (`route`), so a capsule layer costs the same few operations whatever the number of
+    capsules, and none of them waits for the device."""
 
     def slot_counts(self) -> set[int]:
         """The slot counts of the capsules (a model needs exactly one)."""
@@ -29,21 +33,76 @@ class CapsuleList(nn.ModuleList):
         """Stack layers where some capsule sits."""
         return sorted({i for capsule in self for i in capsule.layers})
 
-    def fuse(self, layer: int, states: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None,
+    def route(self, host_rows: torch.Tensor | None, rows: torch.Tensor | None) -> ListRoute | None:
+        """Where each capsule's rows are, worked out once per call on the host from `host_rows` (B,) (CPU; `rows` is
+        the same on the device): None when every row uses capsule 0."""
+        if host_rows is None:
+            return None
+        present = torch.unique(host_rows).tolist()
+        if len(present) == 1:
+            return ListRoute(single=present[0])
+        device = rows.device
+        members: dict[tuple, list[int]] = {}
+        for index in present:
+            members.setdefault(_key(self[index]), []).append(index)
+        groups = []
+        for indices in members.values():
+            position = torch.full((len(self),), -1, dtype=torch.long)
+            position[indices] = torch.arange(len(indices))
+            chosen = torch.isin(host_rows, torch.tensor(indices)).nonzero().squeeze(1)  # (b,) rows of this group
+            whole = len(chosen) == len(host_rows)
+            groups.append(_LiveGroup([self[i] for i in indices], None if whole else chosen.to(device),
+                                     position[host_rows[chosen]].to(device)))
+        return ListRoute(groups=groups)
+
+    def fuse(self, layer: int, states: torch.Tensor, mask: torch.Tensor, route: ListRoute | None,
              slots: torch.Tensor) -> torch.Tensor:
-        """`slots` (B, k, D) with each row whose capsule covers `layer` replaced by its fused capsule; `rows` (B,) is
-        each row's capsule index (None: every row uses capsule 0)."""
-        used = range(len(self)) if rows is None else rows.unique().tolist()
-        for index in used:  # only the capsules of this batch's rows
-            capsule = self[index]
-            if not capsule.covers(layer):
+        """`slots` (B, k, D) with each row whose capsule covers `layer` replaced by its fused capsule; `route` is
+        `self.route(...)` of this call."""
+        if route is None or route.single is not None:
+            capsule = self[0 if route is None else route.single]
+            return capsule.fuse(layer, states, mask) if capsule.covers(layer) else slots
+        for group in route.groups:
+            if not group.covers(layer):
                 continue
-            if rows is None:
-                slots = capsule.fuse(layer, states, mask)
+            if group.chosen is None:  # every row of the batch is in this group
+                slots = group.fuse(layer, states, mask)
                 continue
-            chosen = (rows == index).nonzero().squeeze(1)
-            slots = slots.index_copy(0, chosen, capsule.fuse(layer, states[chosen], mask[chosen]))
+            fused = group.fuse(layer, states.index_select(0, group.chosen), mask.index_select(0, group.chosen))
+            slots = slots.index_copy(0, group.chosen, fused)
         return slots
+
+
+@dataclass
+class ListRoute:
+    """A `CapsuleList`'s routing of one call's rows: one capsule for every row, or groups of like capsules."""
+
+    single: int | None = None
+    """The one capsule every row uses."""
+    groups: list[_LiveGroup] = field(default_factory=list)
+    """Otherwise: the groups of like capsules that the rows use."""
+
+
+class _LiveGroup:
+    """Trainable capsules of one configuration and layer set used by one call's rows; their parameters are stacked
+    once for the call, (n, L, ...), so gradients reach each capsule's own parameters."""
+
+    def __init__(self, capsules: list[Capsule], chosen: torch.Tensor | None, positions: torch.Tensor) -> None:
+        self.capsules, self.chosen, self.positions = capsules, chosen, positions
+        self.config = capsules[0].config
+        self._values: dict[str, torch.Tensor] | None = None
+
+    def covers(self, layer: int) -> bool:
+        """Whether these capsules sit at stack layer `layer`."""
+        return self.capsules[0].covers(layer)
+
+    def fuse(self, layer: int, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(b, num_slots, D) slot states of this group's rows `states` (b, S, D)."""
+        if self._values is None:
+            names = [name for name, _ in self.capsules[0].named_parameters()]
+            self._values = {name: torch.stack([c.get_parameter(name) for c in self.capsules]) for name in names}
+        row = self.capsules[0].layers.index(layer)
+        return fuse_rows(self.config, row, self._values, states, mask, self.positions)
 
 
 class _Group(nn.Module):
@@ -87,20 +146,28 @@ class _Group(nn.Module):
 
     def fuse(self, layer: int, states: torch.Tensor, mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
         """(b, num_slots, D) slot states for `layer` of rows `states` (b, S, D) whose capsules sit at `members` (b,)
-        of this group: each row's values gathered in one `index_select`, then `Capsule.fuse`'s arithmetic."""
-        row, cfg = self._row[layer], self.config
-        task = self.vectors[:, row].index_select(0, members) if cfg.task_vector else None  # (b, k, D)
-        if not cfg.instance_mean:
-            return task.to(states.dtype)
-        if cfg.fusion == "conv":
-            mean = _conv_mean(states, mask, self.conv_weight[:, row].index_select(0, members))  # (b, D)
-        else:
-            mean = masked_mean(states, mask)  # (b, D)
-        if cfg.fusion == "project":
-            down = self.projection_down[:, row].index_select(0, members)  # (b, r, D)
-            up = self.projection_up[:, row].index_select(0, members)  # (b, D, r)
-            mean = mean + torch.bmm(up, torch.bmm(down, mean.unsqueeze(2))).squeeze(2)  # (b, D)
-        return combine(cfg, task, mean).to(states.dtype)
+        of this group."""
+        values = {name: getattr(self, name) for name in self.parameter_names}
+        return fuse_rows(self.config, self._row[layer], values, states, mask, members)
+
+
+def fuse_rows(config: CapsuleConfig, row: int, values: dict[str, torch.Tensor], states: torch.Tensor,
+              mask: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """`Capsule.fuse`'s arithmetic for rows of several capsules of one configuration: `values` holds their
+    parameters stacked, (n, L, ...); row r of `states` (b, S, D) uses capsule `members[r]`; each row's values are
+    gathered in one `index_select`. Capsule layer `row`: (b, num_slots, D)."""
+    task = values["vectors"][:, row].index_select(0, members) if config.task_vector else None  # (b, k, D)
+    if not config.instance_mean:
+        return task.to(states.dtype)
+    if config.fusion == "conv":
+        mean = _conv_mean(states, mask, values["conv_weight"][:, row].index_select(0, members))  # (b, D)
+    else:
+        mean = masked_mean(states, mask)  # (b, D)
+    if config.fusion == "project":
+        down = values["projection_down"][:, row].index_select(0, members)  # (b, r, D)
+        up = values["projection_up"][:, row].index_select(0, members)  # (b, D, r)
+        mean = mean + torch.bmm(up, torch.bmm(down, mean.unsqueeze(2))).squeeze(2)  # (b, D)
+    return combine(config, task, mean).to(states.dtype)
 
 
 def _key(capsule: Capsule | _Group) -> tuple:
@@ -180,6 +247,10 @@ class CapsuleStack(nn.Module):
             self.position = torch.cat([self.position, place[1:]])
         else:
             self.group[index], self.position[index] = place[0], place[1]
+
+    def route(self, host_rows: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """The routing `fuse` takes: each row's capsule index `rows` (B,) on the device (the host copy is unused)."""
+        return rows
 
     def fuse(self, layer: int, states: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None,
              slots: torch.Tensor) -> torch.Tensor:

@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import torch
 
 from pipelines.config.load import require_resolved
-from pipelines.evaluation import evaluate, per_example_nll
+from pipelines.evaluation import per_example_nll
 from pipelines.training.pack_checkpoint import restore_member, save_member
+from pipelines.training.pack_eval import evaluate_members
 from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 
 logger = logging.getLogger(__name__)
 Report = Callable[[dict[str, Any]], None]
+VALIDATE = object()
+"""What a member's loop yields where it validates (`_member_batches`)."""
 
 
 class PackDivergedError(RuntimeError):
@@ -70,52 +74,71 @@ def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[di
             logger.info("pack members %s continue from their checkpoints", resumed)
     _score_untrained(pack)
     schedules = {m.index: _member_batches(pack, m) for m in pack.members}
-    pending = _advance(schedules, dict.fromkeys(schedules))
+    pending = _advance(pack, schedules, dict.fromkeys(schedules))
     while pending:
         _pack_step(pack, pending)
-        pending = _advance(schedules, pending)
-    return [_finish(pack, member) for member in pack.members]
+        pending = _advance(pack, schedules, pending)
+    return _finish(pack)
 
 
 def _score_untrained(pack: Pack) -> None:
     """With `train.score_untrained`, a member's test score before its first step, as `pipelines.train.fit` takes it:
     the reference its training has to beat (kept in its loop, so a resumed member keeps it too)."""
-    for member in pack.members:
-        loop = member.loop
-        if member.config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
-            loop.untrained_score = _evaluate(pack, member, member.splits.test)["score"]
+    wanted = [m for m in pack.members
+              if m.config.train.score_untrained and m.loop.step == 0 and m.loop.untrained_score is None]
+    scores = evaluate_members(pack, {m.index: m.splits.test for m in wanted})
+    for member in wanted:
+        member.loop.untrained_score = scores[member.index]["score"]
     pack.model.train(pack.options.dropout)
 
 
-def _advance(schedules: dict[int, Iterator[dict]], pending: dict[int, Any]) -> dict[int, dict]:
-    """Each member's next batch (its loop validates in between); members whose loop ended leave the pack."""
-    batches = {}
-    for index in pending:
-        batch = next(schedules[index], None)
-        if batch is not None:
-            batches[index] = batch
+def _advance(pack: Pack, schedules: dict[int, Generator], pending: dict[int, Any]) -> dict[int, dict]:
+    """Each member's next batch; members whose loop validates before it are validated together (`_validate`), and
+    members whose loop ended leave the pack."""
+    batches: dict[int, dict] = {}
+    replies: dict[int, bool | None] = dict.fromkeys(pending)
+    while replies:
+        asking = []
+        for index, reply in replies.items():
+            item = _resume(schedules[index], reply)
+            if item is VALIDATE:
+                asking.append(index)
+            elif item is not None:
+                batches[index] = item
+        replies = _validate(pack, [pack.members[i] for i in asking]) if asking else {}
     return batches
 
 
+def _resume(schedule: Generator, reply: bool | None) -> dict | object | None:
+    """The member loop's next request (a batch or `VALIDATE`) after `reply`; None when the loop has ended."""
+    try:
+        return schedule.send(reply)
+    except StopIteration:
+        return None
+
+
 def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
-    """One forward and backward over every pending member's batch, then each member's own optimiser step."""
-    from capt.packing import merge_batches
+    """One forward and backward over every pending member's batch, then each member's own optimiser step. The rows'
+    members stay on the host, and the losses come back in one transfer: the step waits for the device once."""
+    from capt.packing import member_rows, merge_batches
 
     order = sorted(pending)
     merged, positions = merge_batches([pending[i] for i in order], pack.members[order[0]].collator.pad_id)
     device = pack.accelerator.device
     batch = {k: v.to(device) for k, v in merged.items()}
-    rows = torch.tensor(order, dtype=torch.long)[positions].to(device)  # (B,) member index of each row
+    rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member index of each row, on the host
+    picks = member_rows(rows, len(pack.members), device)
     with pack.accelerator.autocast():
         logits = pack.model.member_logits(batch, rows)
-    losses = {i: _loss(pack, logits[i], batch["labels"][rows == i]) for i in order}
-    total = torch.stack(list(losses.values())).sum()  # one backward: member m's gradient is d loss_m / d its params
-    if not torch.isfinite(total.detach()):
-        bad = [i for i, loss in losses.items() if not torch.isfinite(loss.detach())]
-        raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
+    losses = [_loss(pack, logits[i], batch["labels"][picks[i]]) for i in order]
+    total = torch.stack(losses).sum()  # one backward: member m's gradient is d loss_m / d its params
     total.backward()
-    for index in order:
-        _optimizer_step(pack.members[index], pack, losses[index].item())
+    values = torch.stack([loss.detach().float() for loss in losses]).tolist()
+    if not all(math.isfinite(value) for value in values):
+        bad = [i for i, value in zip(order, values, strict=True) if not math.isfinite(value)]
+        raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
+    for index, value in zip(order, values, strict=True):
+        _optimizer_step(pack.members[index], pack, value)
 
 
 def _loss(pack: Pack, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -136,8 +159,9 @@ def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
     member.losses.append(loss)
 
 
-def _member_batches(pack: Pack, member: Member) -> Iterator[dict]:
-    """`pipelines.train._train` for one member: yields its batches; after each, the pack has stepped on it."""
+def _member_batches(pack: Pack, member: Member) -> Generator[dict | object, bool | None, None]:
+    """`pipelines.train._train` for one member: yields its batches (after each, the pack has stepped on it) and
+    `VALIDATE` where it validates (the pack answers whether its patience ran out)."""
     loop, cfg = member.loop, member.config.train
     if member.stopped_early:  # restored from the checkpoint of a member whose patience ran out
         return
@@ -146,29 +170,29 @@ def _member_batches(pack: Pack, member: Member) -> Iterator[dict]:
         for batch in itertools.islice(member.loader, loop.batches_in_epoch, None):  # a resumed epoch: the rest
             yield batch
             loop.step, loop.batches_in_epoch = loop.step + 1, loop.batches_in_epoch + 1
-            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and _validate(pack, member):
+            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and (yield VALIDATE):
                 return
             if loop.step >= member.total_steps:
                 break
         else:
             loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
-            if not cfg.eval_every_steps and _validate(pack, member):
+            if not cfg.eval_every_steps and (yield VALIDATE):
                 return
     if not loop.history or loop.history[-1]["step"] != loop.step:
-        _validate(pack, member)  # the final state is always validated
+        yield VALIDATE  # the final state is always validated
 
 
-def _evaluate(pack: Pack, member: Member, examples) -> dict[str, float]:
-    cfg = member.config
-    return evaluate(pack.accelerator, pack.model.member(member.index), examples, member.collator, pack.spec,
-                    cfg.train.eval_mode, cfg.train.eval_batch_size, cfg.model.max_new_tokens, pack.loaded.tokenizer)
-
-
-def _validate(pack: Pack, member: Member) -> bool:
-    """Score the member's validation split, keep its best state; True when its patience ran out (it stops)."""
-    loop = member.loop
-    metrics = _evaluate(pack, member, member.splits.validation)
+def _validate(pack: Pack, members: list[Member]) -> dict[int, bool]:
+    """Score the members' validation splits together and keep each one's best state; per member, whether its
+    patience ran out (it stops)."""
+    scores = evaluate_members(pack, {m.index: m.splits.validation for m in members})
     pack.model.train(pack.options.dropout)
+    return {m.index: _record_validation(pack, m, scores[m.index]) for m in members}
+
+
+def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) -> bool:
+    """Member `member`'s validation record from `metrics`; True when its patience ran out."""
+    loop = member.loop
     record = {"step": loop.step, "epoch": loop.epoch, "train_loss": loop.mean_loss(),
               **{f"validation_{k}": v for k, v in metrics.items()}}
     loop.loss_sum, loop.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
@@ -194,13 +218,19 @@ def _state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
     return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
 
 
-def _finish(pack: Pack, member: Member) -> dict[str, Any]:
-    """Restore the member's best state, score its test split, and describe the run as a single job's result does."""
-    final = _state(pack, member)
+def _finish(pack: Pack) -> list[dict[str, Any]]:
+    """Restore every member's best state, score the test splits (together), and describe each member's run as a
+    single job's result does."""
+    finals = {m.index: _state(pack, m) for m in pack.members}
     with torch.no_grad():
-        for name, param in pack.model.member_parameters(member.index).items():
-            param.copy_(member.best[name].to(param.device, param.dtype))
-    test = _evaluate(pack, member, member.splits.test)
+        for member in pack.members:
+            for name, param in pack.model.member_parameters(member.index).items():
+                param.copy_(member.best[name].to(param.device, param.dtype))
+    tests = evaluate_members(pack, {m.index: m.splits.test for m in pack.members})
+    return [_result(pack, m, tests[m.index], finals[m.index]) for m in pack.members]
+
+
+def _result(pack: Pack, member: Member, test: dict[str, float], final: dict[str, torch.Tensor]) -> dict[str, Any]:
     config, loop = member.config, member.loop
     metrics = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
                **{f"test_{k}": v for k, v in test.items()}}

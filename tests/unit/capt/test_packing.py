@@ -12,7 +12,7 @@ import capt
 from capt.arch import spec_for
 from capt.capsule import Capsule
 from capt.errors import CaptError
-from capt.packing import PackedCapsules, merge_batches
+from capt.packing import PackedCapsules, member_rows, merge_batches
 
 CONFIGS = [capt.CapsuleConfig(init="normal", init_std=0.5), capt.CapsuleConfig(init="normal", layers="odd"),
            capt.CapsuleConfig(init="normal", init_std=0.5, fusion="project")]
@@ -21,12 +21,16 @@ RTOL = 1e-4
 """Float noise between batch sizes: the test T5 (initializer_factor 10) has states and logits of large scale."""
 
 
-def packed_model(kind: str) -> PackedCapsules:
-    """Three members of different configs; for bert, heads of 2, 3 and 2 labels reading different readouts."""
+LIKE_CONFIGS = [CONFIGS[0], CONFIGS[2], CONFIGS[0]]
+"""Members 0 and 2 alike (one stacked group, as in most packs), member 1 of another fusion."""
+
+
+def packed_model(kind: str, configs: list[capt.CapsuleConfig] = CONFIGS) -> PackedCapsules:
+    """Three members of `configs`; for bert, heads of 2, 3 and 2 labels reading different readouts."""
     base = BUILDERS[kind]()
     spec, width = spec_for(base), spec_for(base).hidden_size(base)
     torch.manual_seed(7)
-    capsules = [Capsule(c, c.resolve_layers(spec.num_layers(base)), width) for c in CONFIGS]
+    capsules = [Capsule(c, c.resolve_layers(spec.num_layers(base)), width) for c in configs]
     if not spec.classifier_head:
         return PackedCapsules(base, capsules)
     heads = [nn.Linear(width, labels) for labels in (2, 3, 2)]
@@ -39,9 +43,10 @@ def loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0))
 
 
+@pytest.mark.parametrize("configs", [CONFIGS, LIKE_CONFIGS], ids=["unlike", "two-alike"])
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
-def test_each_members_gradient_equals_its_rows_alone(kind):
-    model = packed_model(kind)
+def test_each_members_gradient_equals_its_rows_alone(kind, configs):
+    model = packed_model(kind, configs)
     batch = random_batch(kind, batch=6)
     rows = torch.tensor([0, 1, 2, 1, 0, 2])
     logits = model.member_logits(batch, rows)
@@ -90,3 +95,19 @@ def test_heads_come_with_readouts():
     capsule = Capsule(CONFIGS[0], (0, 1), 32)
     with pytest.raises(CaptError, match="one head and one readout per capsule"):
         PackedCapsules(base, [capsule], [nn.Linear(32, 2)], None)
+
+
+def test_member_rows_are_slices_when_contiguous_and_indices_otherwise():
+    picks = member_rows(torch.tensor([0, 0, 2, 1, 2]), 4, torch.device("cpu"))
+    assert picks[0] == slice(0, 2) and picks[1] == slice(3, 4) and picks[3] is None
+    assert picks[2].tolist() == [2, 4]
+
+
+def test_a_batch_of_one_members_rows_goes_through_its_own_capsule_alone():
+    """Every row of one member: the capsule's own `fuse`, as a model with that capsule alone computes it."""
+    model = packed_model("t5", LIKE_CONFIGS)
+    batch = random_batch("t5", batch=3)
+    with torch.no_grad():
+        packed = model.member_logits(batch, torch.full((3,), 2))[2]
+        alone = capt.CapsuleModel(model.detach(), [model.capsules[2]])(**batch).logits
+    assert torch.equal(packed, alone)
