@@ -7,8 +7,10 @@ Each step's batch holds the next batch of every active member, rows routed to th
 `capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its gradient is the one it gets
 training alone; the pack backpropagates the sum once, then every member clips and steps its own optimiser and
 schedule. A member's loop is `pipelines.train`'s (same data order, step budget, validation points, best state,
-early stopping) written as a generator that yields its batches: it validates between the pack's steps, and when it
-ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
+early stopping) written as a generator that yields its batches, and `VALIDATE` where it validates between the pack's
+steps: the members that validate at one point (and all of them for the untrained and the final test scores) score
+their examples in shared batches (`pipelines.training.pack_eval`). When a member's loop ends (budget reached or
+patience out) it leaves the pack; the pack ends with its last member.
 
 Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.train.run` step for step
 (the same data order, `pack_setup.EpochSampler` being Accelerate's seedable sampler; the same optimiser groups,
