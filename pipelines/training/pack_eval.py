@@ -47,9 +47,15 @@ def _shares_batches(pack: Pack, member: Member) -> bool:
     return pack.spec.classifier_head or member.config.train.eval_mode == "rank"
 
 
-@torch.no_grad()
 def _evaluate_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
-    """Batch n of each member (its own `train.eval_batch_size`) merged into one forward, for every n."""
+    predictions = predict_together(pack, requests)
+    return {i: metrics_of(examples, predictions[i]) for i, examples in requests.items()}
+
+
+@torch.no_grad()
+def predict_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, list[int]]:
+    """Each member i's label predictions for `requests[i]`: batch n of each member (its own
+    `train.eval_batch_size`) merged into one forward, for every n."""
     pack.model.eval()
     chunks = {i: _chunks(examples, pack.members[i].config.train.eval_batch_size) for i, examples in requests.items()}
     predictions: dict[int, list[int]] = {i: [] for i in requests}
@@ -57,7 +63,7 @@ def _evaluate_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) ->
         present = [i for i in requests if n < len(chunks[i])]
         for i, found in _predict_merged(pack, {i: chunks[i][n] for i in present}).items():
             predictions[i] += found
-    return {i: metrics_of(examples, predictions[i]) for i, examples in requests.items()}
+    return predictions
 
 
 def _chunks(examples: Sequence[Example], size: int) -> list[list[Example]]:
@@ -66,6 +72,16 @@ def _chunks(examples: Sequence[Example], size: int) -> list[list[Example]]:
 
 def _predict_merged(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, list[int]]:
     """Each member's label predictions for its chunk of examples, from one merged forward."""
+    scores = member_scores(pack, chunks)
+    if pack.spec.classifier_head:
+        return {i: member_logits.argmax(-1).tolist() for i, member_logits in scores.items()}
+    return {i: rank_classify(scores[i].view(len(chunk), -1)) for i, chunk in chunks.items()}
+
+
+def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, torch.Tensor]:
+    """From one merged forward over the members' chunks of examples, on the host: each member's head logits
+    (N_i, C_i) (encoder classifiers), or its candidates' summed log-likelihoods (N_i * C_i,) for rank
+    classification, each through its own capsule."""
     order = list(chunks)
     if pack.spec.classifier_head:
         batches = [pack.members[i].collator(chunks[i]) for i in order]
@@ -77,18 +93,11 @@ def _predict_merged(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int
     rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member of each row, on the host
     if pack.spec.classifier_head:
         logits = pack.model.member_logits(batch, rows)
-        return {i: logits[i].argmax(-1).tolist() for i in order}
-    return _rank_predictions(pack, batch, rows, chunks)
-
-
-def _rank_predictions(pack: Pack, batch: dict[str, torch.Tensor], rows: torch.Tensor,
-                      chunks: Mapping[int, list[Example]]) -> dict[int, list[int]]:
-    """Rank classification of a merged candidate batch: each member's candidates scored through its capsule."""
+        return {i: logits[i].float().cpu() for i in order}
     labels = batch["labels"]
-    inputs = model_inputs(batch)
     # An encoder-decoder's labels build its decoder inputs; a causal LM scores its own input sequence.
     extra = {"labels": labels} if pack.spec.encoder_decoder else {}
-    logits = pack.model(**inputs, **extra, capsule=rows).logits
+    logits = pack.model(**model_inputs(batch), **extra, capsule=rows).logits
     scores = sequence_log_likelihood(logits, labels, shift=pack.spec.shifts_labels).cpu()  # (B,) one transfer
     picks = member_rows(rows, len(pack.members), scores.device)
-    return {i: rank_classify(scores[picks[i]].view(len(chunk), -1)) for i, chunk in chunks.items()}
+    return {i: scores[picks[i]] for i in order}
