@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -11,21 +12,55 @@ from capt.config import CapsuleConfig
 from capt.io import CapsuleMetadata, read_config, read_tensors, verify
 
 
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over positions where `mask` is 1, in float32: (B, S, D), (B, S) -> (B, D); empty rows give 0."""
-    weights = mask.to(torch.float32).unsqueeze(-1)  # (B, S, 1)
-    total = (states.to(torch.float32) * weights).sum(dim=1)  # (B, D)
-    return total / weights.sum(dim=1).clamp_min(1.0)
+@dataclass(frozen=True)
+class MeanWeights:
+    """A mean mask prepared once for every capsule layer of a forward pass: each layer's mean then costs a multiply,
+    a sum and a divide, and no cast of the states (the multiply promotes them to float32)."""
+
+    weights: torch.Tensor
+    """(B, S, 1) float32: 1 where the mean looks, 0 elsewhere."""
+    count: torch.Tensor
+    """(B, 1) float32: the positions each row's mean covers, at least 1 (an empty row's mean is 0)."""
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> MeanWeights:
+        """From a (B, S) mask of 0s and 1s."""
+        weights = mask.to(torch.float32).unsqueeze(-1)  # (B, S, 1)
+        return cls(weights, weights.sum(dim=1).clamp_min(1.0))
+
+    def index_select(self, dim: int, rows: torch.Tensor) -> MeanWeights:
+        """The rows `rows` (b,) of this mask (`dim` 0), as `Tensor.index_select` selects a plain mask's."""
+        if dim != 0:
+            raise ValueError("MeanWeights selects rows only (dim=0).")
+        return MeanWeights(self.weights.index_select(0, rows), self.count.index_select(0, rows))
+
+
+_PROMOTED_TO_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
+"""State dtypes whose product with float32 weights is the float32 product of their float32 values."""
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor | MeanWeights) -> torch.Tensor:
+    """Mean over positions where `mask` is 1, in float32: (B, S, D), (B, S) -> (B, D); empty rows give 0. `mask` may
+    come prepared (`MeanWeights`), as the capsule layers of one pass share it."""
+    prepared = mask if isinstance(mask, MeanWeights) else MeanWeights.of(mask)
+    if states.dtype not in _PROMOTED_TO_FLOAT32:
+        states = states.to(torch.float32)
+    return (states * prepared.weights).sum(dim=1) / prepared.count  # (B, D) float32
 
 
 def combine(config: CapsuleConfig, task: torch.Tensor | None, mean: torch.Tensor) -> torch.Tensor:
-    """The slot states from the task part `task` (b, k, D) (None without task vectors) and the (fused) instance
-    mean `mean` (b, D): (b, num_slots, D)."""
+    """The slot states from the task part `task` ((b, k, D), or one capsule's (k, D) for every row; None without task
+    vectors) and the (fused) instance mean `mean` (b, D): (b, num_slots, D)."""
     if config.fusion == "prepend":
-        return torch.cat([task, mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
+        return torch.cat([_rows(task, mean.shape[0]), mean.unsqueeze(1)], dim=1)  # (b, k+1, D)
     if task is None:
         return mean.unsqueeze(1).expand(mean.shape[0], config.length, -1)
-    return task + mean.unsqueeze(1)
+    return task + mean.unsqueeze(1)  # (k, D) broadcasts over the rows
+
+
+def _rows(task: torch.Tensor, batch: int) -> torch.Tensor:
+    """(b, k, D) from a task part that may be one capsule's (k, D)."""
+    return task.unsqueeze(0).expand(batch, -1, -1) if task.dim() == 2 else task
 
 
 class Capsule(nn.Module):
@@ -79,29 +114,31 @@ class Capsule(nn.Module):
         """Slot states for `layer`: (b, S, D), (b, S) -> (b, num_slots, D) in the dtype of `states`."""
         row = self._row[layer]
         cfg = self.config
-        batch = states.shape[0]
-        task = self._task_part(row, batch, states.device)  # (b, k, D) or None
+        task = self._task_part(row, states.device)  # (k, D) or None
         if not cfg.instance_mean:
-            return task.to(states.dtype)
+            # cast after expanding, so that the rows' gradients are summed in float32
+            return _rows(task, states.shape[0]).to(states.dtype)
         mean = self._instance_mean(row, states, mean_mask)  # (b, D)
         if cfg.fusion == "project":
             low_rank = mean @ self.projection_down[row].T  # (b, r)
             mean = mean + low_rank @ self.projection_up[row].T  # (b, D)
         return combine(cfg, task, mean).to(states.dtype)
 
-    def _task_part(self, row: int, batch: int, device: torch.device) -> torch.Tensor | None:
+    def _task_part(self, row: int, device: torch.device) -> torch.Tensor | None:
         if not self.config.task_vector:
             return None
-        return self.vectors[row].to(device).unsqueeze(0).expand(batch, -1, -1)  # (b, k, D)
+        task = self.vectors[row]  # (k, D)
+        return task if task.device == device else task.to(device)
 
     def _instance_mean(self, row: int, states: torch.Tensor, mean_mask: torch.Tensor) -> torch.Tensor:
         if self.config.fusion != "conv":
             return masked_mean(states, mean_mask)
         # Padding is zeroed first so it never leaks into a real token's window.
-        masked = states.to(torch.float32) * mean_mask.to(torch.float32).unsqueeze(-1)  # (b, S, D)
+        prepared = mean_mask if isinstance(mean_mask, MeanWeights) else MeanWeights.of(mean_mask)
+        masked = states.to(torch.float32) * prepared.weights  # (b, S, D)
         kernel = self.conv_weight[row].unsqueeze(1)  # (D, 1, K)
         mixed = nn.functional.conv1d(masked.transpose(1, 2), kernel, padding="same", groups=kernel.shape[0])
-        return masked_mean(mixed.transpose(1, 2), mean_mask)
+        return masked_mean(mixed.transpose(1, 2), prepared)
 
     def extra_repr(self) -> str:
         return f"layers={list(self.layers)}, hidden_size={self.hidden_size}, config={self.config}"

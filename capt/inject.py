@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supported_model_types
-from capt.capsule import Capsule, read_capsule
+from capt.capsule import Capsule, MeanWeights, read_capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError
 from capt.io import describe, write_capsule
@@ -45,8 +45,17 @@ class _Pass:
     """(B,) capsule index per row, or None when every row uses capsule 0."""
     host_rows: torch.Tensor | None = None
     """`row_capsule` on the host (CPU)."""
+    prepared: dict[tuple[bool, int], MeanWeights] = field(default_factory=dict)
+    """The mean masks by (first layer, batch size), prepared once (`mean_weights`)."""
     routes: dict[int, Any] = field(default_factory=dict)
     """The capsules' routing of the rows by batch size (`generate` may expand the batch), worked out once."""
+
+    def mean_weights(self, first: bool, batch: int) -> MeanWeights:
+        """The first layer's (`first`) or the later layers' mean mask for a batch of `batch` rows, prepared once."""
+        key = (first, batch)
+        if key not in self.prepared:
+            self.prepared[key] = MeanWeights.of(match_batch(self.first_mask if first else self.rest_mask, batch))
+        return self.prepared[key]
 
     def route(self, capsules: CapsuleList | CapsuleStack, batch: int) -> Any:
         """`capsules.route` of this call's rows for a batch of `batch` rows."""
@@ -284,10 +293,11 @@ class CapsuleModel(SinglePhase, nn.Module):
         """Replace the slot states before `layer` with each row's fused capsule."""
         start, stop = self.slot_span
         batch = states.shape[0]
-        mask = match_batch(ctx.first_mask if layer == 0 else ctx.rest_mask, batch)  # (B, S)
+        mask = ctx.mean_weights(layer == 0, batch)
         slots = states[:, start:stop]  # (B, k, D)
         slots = self.capsules.fuse(layer, states, mask, ctx.route(self.capsules, batch), slots)  # (B, k, D)
-        return torch.cat([states[:, :start], slots, states[:, stop:]], dim=1)  # (B, S, D)
+        # one op forward and one backward, where slicing and concatenating costs five (this runs at every layer)
+        return torch.slice_scatter(states, slots, dim=1, start=start, end=stop)  # (B, S, D)
 
 
 def attach(model: nn.Module, config: CapsuleConfig | None = None) -> CapsuleModel:

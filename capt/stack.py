@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from capt.capsule import Capsule, combine, masked_mean
+from capt.capsule import Capsule, MeanWeights, combine, masked_mean
 from capt.config import CapsuleConfig
 
 
@@ -178,10 +178,11 @@ def _key(capsule: Capsule | _Group) -> tuple:
 def _conv_mean(states: torch.Tensor, mask: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     """(b, D): each row's depthwise convolution with its own `kernels` (b, D, K), then its masked mean."""
     batch, length, width = states.shape
-    masked = states.to(torch.float32) * mask.to(torch.float32).unsqueeze(-1)  # (b, S, D), padding zeroed first
+    prepared = mask if isinstance(mask, MeanWeights) else MeanWeights.of(mask)
+    masked = states.to(torch.float32) * prepared.weights  # (b, S, D), padding zeroed first
     flat = masked.transpose(1, 2).reshape(1, batch * width, length)  # one channel per (row, d)
     mixed = nn.functional.conv1d(flat, kernels.reshape(batch * width, 1, -1), padding="same", groups=batch * width)
-    return masked_mean(mixed.reshape(batch, width, length).transpose(1, 2), mask)
+    return masked_mean(mixed.reshape(batch, width, length).transpose(1, 2), prepared)
 
 
 class CapsuleStack(nn.Module):
@@ -267,6 +268,6 @@ class CapsuleStack(nn.Module):
         for number, group in enumerate(self.groups):
             chosen = (groups == number).nonzero().squeeze(1)
             if group.covers(layer) and chosen.numel():
-                fused = group.fuse(layer, states[chosen], mask[chosen], positions[chosen])
+                fused = group.fuse(layer, states[chosen], mask.index_select(0, chosen), positions[chosen])
                 slots = slots.index_copy(0, chosen, fused)
         return slots
