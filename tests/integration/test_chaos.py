@@ -1,10 +1,10 @@
-"""Chaos during a sweep, against a calm run of the same sweep. The process of a one-worker trial (it runs its job
-in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its checkpoint) while the
-MLflow server is stopped and restarted; a second sweep on the same storage is started and refused; the driver is
-stopped by SIGTERM and resumed, then SIGKILLed and resumed again. The sweep must end with the capsules of the calm
-run, bit for bit, one MLflow run per trial and one registry version per capsule, no trial process outliving a
-killed driver by more than 10 s, the trial finished before the driver stops untouched by the resumes, and the last
-driver's summary covering both trials."""
+"""Chaos during a sweep, against a calm run of the same sweep (untracked). The process of a one-worker trial (it
+runs its job in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its
+checkpoint) while the MLflow server is stopped and restarted; a second sweep on the same storage is started and
+refused; the driver is stopped by SIGTERM and resumed, then SIGKILLed and resumed again. The sweep must end with the
+capsules of the calm run, bit for bit, one MLflow run per trial and one registry version per capsule, no trial
+process outliving a killed driver by more than 10 s, the trial finished before the driver stops untouched by the
+resumes, and the last driver's summary covering both trials."""
 
 from __future__ import annotations
 
@@ -202,11 +202,11 @@ def _tune_failures(storage: Path) -> list[int]:
 
 
 def _calm_run(storage: Path, server: LocalMlflowServer, env: dict[str, str]) -> tuple[float, dict]:
-    """The sweep undisturbed, tracked on the session's shared server (its capsules are the reference; what the
-    registry holds is checked on the chaos run's own server, so the calm run registers nothing)."""
+    """The sweep undisturbed and untracked: its capsules are the reference, which the tracked chaos run must match.
+    `server` is the chaos run's (booting meanwhile): the command names it, this run never calls it."""
     sweep = Sweep(storage, server, env)
     try:
-        sweep.start("tracking.register=false")
+        sweep.start("tracking.enabled=false")
         wall = sweep.finish()
         outcome = _outcome(sweep)
     finally:
@@ -219,7 +219,7 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
     """The same sweep with two kills of the first trial's process and an MLflow stop/restart in between, a second
     sweep started on its storage, then the driver stopped by SIGTERM and by SIGKILL during the second trial, each
     time followed by `--resume`."""
-    sweep = Sweep(storage, server.start(), env)
+    sweep = Sweep(storage, server.wait_ready(), env)
     try:
         sweep.start()
         second_sweep = _start_a_second_sweep(sweep)  # runs while the first trial is killed
@@ -332,13 +332,18 @@ def _assert_same_capsules(calm: dict, chaos: dict) -> None:
                 assert other[name].dtype == tensor.dtype and other[name].equal(tensor), f"{key} {file}:{name}"
 
 
-def test_trial_and_driver_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, mlflow_server,
-                                                                                          tmp_path, monkeypatch):
+def test_trial_and_driver_kills_and_an_mlflow_restart_leave_the_capsules_of_a_calm_run(ray_head, tmp_path,
+                                                                                          monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", ray_head.client_env()["RAY_AUTH_MODE"])  # for the state API calls
     env = _env(ray_head)
-    calm_wall, calm = _calm_run(tmp_path / "calm", mlflow_server, env)
-    sweep, chaos_wall, chaos = _chaos_run(tmp_path / "chaos", LocalMlflowServer(tmp_path / "mlflow-chaos"), env,
-                                          ray_head.dashboard_url, ray_head.temp_dir)
+    chaos_server = LocalMlflowServer(tmp_path / "mlflow-chaos").start(wait=False)  # boots during the calm run
+    try:
+        calm_wall, calm = _calm_run(tmp_path / "calm", chaos_server, env)
+    except BaseException:
+        chaos_server.stop()  # otherwise the chaos run stops it
+        raise
+    sweep, chaos_wall, chaos = _chaos_run(tmp_path / "chaos", chaos_server, env, ray_head.dashboard_url,
+                                          ray_head.temp_dir)
     print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s (three drivers); kills: {sweep.killed}")
     assert len(sweep.killed) == 2 and sweep.killed[0]["pid"] != sweep.killed[1]["pid"]
     assert sweep.outage_felt, "the retried trial spooled its MLflow calls while the server was down"

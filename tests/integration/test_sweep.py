@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks=[rte]", "job.train.max_steps=6",
          "job.train.eval_every_steps=3", "job.task.generated_size=32", "job.task.max_eval_examples=8",
          "data_source=generated"]
+# One trial at a time, CB's first: the unchanged trial is reused before the changed one opens its run and MLflow stops.
+TWO_TRIALS = ("tasks=[cb,rte]", "resources.max_concurrent_trials=1")
 
 
 def _mlflow():
@@ -151,10 +153,10 @@ def _sweep_through_an_outage(ray_head, server: LocalMlflowServer, tmp_path: Path
     return opened[0]
 
 
-def test_a_changed_sweep_trains_afresh_an_unchanged_one_trains_nothing_and_an_outage_syncs_later(ray_head, tmp_path):
-    """The same sweep twice (the second trains nothing, adds no run), then changed (trained afresh in its own folder)
-    while the MLflow server goes down: the driver exits 3 and `python -m pipelines.tracking sync` later gives the new
-    trial its FINISHED run and its registry version."""
+def test_a_changed_trial_trains_afresh_an_unchanged_one_trains_nothing_and_an_outage_syncs_later(ray_head, tmp_path):
+    """A sweep of two trials, then run again with one of them changed while the MLflow server goes down: the
+    unchanged trial trains nothing and adds no run, the changed one trains afresh in its own folder; the driver exits
+    3 and `python -m pipelines.tracking sync` later gives the new trial its FINISHED run and its registry version."""
     server = LocalMlflowServer(tmp_path / "mlflow").start()
     try:
         _changed_unchanged_and_outage(ray_head, server, tmp_path)
@@ -163,11 +165,6 @@ def test_a_changed_sweep_trains_afresh_an_unchanged_one_trains_nothing_and_an_ou
 
 
 def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path: Path) -> None:
-    def sweep() -> None:
-        driver = _start_tracked_sweep(ray_head, server.uri, tmp_path)
-        stdout, stderr = driver.communicate(timeout=900)
-        assert driver.returncode == 0, stdout[-3000:] + stderr[-4000:]
-
     client = _mlflow().MlflowClient(server.uri)
 
     def runs() -> dict[str, object]:
@@ -175,32 +172,32 @@ def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path:
         return {r.info.run_id: r for r in trial_runs(client, [experiment.experiment_id])}
 
     jobs = tmp_path / "sweeps" / "it-rerun" / "jobs"
-    sweep()
-    old = _job_folder(jobs, "rte-tiny-t5-capt-s0")
-    trained, first_runs = _outputs(old), runs()
-    assert len(first_runs) == 1 and trained
-    sweep()  # unchanged: every trial is reused
-    assert _outputs(old) == trained and list(jobs.iterdir()) == [old], "nothing trained again"
-    assert runs().keys() == first_runs.keys(), "no new MLflow run"
+    driver = _start_tracked_sweep(ray_head, server.uri, tmp_path, *TWO_TRIALS)
+    stdout, stderr = driver.communicate(timeout=900)
+    assert driver.returncode == 0, stdout[-3000:] + stderr[-4000:]
+    kept, old = _job_folder(jobs, "cb-tiny-t5-capt-s0"), _job_folder(jobs, "rte-tiny-t5-capt-s0")
+    trained, first_runs = {folder: _outputs(folder) for folder in (kept, old)}, runs()
+    assert len(first_runs) == 2 and all(trained.values())
 
-    # changed (long enough to outlive server.stop()): trained afresh in its own folder, tracked by `sync` later
-    new = _sweep_through_an_outage(ray_head, server, tmp_path, old, "job.train.max_steps=30",
-                                   "job.train.eval_every_steps=10")
+    # RTE's trial changed (long enough to outlive server.stop()): trained afresh in its own folder, tracked by `sync`
+    # later; CB's is unchanged: reused
+    changed = ("task_overrides.rte.train.max_steps=30", "task_overrides.rte.train.eval_every_steps=10")
+    new = _sweep_through_an_outage(ray_head, server, tmp_path, old, *TWO_TRIALS, *changed)
     sync = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(tmp_path / "sweeps"),
                            "--tracking-uri", server.uri], cwd=ROOT, env=_env(ray_head), capture_output=True,
                           text=True, timeout=300)
     assert sync.returncode == 0, sync.stderr[-3000:]
-    assert _outputs(old) == trained, "the old trial's outputs are kept"
-    assert sorted(jobs.iterdir()) == sorted([old, new])
+    assert {folder: _outputs(folder) for folder in (kept, old)} == trained, "nothing trained again, old outputs kept"
+    assert sorted(jobs.iterdir()) == sorted([kept, old, new])
     result = json.loads((new / "result.json").read_text())
     assert result["config"]["train"]["max_steps"] == 30 and result["steps"] == 30
-    [new_run] = [r for run_id, r in runs().items() if run_id not in first_runs]
+    [new_run] = [r for run_id, r in runs().items() if run_id not in first_runs]  # none for the unchanged trial
     assert new_run.info.status == "FINISHED" and new_run.data.tags["config_hash"] == result["config_hash"]
     assert new_run.data.metrics["test/score"] == pytest.approx(result["metrics"]["test_score"])
     [version] = client.search_model_versions(f"run_id='{new_run.info.run_id}'")
     assert version.tags["config_hash"] == result["config_hash"], "the capsule was registered by sync"
-    [old_run] = first_runs.values()
-    assert old_run.data.tags["config_hash"] == json.loads((old / "result.json").read_text())["config_hash"]
+    first_hashes = sorted(json.loads((folder / "result.json").read_text())["config_hash"] for folder in (kept, old))
+    assert sorted(r.data.tags["config_hash"] for r in first_runs.values()) == first_hashes
 
 
 def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_scores(ray_head, mlflow_server,

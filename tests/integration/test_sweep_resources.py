@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 ONE_TRIAL = ["--config", "pipelines/configs/smoke.yaml", "tasks=[cb]", "models=[tiny-t5]", "data_source=generated",
              "tracking.enabled=false"]
+PENDING_TIMEOUT_S = 10
 
 
 def _sweep(tmp_path: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
@@ -37,13 +38,16 @@ def test_a_local_gpu_request_without_gpus_is_refused_before_any_trial(tmp_path):
 def test_a_cluster_wait_is_reported_then_given_up_at_the_pending_timeout(ray_head, tmp_path):
     # A custom resource no node has: the one-worker trial asks Tune for it, and its placement group waits.
     env = {**os.environ, **ray_head.client_env(), "RAY_ADDRESS": ray_head.address}
+    # The wait is reported every max(5 s, timeout / 3): 10 s leaves two or three 2-s polls between the first
+    # report (5 s) and giving up.
     proc = _sweep(tmp_path, env, "resources.custom_per_worker={capt_test_accelerator: 1}",
-                  "resources.pending_timeout_s=20")
+                  f"resources.pending_timeout_s={PENDING_TIMEOUT_S}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     shape = "placement group {CPU: 1, capt_test_accelerator: 1} * 1 (PACK)"
     reports = [line for line in proc.stderr.splitlines() if "WARNING" in line and shape in line]
-    assert reports and "Giving up at 20 s" in reports[0], proc.stderr[-3000:]
+    assert reports and f"Giving up at {PENDING_TIMEOUT_S} s" in reports[0], proc.stderr[-3000:]
     error = proc.stderr.split("error: ", 1)[1]
     assert shape in error and "scheduling state INFEASIBLE" in error and "capt_test_accelerator: 0" in error
-    assert error.startswith("resources: gave up after resources.pending_timeout_s=20: ") and "--resume" in error
+    assert error.startswith(f"resources: gave up after resources.pending_timeout_s={PENDING_TIMEOUT_S}: ")
+    assert "--resume" in error
     assert "Traceback" not in error

@@ -16,8 +16,9 @@ import pytest
 from pipelines.training.disk_full import is_no_space
 
 ROOT = Path(__file__).resolve().parents[3]
+MAX_STEPS = 100  # the disk is filled within milliseconds of the first checkpoint, long before the last step
 JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=48", "task.max_eval_examples=8",
-       "train.batch_size=8", "train.eval_batch_size=8", "train.max_steps=400", "train.eval_every_steps=200",
+       "train.batch_size=8", "train.eval_batch_size=8", f"train.max_steps={MAX_STEPS}", "train.eval_every_steps=50",
        "train.checkpoint_every_steps=2", "model.max_length=96", "train.patience=null"]
 
 
@@ -63,7 +64,7 @@ def test_a_full_disk_stops_the_job_in_one_paragraph_and_the_resume_finishes_it(s
     kept = json.loads(state.read_text())["step"]
     assert kept >= 2 and not (job / "result.json").exists()
     filler.unlink()
-    resumed = subprocess.run([*command, "train.resume=true", "train.max_steps=400"], cwd=ROOT, env=env,
+    resumed = subprocess.run([*command, "train.resume=true", f"train.max_steps={MAX_STEPS}"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((job / "result.json").read_text())["steps"] > kept
