@@ -20,7 +20,8 @@ class TrackingSection:
     register: bool = True
     """Register every finished capsule in the Model Registry."""
     retry_s: PositiveFloat = 30.0
-    """How long a worker retries an unreachable server before keeping the call for `sync` / --resume."""
+    """How long a worker, or the sweep for its own run, retries an unreachable server before keeping the call for
+    `sync` / --resume (a trial's run) or going on without it (the sweep's run)."""
     promote: bool = True
     """At the end, give the best version per (model, task) the alias champion."""
     local_dir: str = "outputs/mlflow"

@@ -26,7 +26,7 @@ class SweepRun:
         if uri and experiment_id and "://" not in sweep.storage_path:  # the record lives in a local sweep folder
             from pipelines.tracking.sweep_run import open_sweep_run
 
-            self.run_id = open_sweep_run(uri, experiment_id, self.folder, sweep.name, tags)
+            self.run_id = open_sweep_run(uri, experiment_id, self.folder, sweep.name, tags, sweep.tracking.retry_s)
 
     @property
     def folder(self) -> Path:
@@ -56,7 +56,7 @@ class SweepRun:
     def _close(self, files: list[Path], counts: dict[str, int], status: str) -> None:
         from pipelines.tracking.sweep_run import close_sweep_run
 
-        close_sweep_run(self.uri, self.run_id, files, asdict(self.sweep), counts, status)
+        close_sweep_run(self.uri, self.run_id, files, asdict(self.sweep), counts, status, self.sweep.tracking.retry_s)
 
     def _report(self) -> list[Path]:
         """report.md and report.png of the sweep's finished runs; none (logged) when there is nothing to report."""

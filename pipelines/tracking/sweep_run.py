@@ -26,12 +26,12 @@ PARENT_TAG = "mlflow.parentRunId"
 """The tag by which the MLflow UI nests a run under its parent."""
 RUN_KIND_TAG = "run_kind"
 """`sweep` on the parent run (a trial's run carries its task, model, method and seed instead)."""
-_RETRY = RetryPolicy(budget_s=10.0)
 
 
-def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tags: Mapping[str, Any]) -> str | None:
+def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tags: Mapping[str, Any],
+                   retry_s: float) -> str | None:
     """The id of the sweep's parent run at `uri`, created on the first start and reopened (RUNNING) on a later one;
-    None when the server did not answer."""
+    None when the server did not answer within `retry_s` seconds (`tracking.retry_s`, as for the trials' calls)."""
     own_http_retries()
     client = mlflow_client(uri)
     record = sweep_dir / SWEEP_RUN_FILE
@@ -50,7 +50,7 @@ def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tag
         return run.info.run_id
 
     try:
-        return call_with_retry(open_run, is_transient, _RETRY, f"MLflow at {uri}")
+        return call_with_retry(open_run, is_transient, RetryPolicy(budget_s=retry_s), f"MLflow at {uri}")
     except (TrackingUnavailable, MlflowException) as err:
         logger.warning("The sweep %s gets no parent run in MLflow (its trials' runs are not nested): %s", name, err)
         return None
@@ -76,9 +76,9 @@ def _recorded_run(client: Any, record: Path, experiment_id: str) -> str | None:
 
 
 def close_sweep_run(uri: str, run_id: str, files: Iterable[Path], config: Mapping[str, Any],
-                    counts: Mapping[str, int], status: str = "FINISHED") -> bool:
+                    counts: Mapping[str, int], status: str, retry_s: float) -> bool:
     """Log the sweep's resolved config, its `files` (summary, report, ...) and trial counts to the parent run and
-    end it with `status`; False (logged) when the server did not take them."""
+    end it with `status`; False (logged) when the server did not take them within `retry_s` seconds."""
     client = mlflow_client(uri)
 
     def close() -> None:
@@ -91,7 +91,7 @@ def close_sweep_run(uri: str, run_id: str, files: Iterable[Path], config: Mappin
         client.set_terminated(run_id, status=status)
 
     try:
-        call_with_retry(close, is_transient, _RETRY, f"MLflow at {uri}")
+        call_with_retry(close, is_transient, RetryPolicy(budget_s=retry_s), f"MLflow at {uri}")
         return True
     except (TrackingUnavailable, MlflowException, OSError) as err:
         logger.warning("The sweep's parent run %s did not get its summary and status %s: %s", run_id, status, err)
