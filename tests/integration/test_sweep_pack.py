@@ -27,9 +27,9 @@ from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-# 240 epochs of one batch, validated every 12: Tune's stop reaches the pack a second or two after the signal, and a
+# 600 epochs of one batch, validated every 12: Tune's stop reaches the pack a second or two after the signal, and a
 # pack this long is still training then
-STEPS, EVERY = 240, 12
+STEPS, EVERY = 600, 12
 PACKED = ["--config", "pipelines/configs/smoke.yaml", "models=[tiny-t5]", "tasks=[rte]", "seeds=[0,1,2]",
           f"job.train.max_steps={STEPS}", f"job.train.max_epochs={STEPS}", f"job.train.eval_every_steps={EVERY}",
           "job.task.generated_size=32",
