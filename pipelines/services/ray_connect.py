@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pipelines.services.private import RAY_LOOPBACK_ENV
+from pipelines.services.probe import LOCALHOST, free_port
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -86,23 +87,61 @@ def _local_ray(num_cpus: int | None, worker_env: dict[str, str]) -> Iterator[Non
     machine. Without a dashboard, or with a stale `ray_current_cluster` file, each call waits for its
     timeout and every trial's teardown stalls about 12 s.
     """
-    from pipelines.services import LOCALHOST, free_port
     from pipelines.services.private import private_ray_token_file, private_temp_dir
 
     token_file = private_ray_token_file()
     temp_dir = private_temp_dir("capt-ray") / "ray"  # Ray makes its own temp dir 777: the parent is private
-    port = free_port(LOCALHOST)
-    with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
-        _warn_if_ray_was_imported_too_early()
-        import ray
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port(LOCALHOST)
+        with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
+            _warn_if_ray_was_imported_too_early()
+            if not _init_local_ray(num_cpus, port, temp_dir, worker_env, last=attempt == PORT_ATTEMPTS):
+                continue
+            logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
+            if worker_env:
+                logger.info("Local Ray: its workers start with %s",
+                            " ".join(f"{k}={v}" for k, v in worker_env.items()))
+            yield
+            return
 
+
+PORT_ATTEMPTS = 3
+"""Dashboard ports the local Ray tries: one picked free can be taken by another process before Ray binds it."""
+
+
+def _init_local_ray(num_cpus: int | None, port: int, temp_dir: Path, worker_env: Mapping[str, str],
+                    last: bool) -> bool:
+    """`ray.init` of the local Ray with its dashboard on `port`; False when another process took that port meanwhile
+    (and this is not the `last` attempt), after stopping what the attempt had started."""
+    import psutil
+    import ray
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    try:
         ray.init(address="local", num_cpus=num_cpus, logging_level=logging.WARNING, include_dashboard=True,
                  dashboard_host=LOCALHOST, dashboard_port=port, _node_ip_address=LOCALHOST, _temp_dir=str(temp_dir),
-                 runtime_env={"env_vars": worker_env} if worker_env else None)
-        logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
-        if worker_env:
-            logger.info("Local Ray: its workers start with %s", " ".join(f"{k}={v}" for k, v in worker_env.items()))
-        yield
+                 runtime_env={"env_vars": dict(worker_env)} if worker_env else None)
+        return True
+    except ValueError as err:
+        if "already occupied" not in str(err) or last:
+            raise
+        logger.warning("Port %d was taken while the local Ray started; starting it again on another port", port)
+        ray.shutdown()
+        started = [c for c in psutil.Process().children(recursive=True) if c.pid not in before and _is_ray(c)]
+        for child in started:  # a failed ray.init leaves its GCS server running
+            child.kill()
+        psutil.wait_procs(started, timeout=10)
+        return False
+
+
+def _is_ray(process) -> bool:
+    """Whether `process` (psutil) is one of Ray's (its GCS server, its Python daemons), not another service's."""
+    import psutil
+
+    try:
+        return process.name() == "gcs_server" or "/ray/" in " ".join(process.cmdline())
+    except psutil.Error:  # it ended meanwhile
+        return False
 
 
 def _warn_if_ray_was_imported_too_early() -> None:

@@ -30,7 +30,8 @@ from pipelines.services.probe import (
 
 logger = logging.getLogger(__name__)
 
-_PORT_TAKEN = "address already in use"
+_PORT_TAKEN = ("address already in use", "already occupied")
+"""How `ray start` says another process bound a port first (the socket's error; Ray's own check of the dashboard's)."""
 
 
 def ray_cluster_stragglers(gcs_port: int) -> list[int]:
@@ -192,7 +193,7 @@ class LocalRayHead(ManagedService):
             output = f"(no answer within {self.startup_timeout:.0f} s)"
         if launcher.returncode != 0:
             self.stop()
-            if self._picks_ports and _PORT_TAKEN in output.lower() and retries > 0:
+            if self._picks_ports and any(taken in output.lower() for taken in _PORT_TAKEN) and retries > 0:
                 logger.warning("a port of the Ray head was taken while it started; retrying on other ports")
                 self.port, self.dashboard_port = free_port(), free_port()
                 return self.start(wait=False).wait_ready(retries - 1)

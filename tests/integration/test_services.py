@@ -68,10 +68,13 @@ class _FailingHead(LocalRayHead):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.tried: list[tuple[int, int]] = []
+        # the socket's error, and Ray 2.60's own check of the dashboard port, in turn
+        self.messages = ["Failed to find a valid port for dashboard: [Errno 98] Address already in use",
+                         "ValueError: Failed to bind to 127.0.0.1:27984 because it's already occupied."]
 
     def command(self) -> list[str]:
         self.tried.append((self.port, self.dashboard_port))
-        message = "Failed to find a valid port for dashboard: [Errno 98] Address already in use"
+        message = self.messages[(len(self.tried) - 1) % len(self.messages)]
         return [sys.executable, "-c", f"import sys; print({message!r}); sys.exit(1)"]
 
 
@@ -83,7 +86,7 @@ def test_start_failures_raise_with_the_log_tail(tmp_path: Path) -> None:
         silent.start()
     assert not silent.running
     picked = _FailingHead(num_cpus=1)
-    with pytest.raises(ServiceError, match=r"(?s)exit code 1.*Address already in use"):
+    with pytest.raises(ServiceError, match=r"(?s)exit code 1.*Address already in use"):  # the third, as the first
         picked.start()
     assert len(picked.tried) == 3, "ports it picked itself are picked again, twice"
     assert len({port for ports in picked.tried for port in ports}) == 6
@@ -145,3 +148,34 @@ def test_ray_head_with_token_auth_refuses_clients_without_the_token(ray_head_tok
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token_path.read_text()}"})
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
+
+
+RACED_LOCAL_RAY = """
+import logging, socket, sys
+import psutil
+import pipelines.services.ray_connect as ray_connect
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+picks, pick_free = [taken.getsockname()[1]], ray_connect.free_port
+# the race made certain: the first port picked free is taken (here by this process) before Ray binds it
+ray_connect.free_port = lambda host="127.0.0.1": picks.pop() if picks else pick_free(host)
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+with ray_connect.ray_cluster(1):
+    import ray  # as a sweep does: after the local Ray's settings are in the environment
+
+    print("cpus", ray.cluster_resources().get("CPU"))
+print("gcs servers left", sum("gcs_server" in c.name() for c in psutil.Process().children(recursive=True)))
+"""
+
+
+def test_a_local_ray_whose_port_is_taken_while_it_starts_starts_on_another(tmp_path: Path) -> None:
+    """Another process binds the dashboard port the local Ray picked before Ray does: it starts again on another
+    port, and what the failed start left running (its GCS server) is stopped."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", RACED_LOCAL_RAY], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("WARNING Port ") and "taken while the local Ray started" in line for line in lines)
+    assert "cpus 1.0" in lines and lines[-1] == "gcs servers left 0", done.stdout[-2000:]
