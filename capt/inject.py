@@ -11,59 +11,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supported_model_types
-from capt.capsule import Capsule, MeanWeights, read_capsule
+from capt.capsule import Capsule, read_capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError
 from capt.io import describe, write_capsule
+from capt.pass_context import PassContext
 from capt.phases import SinglePhase
 from capt.slots import CapsuleSelector, insert_slots, match_batch, shift_causal_labels
 from capt.stack import CapsuleList, CapsuleStack
 
 _ATTACHED = "_capt_capsule_model_attached"
-
-
-@dataclass
-class _Pass:
-    """What the hooks need during one forward or generate call."""
-
-    total_len: int
-    """Sequence length of the prefill, slots included; shorter hidden states are cached decode steps."""
-    first_mask: torch.Tensor
-    """(B, S) mean mask for the first layer of the stack: tokens only (the slot holds no state yet)."""
-    rest_mask: torch.Tensor
-    """(B, S) mean mask for later layers: tokens and slots."""
-    row_capsule: torch.Tensor | None
-    """(B,) capsule index per row, or None when every row uses capsule 0."""
-    host_rows: torch.Tensor | None = None
-    """`row_capsule` on the host (CPU)."""
-    prepared: dict[tuple[bool, int], MeanWeights] = field(default_factory=dict)
-    """The mean masks by (first layer, batch size), prepared once (`mean_weights`)."""
-    routes: dict[int, Any] = field(default_factory=dict)
-    """The capsules' routing of the rows by batch size (`generate` may expand the batch), worked out once."""
-
-    def mean_weights(self, first: bool, batch: int) -> MeanWeights:
-        """The first layer's (`first`) or the later layers' mean mask for a batch of `batch` rows, prepared once."""
-        key = (first, batch)
-        if key not in self.prepared:
-            self.prepared[key] = MeanWeights.of(match_batch(self.first_mask if first else self.rest_mask, batch))
-        return self.prepared[key]
-
-    def route(self, capsules: CapsuleList | CapsuleStack, batch: int) -> Any:
-        """`capsules.route` of this call's rows for a batch of `batch` rows."""
-        if batch not in self.routes:
-            host = None if self.host_rows is None else match_batch(self.host_rows, batch)
-            rows = None if self.row_capsule is None else match_batch(self.row_capsule, batch)
-            self.routes[batch] = capsules.route(host, rows)
-        return self.routes[batch]
 
 
 class CapsuleModel(SinglePhase, nn.Module):
@@ -97,7 +61,7 @@ class CapsuleModel(SinglePhase, nn.Module):
         self.num_slots = slot_counts[0]
         self._requires_grad = {name: p.requires_grad for name, p in base_model.named_parameters()}
         base_model.requires_grad_(False)
-        self._pass: _Pass | None = None
+        self._pass: PassContext | None = None
         self._handles = self._register_hooks()
         setattr(base_model, _ATTACHED, True)
 
@@ -240,7 +204,7 @@ class CapsuleModel(SinglePhase, nn.Module):
         if labels is not None:
             model_kwargs["labels"] = self._slot_labels(labels, length)
         host_rows = self.selector.rows(capsule, batch, len(self.capsules))
-        ctx = _Pass(
+        ctx = PassContext(
             total_len=length + self.num_slots,
             first_mask=insert_slots(mean_tokens, start, stop, 0),
             rest_mask=insert_slots(mean_tokens, start, stop, 1),
@@ -268,7 +232,7 @@ class CapsuleModel(SinglePhase, nn.Module):
         return labels
 
     @contextmanager
-    def _active(self, ctx: _Pass):
+    def _active(self, ctx: PassContext):
         if self._pass is not None:
             raise CaptError("CapsuleModel calls cannot be nested.")
         self._pass = ctx
@@ -289,7 +253,7 @@ class CapsuleModel(SinglePhase, nn.Module):
             return (states, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": states}
 
-    def _overwrite(self, layer: int, states: torch.Tensor, ctx: _Pass) -> torch.Tensor:
+    def _overwrite(self, layer: int, states: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """Replace the slot states before `layer` with each row's fused capsule."""
         start, stop = self.slot_span
         batch = states.shape[0]
