@@ -163,8 +163,8 @@ def test_a_6_trial_sweep_spreads_over_the_nodes_and_survives_losing_one(three_no
 
 # ---- Ray's fake autoscaler: a 0-CPU head grows GPU-type nodes for the queued trials ---------------------
 
-MAX_WORKERS = 2
-GROW_SEEDS = range(3)  # one trial more than the worker type allows nodes: it waits for one, no node is added
+MAX_WORKERS = 3
+GROW_SEEDS = range(6)  # twice the nodes the worker type allows: with fewer, two trials seldom overlap under load
 # Each node is a GPU node ({"CPU": 2, "GPU": 1}) that also declares `fake_gpu: 1`: the trials ask for that
 # custom resource instead of the GPU, since a Ray Train worker given a GPU sets up NCCL, which the CPU build
 # of torch has not. One trial's worker (2 CPUs, 1 fake GPU) fills a node, as a 4-CPU worker fills a 4-CPU node.
