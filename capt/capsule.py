@@ -23,8 +23,10 @@ class MeanWeights:
     """(B, 1) float32: the positions each row's mean covers, at least 1 (an empty row's mean is 0)."""
 
     @classmethod
-    def of(cls, mask: torch.Tensor) -> MeanWeights:
-        """From a (B, S) mask of 0s and 1s."""
+    def of(cls, mask: torch.Tensor | MeanWeights) -> MeanWeights:
+        """From a (B, S) mask of 0s and 1s; a mask already prepared is returned as it is."""
+        if isinstance(mask, MeanWeights):
+            return mask
         weights = mask.to(torch.float32).unsqueeze(-1)  # (B, S, 1)
         return cls(weights, weights.sum(dim=1).clamp_min(1.0))
 
@@ -42,7 +44,7 @@ _PROMOTED_TO_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
 def masked_mean(states: torch.Tensor, mask: torch.Tensor | MeanWeights) -> torch.Tensor:
     """Mean over positions where `mask` is 1, in float32: (B, S, D), (B, S) -> (B, D); empty rows give 0. `mask` may
     come prepared (`MeanWeights`), as the capsule layers of one pass share it."""
-    prepared = mask if isinstance(mask, MeanWeights) else MeanWeights.of(mask)
+    prepared = MeanWeights.of(mask)
     if states.dtype not in _PROMOTED_TO_FLOAT32:
         states = states.to(torch.float32)
     return (states * prepared.weights).sum(dim=1) / prepared.count  # (B, D) float32
@@ -134,7 +136,7 @@ class Capsule(nn.Module):
         if self.config.fusion != "conv":
             return masked_mean(states, mean_mask)
         # Padding is zeroed first so it never leaks into a real token's window.
-        prepared = mean_mask if isinstance(mean_mask, MeanWeights) else MeanWeights.of(mean_mask)
+        prepared = MeanWeights.of(mean_mask)
         masked = states.to(torch.float32) * prepared.weights  # (b, S, D)
         kernel = self.conv_weight[row].unsqueeze(1)  # (D, 1, K)
         mixed = nn.functional.conv1d(masked.transpose(1, 2), kernel, padding="same", groups=kernel.shape[0])

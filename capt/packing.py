@@ -48,13 +48,16 @@ class PackedCapsules(CapsuleModel):
         dropout = getattr(base_model, "dropout", None)
         self.head_dropout = dropout if isinstance(dropout, nn.Dropout) else nn.Identity()
 
-    def member_logits(self, batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor | None]:
+    def member_logits(self, batch: Mapping[str, torch.Tensor], rows: torch.Tensor,
+                      picks: list[slice | torch.Tensor | None] | None = None) -> list[torch.Tensor | None]:
         """Per member m: the logits of its rows (where `rows` (B,) == m), or None when it has no row here.
 
         Language models: (B_m, T, V) token logits; encoder classifiers: (B_m, C_m) through member m's head. With
-        `rows` on the host (CPU), nothing here waits for the device (`member_rows`).
+        `rows` on the host (CPU), nothing here waits for the device. `picks`: `member_rows` of `rows`, when the
+        caller has them already.
         """
-        picks = member_rows(rows, len(self.capsules), batch["input_ids"].device)
+        if picks is None:
+            picks = member_rows(rows, len(self.capsules), batch["input_ids"].device)
         if self.heads is not None:
             features = self._head_features(batch, rows)  # (B, D)
             return [None if pick is None else self.heads[m](features[pick]) for m, pick in enumerate(picks)]

@@ -178,7 +178,7 @@ def _key(capsule: Capsule | _Group) -> tuple:
 def _conv_mean(states: torch.Tensor, mask: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     """(b, D): each row's depthwise convolution with its own `kernels` (b, D, K), then its masked mean."""
     batch, length, width = states.shape
-    prepared = mask if isinstance(mask, MeanWeights) else MeanWeights.of(mask)
+    prepared = MeanWeights.of(mask)
     masked = states.to(torch.float32) * prepared.weights  # (b, S, D), padding zeroed first
     flat = masked.transpose(1, 2).reshape(1, batch * width, length)  # one channel per (row, d)
     mixed = nn.functional.conv1d(flat, kernels.reshape(batch * width, 1, -1), padding="same", groups=batch * width)

@@ -131,11 +131,10 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
     rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member index of each row, on the host
     picks = member_rows(rows, len(pack.members), device)
     with pack.accelerator.autocast():
-        logits = pack.model.member_logits(batch, rows)
-    losses = [_loss(pack, logits[i], batch["labels"][picks[i]]) for i in order]
-    total = torch.stack(losses).sum()  # one backward: member m's gradient is d loss_m / d its params
-    total.backward()
-    values = torch.stack([loss.detach().float() for loss in losses]).tolist()
+        logits = pack.model.member_logits(batch, rows, picks)
+    losses = torch.stack([_loss(pack, logits[i], batch["labels"][picks[i]]) for i in order])  # (K,) float32
+    losses.sum().backward()  # one backward: member m's gradient is d loss_m / d its params
+    values = losses.detach().tolist()
     if not all(math.isfinite(value) for value in values):
         bad = [i for i, value in zip(order, values, strict=True) if not math.isfinite(value)]
         raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
