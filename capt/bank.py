@@ -11,6 +11,7 @@ from torch import nn
 from capt.arch.readout import bare_encoder
 from capt.capsule import Capsule, read_capsule
 from capt.errors import CapsuleArtifactError, CaptError
+from capt.fingerprint import reused_samples
 from capt.heads import TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
@@ -35,9 +36,11 @@ class CapsuleBank(CapsuleModel):
             missing = [name for name in capsules if name not in heads]
             if missing:
                 raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
-        # read one at a time into one stack: 1,000 capsules keep their values, not 1,000 modules and their metadata
-        stack = CapsuleStack(read_with_head(base_model, directory, (heads or {}).get(name), strict)[0]
-                             for name, directory in capsules.items())
+        # read one at a time into one stack: 1,000 capsules keep their values, not 1,000 modules and their metadata;
+        # each is checked against the same base, whose weights' samples are taken once (`reused_samples`)
+        with reused_samples():
+            stack = CapsuleStack(read_with_head(base_model, directory, (heads or {}).get(name), strict)[0]
+                                 for name, directory in capsules.items())
         super().__init__(base_model, stack, names=list(capsules))
         self.heads: TaskHeads | None = None
         if heads is not None:
