@@ -36,9 +36,10 @@ from pipelines.serving.memory import release_freed_heap
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServedCapsule:
-    """A capsule to serve: where its files are and which registry version they are."""
+    """A capsule to serve: where its files are and which registry version they are. A replica holds one per capsule
+    for as long as it serves it, so it is kept small: slots, and the folder as a string."""
 
     name: str
     """Its name in the bank and in requests (the task name; the benchmark serves copies under other names)."""
@@ -48,13 +49,17 @@ class ServedCapsule:
     """Registered model it came from (``capt-<model-slug>-<task>``), or a label for local capsules."""
     version: int
     """Registry version."""
-    capsule_dir: Path
-    """Capsule artifact folder (safetensors + JSON)."""
+    capsule_dir: str
+    """Capsule artifact folder (safetensors + JSON). A `Path` given is kept as its string: a Path holds each of its
+    parts as a string of its own, about 500 bytes more per capsule of a 1,000-capsule bank."""
     result: Mapping[str, Any] = field(repr=False)
     """The job's result.json (base model, method options, evaluation mode)."""
     digest: str | None = None
     """SHA-256 of the artifact's digest manifest once the source verified it (GET /tasks shows it); None until the
     registry source records one."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capsule_dir", os.fspath(self.capsule_dir))
 
 
 @dataclass

@@ -117,7 +117,7 @@ def test_an_untouched_version_records_its_digest_and_loads_byte_identically_ever
     assert client.get_run(version.run_id).data.tags["artifact_digest"] == result["artifact_digest"]
     served = RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 1)
     local = Path(result["artifact_dir"])
-    assert {p.name: digest.file_sha256(p) for p in served.capsule_dir.iterdir()} == \
+    assert {p.name: digest.file_sha256(p) for p in Path(served.capsule_dir).iterdir()} == \
         {p.name: digest.file_sha256(p) for p in local.iterdir()}
     mlflow.set_tracking_uri(uri)
     predicted = mlflow.pyfunc.load_model(f"models:/{NAME}/1").predict(pd.DataFrame(_rows()))
