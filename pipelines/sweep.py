@@ -23,7 +23,7 @@ from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.services.reaper import reap_on_death  # noqa: E402
 from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
-from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines  # noqa: E402
+from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, upload_spooled  # noqa: E402
 from pipelines.sweeps.pack_rules import trial_process_env  # noqa: E402
 from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
@@ -85,6 +85,7 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
             parent.stop()
         stop.raise_if_stopped()
+        uploaded = upload_spooled(sweep, uri, endpoint.moved_from)  # before promotion reads the registry
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)
         parent.finish(rows)
@@ -92,7 +93,7 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         champions = promote_champions(sweep, uri, rows) if promoting else []
         endpoint.release()  # the local server shuts down while Ray does
     leftover = leftover_lines(sweep, uri, endpoint.local_server is not None)
-    print("\n".join(["", table, *leftover, ""]))
+    print("\n".join(["", table, *uploaded, *leftover, ""]))
     _print_where_to_look(sweep, uri, champions, experiment_id, parent.run_id)
     if not all(r["status"] == "done" for r in rows):
         return 1

@@ -3,15 +3,22 @@
 A trial that cannot reach the server keeps training and spools what it would have logged
 (`pipelines.tracking.spool`); the sweep still ends with every trial done. The driver then says how many
 operations wait in which trial folder and the command that uploads them, and exits with
-`EXIT_NOT_FULLY_TRACKED` so that a script can tell "trained, not fully tracked" from success.
+`EXIT_NOT_FULLY_TRACKED` so that a script can tell "trained, not fully tracked" from success. A server that
+answers again by the sweep's end gets those operations from the driver itself (`upload_spooled`), as `sync` would
+give them.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+from pipelines.services.probe import http_status
 from pipelines.sweeps.config import SweepConfig
-from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, Spool
+from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy, Spool
+from pipelines.tracking.sync import sync_pending
+
+logger = logging.getLogger(__name__)
 
 EXIT_NOT_FULLY_TRACKED = 3
 """Every trial trained, but some of what they logged is still only in their spools."""
@@ -24,6 +31,34 @@ def spooled_operations(sweep: SweepConfig, name: str = PENDING_FILE) -> dict[str
     jobs = sweep.storage_root() / sweep.name / "jobs"
     counts = {path.parent.name: len(Spool(path)) for path in sorted(jobs.glob(f"*/{name}"))}
     return {folder: count for folder, count in counts.items() if count}
+
+
+def upload_spooled(sweep: SweepConfig, uri: str | None, moved_from: tuple[str, ...] = ()) -> list[str]:
+    """Upload what the sweep's trials spooled, when the MLflow server answers now; the line that says so.
+
+    A trial that finished during an outage leaves its calls in its folder, and no trial process runs again to replay
+    them. Once every trial is done nothing else writes those spools, so the driver replays them itself
+    (`pipelines.tracking.sync`, the same scope: only operations recorded for this server or one it `moved_from`).
+    A server that does not answer its health check at once is not waited for: the trials spent their retry budget
+    already, and the final table says what waits and how to upload it.
+    """
+    if not uri or not spooled_operations(sweep) or not _answers(uri):
+        return []
+    summary = sync_pending(sweep.storage_root() / sweep.name, uri, RetryPolicy(budget_s=sweep.tracking.retry_s),
+                           moved_from=moved_from)
+    logger.info("Uploaded %d spooled MLflow operation(s); %d still pending", summary.synced, summary.pending)
+    if not summary.synced:
+        return []
+    trials = sum(1 for folder in summary.folders if folder.synced)
+    return [f"Uploaded {_count(summary.synced, 'operation')} that {_count(trials, 'trial')} spooled while the MLflow "
+            "server could not be reached."]
+
+
+def _answers(uri: str) -> bool:
+    """Whether the tracking server at `uri` answers its health check now (a non-HTTP store: assumed to)."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    return http_status(f"{uri.rstrip('/')}/health", timeout=2.0) == 200
 
 
 def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> list[str]:

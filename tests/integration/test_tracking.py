@@ -25,6 +25,8 @@ from capt.tasks import get as task_spec
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config.schema import flatten
 from pipelines.services import LocalMlflowServer, free_port
+from pipelines.sweeps.config import load_sweep_config
+from pipelines.sweeps.leftover import leftover_lines, spooled_operations, upload_spooled
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.pyfunc import log_pyfunc, pyfunc_signature
@@ -197,6 +199,37 @@ def test_an_outage_spools_and_sync_uploads_once(
     assert (
         len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'cb/tiny-t5/capt/s2'")) == 1
     )
+
+
+def test_a_sweep_driver_uploads_what_its_trials_spooled_once_the_server_answers(
+    mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
+) -> None:
+    """A trial that finished during an outage leaves its calls spooled; the driver replays them when the server
+    answers by the sweep's end, and does not wait for a server that does not."""
+    sweep = load_sweep_config(ROOT / "pipelines/configs/smoke.yaml", [f"storage_path={tmp_path}", "name=outage"])
+    trial = tmp_path / "outage" / "jobs" / "cb-tiny-t5-capt-s3-0a1b2c"
+    trial.mkdir(parents=True)
+    mlflow_server.stop()
+    try:
+        tracker = _tracker(mlflow_server.uri, trial, 3, retry=RetryPolicy(budget_s=1.0, first_delay_s=0.2),
+                           reconnect_s=3600, system_metrics=False)
+        assert tracker.start() is None
+        _log_trial(tracker, tracked["result"])
+        began = time.monotonic()
+        assert upload_spooled(sweep, mlflow_server.uri) == []
+        assert time.monotonic() - began < 5, "a server that does not answer is not waited for"
+        assert spooled_operations(sweep) == {trial.name: 5}
+    finally:
+        mlflow_server.start()
+    assert upload_spooled(sweep, mlflow_server.uri) == [
+        "Uploaded 5 operations that 1 trial spooled while the MLflow server could not be reached."]
+    assert spooled_operations(sweep) == {} and leftover_lines(sweep, mlflow_server.uri, local_server=False) == []
+    run_id = json.loads((trial / RUN_FILE).read_text())["run_id"]
+    client = MlflowClient(mlflow_server.uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert len(client.get_metric_history(run_id, "validation/score")) == 2
+    assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
+    assert upload_spooled(sweep, mlflow_server.uri) == [], "nothing is uploaded twice"
 
 
 def _sync_cli(root: Path, uri: str, *more: str) -> subprocess.CompletedProcess[str]:
