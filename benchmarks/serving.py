@@ -45,14 +45,17 @@ def settings(quick: bool) -> dict[str, Any]:
     common = {"rows_per_request": 2, "concurrency": 8, "max_batch_requests": 8, "batch_wait_s": 0.005,
               "train_steps": 2, "memory_slack": 0.10, "ratio_goal": 0.9, "num_cpus": 0.2}
     # task_counts: {workload: capsule counts}, the first of each the like-for-like baseline of the others;
-    # engine_rounds: rounds of the in-process batches (`serving_engine`)
+    # engine_rounds: rounds of the in-process batches (`serving_engine`); requests: about 10 s of load per application
+    # and round on 2 CPUs (windows of 3-4 s moved a baseline by up to 1.2x between rounds), sent in `slices` turns
+    # (`one_round`)
     if quick:
         return {**common, "models": ["tiny-bert"], "tasks": ["rte", "cb"],
-                "task_counts": {SINGLE: [1, 2], MIX: [2]}, "requests": {"tiny-bert": 8}, "rounds": 1,
+                "task_counts": {SINGLE: [1, 2], MIX: [2]}, "requests": {"tiny-bert": 8}, "rounds": 1, "slices": 1,
                 "duration_s": 30.0, "engine_rounds": 2}
     return {**common, "models": ["tiny-t5", "minilm"], "tasks": list(TASKS),
             "task_counts": {SINGLE: [1, 50, 1000], MIX: [len(TASKS), 1000]},
-            "requests": {"tiny-t5": 300, "minilm": 120}, "rounds": 3, "duration_s": 60.0, "engine_rounds": 5}
+            "requests": {"tiny-t5": 900, "minilm": 360}, "rounds": 3, "slices": 3, "duration_s": 60.0,
+            "engine_rounds": 5}
 
 
 def schedule(apps: list[Any], rounds: int) -> list[list[Any]]:
@@ -112,11 +115,8 @@ def measure(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict
     serve.start(http_options={"host": LOCALHOST, "port": port})
     apps, urls, bodies = deploy(config, sets, rows, port)
     for number, order in enumerate(schedule([(m, a) for m in sets for a in sets[m]], config["rounds"])):
-        for key in order:
+        for key, got in one_round(config, order, urls, bodies, number).items():
             model, (workload, count) = key
-            requests = config["requests"][model]
-            got = serving_app.load(urls[key], bodies[key], requests, config["concurrency"], config["duration_s"],
-                                   offset=number * requests)
             apps[model][workload, count]["rounds"].append({**got, "round": number})
             logger.info("round %d, %s, %s x %d: %.1f rows/s", number, model, workload, count,
                         got["requests"] * config["rows_per_request"] / got["elapsed"])
@@ -131,6 +131,23 @@ def measure(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict
                                                                        "inputs": rows[added.task]})}
     serve.shutdown()
     return apps, adds
+
+
+def one_round(config: dict[str, Any], order: list, urls: dict, bodies: dict, number: int) -> dict[Any, dict[str, Any]]:
+    """One round: each application's requests sent in `slices` parts, the applications taking turns part by part, so
+    that a slow spell of the shared machine falls on all of them alike; {application: its parts' requests, wall time
+    and latencies, summed}."""
+    from benchmarks import serving_app
+
+    slices = config["slices"]
+    parts: dict[Any, list[dict[str, Any]]] = {key: [] for key in order}
+    for part in range(slices):
+        for key in order:
+            requests = config["requests"][key[0]] // slices
+            parts[key].append(serving_app.load(urls[key], bodies[key], requests, config["concurrency"],
+                                               config["duration_s"], offset=(number * slices + part) * requests))
+    return {key: {"requests": sum(p["requests"] for p in got), "elapsed": sum(p["elapsed"] for p in got),
+                  "latencies": [t for p in got for t in p["latencies"]]} for key, got in parts.items()}
 
 
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
