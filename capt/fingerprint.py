@@ -23,7 +23,8 @@ def reused_samples() -> Iterator[None]:
     A bank checks each of its capsules against the same base model; with an encoder's task head in place, only the
     head differs from one capsule to the next, so the base's hundreds of samples need not be taken (and allocated,
     and freed) again per capsule. A sample is reused only for the same tensor object at the same version counter
-    (an in-place change moves it); the block holds a reference to each tensor, so no other takes its id meanwhile.
+    (an in-place change moves it, a write through `.data` does not: nothing inside the block may change weights that
+    way); the block holds a reference to each tensor, so no other takes its id meanwhile.
     """
     token = _SAMPLES.set({})
     try:
