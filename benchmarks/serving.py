@@ -50,7 +50,7 @@ def settings(quick: bool) -> dict[str, Any]:
     # (`one_round`)
     if quick:
         return {**common, "models": ["tiny-bert"], "tasks": ["rte", "cb"],
-                "task_counts": {SINGLE: [1, 2], MIX: [2]}, "requests": {"tiny-bert": 8}, "rounds": 1, "slices": 1,
+                "task_counts": {SINGLE: [1, 2], MIX: [2]}, "requests": {"tiny-bert": 8}, "rounds": 1, "slices": 2,
                 "duration_s": 30.0, "engine_rounds": 2}
     return {**common, "models": ["tiny-t5", "minilm"], "tasks": list(TASKS),
             "task_counts": {SINGLE: [1, 50, 1000], MIX: [len(TASKS), 1000]},
