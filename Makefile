@@ -36,7 +36,8 @@ mlflow-ui: $(STAMP)
 
 # Tests run in TEST_WORKERS pytest-xdist processes (much of a test's time is spent waiting: servers starting,
 # trials' actors, polls); --dist loadgroup keeps the tests that share a costly fixture on one worker
-# (tests/helpers/xdist_groups.py). 2 on the 2-CPU CI machine: 12:52 of pytest there (2026-12-04); 3 took longer
+# (tests/helpers/xdist_groups.py). 2 on the 2-CPU CI machine: 11:38-12:39 of pytest there (2026-12-04; 13:12-14:05 in
+# runs where the VM's own memory daemon, kdamond, took a third of the CPUs); 3 took longer
 # (13:53), the CPUs being busy 90 % of the time with 2 already, and timing-bound scenarios (an MLflow restart before
 # a trial ends) failed under the extra load. A machine loaded by other suites can time out Ray node starts: there,
 # use TEST_WORKERS=0 to run the tests in this process.
