@@ -294,8 +294,3 @@ def _check_method(served: ServedCapsule) -> None:
         raise CapsuleArtifactError(
             f"{served.model_name} version {served.version} holds a {method!r} artifact, not a CaPT capsule: "
             "only capsules can share one frozen base model.")
-
-
-def capsule_bytes(directory: str | os.PathLike[str]) -> int:
-    """Bytes of a capsule artifact's weights file."""
-    return (Path(directory) / "capsule.safetensors").stat().st_size
