@@ -151,7 +151,7 @@ class LocalMlflowServer(ManagedService):
             if self._proc.poll() is not None:
                 problem = f"exited with code {self._proc.returncode} during start-up"
                 break
-            if http_status(f"{self.uri}/health", timeout=1.0) == 200:
+            if mlflow_answers(self.uri, timeout=1.0):
                 self._ready = True
                 logger.info("MLflow server ready at %s", self.uri)
                 return self
@@ -190,3 +190,7 @@ class LocalMlflowServer(ManagedService):
             "it another folder (tracking.local_dir)."
         )
 
+
+def mlflow_answers(uri: str, timeout: float = 2.0) -> bool:
+    """Whether the MLflow server at the HTTP(S) address `uri` answers its health check (``GET /health``) now."""
+    return http_status(f"{uri.rstrip('/')}/health", timeout=timeout) == 200

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipelines.services.probe import http_status
+from pipelines.services.mlflow_server import mlflow_answers
 from pipelines.sweeps.config import SweepConfig
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy, Spool
 from pipelines.tracking.sync import sync_pending
@@ -58,7 +58,7 @@ def _answers(uri: str) -> bool:
     """Whether the tracking server at `uri` answers its health check now (a non-HTTP store: assumed to)."""
     if not uri.startswith(("http://", "https://")):
         return True
-    return http_status(f"{uri.rstrip('/')}/health", timeout=2.0) == 200
+    return mlflow_answers(uri)
 
 
 def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> list[str]:
