@@ -143,9 +143,11 @@ def one_round(config: dict[str, Any], order: list, urls: dict, bodies: dict, num
     parts: dict[Any, list[dict[str, Any]]] = {key: [] for key in order}
     for part in range(slices):
         for key in order:
-            requests = config["requests"][key[0]] // slices
-            parts[key].append(serving_app.load(urls[key], bodies[key], requests, config["concurrency"],
-                                               config["duration_s"], offset=(number * slices + part) * requests))
+            total = config["requests"][key[0]]
+            sent = part * total // slices  # the turns' shares differ by at most one; they add up to `total`
+            parts[key].append(serving_app.load(urls[key], bodies[key], (part + 1) * total // slices - sent,
+                                               config["concurrency"], config["duration_s"],
+                                               offset=number * total + sent))
     return {key: {"requests": sum(p["requests"] for p in got), "elapsed": sum(p["elapsed"] for p in got),
                   "latencies": [t for p in got for t in p["latencies"]]} for key, got in parts.items()}
 
