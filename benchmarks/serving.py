@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, Table, at_least, at_most
-from benchmarks.serving_capsules import MIX, SINGLE, capsule_sets, extra_capsule, train_capsules, weight_bytes
+from benchmarks.serving_capsules import (
+    MIX,
+    SINGLE,
+    capsule_sets,
+    extra_capsule,
+    train_capsules,
+    weight_bytes,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +76,10 @@ App = tuple[str, int]
 """(workload, capsule count): one Serve application of a model."""
 
 
-def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[str, list],
-           port: int) -> tuple[dict[str, dict[App, dict[str, Any]]], dict, dict]:
-    """Every (model, workload, count) application deployed and warmed up: ({model: {app: its load readings}},
-    {(model, app): url}, {(model, app): request bodies})."""
+def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[str, list], port: int,
+           folder: Path) -> tuple[dict[str, dict[App, dict[str, Any]]], dict, dict]:
+    """Every (model, workload, count) application deployed (its capsules listed in a manifest file in `folder`) and
+    warmed up: ({model: {app: its load readings}}, {(model, app): url}, {(model, app): request bodies})."""
     from benchmarks import serving_app
     from pipelines.services import LOCALHOST
     from pipelines.serving.auth import digest
@@ -87,8 +95,9 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
                                     max_batch_requests=config["max_batch_requests"],
                                     batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"],
                                     num_gpus=config.get("num_gpus", 0.0))
-            key = model, (workload, count)
-            prefix, ready_s = serving_app.deploy(options, capsules, f"{model}-{workload}-{count}")
+            key, name = (model, (workload, count)), f"{model}-{workload}-{count}"
+            manifest = write_manifest(capsules, folder / f"{name.replace('/', '_')}.json")
+            prefix, ready_s = serving_app.deploy(options, manifest, name)
             urls[key] = f"http://{LOCALHOST}:{port}{prefix}"
             bodies[key] = [{"task": c.name, "inputs": rows[c.task]} for c in capsules]
             serving_app.load(urls[key], bodies[key], config["concurrency"], config["concurrency"],
@@ -102,10 +111,14 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
     return apps, urls, bodies
 
 
+Measured = tuple[dict[str, dict[App, dict[str, Any]]], dict[str, dict[str, Any]]]
+"""({model: {app: measurements}}, {model: hot add})."""
+
+
 def measure(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[str, list],
-            extras: dict[str, Any]) -> tuple[dict[str, dict[App, dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """Deploy every application, load them round by round, add one capsule to each model's largest RTE application;
-    ({model: {app: measurements}}, {model: hot add})."""
+            extras: dict[str, Any], folder: Path) -> Measured:
+    """Deploy every application (manifests written to `folder`), load them round by round, add one capsule to each
+    model's largest RTE application."""
     from ray import serve
 
     from benchmarks import serving_app
@@ -113,7 +126,7 @@ def measure(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict
 
     port = free_port(LOCALHOST)
     serve.start(http_options={"host": LOCALHOST, "port": port})
-    apps, urls, bodies = deploy(config, sets, rows, port)
+    apps, urls, bodies = deploy(config, sets, rows, port, folder)
     for number, order in enumerate(schedule([(m, a) for m in sets for a in sets[m]], config["rounds"])):
         for key, got in one_round(config, order, urls, bodies, number).items():
             model, (workload, count) = key
@@ -169,7 +182,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
             extras[model] = extra_capsule(trained, folder)
         rows = {task: example_rows(task, config["rows_per_request"]) for task in config["tasks"]}
         with ray_cluster(2):
-            apps, adds = measure(config, sets, rows, extras)
+            apps, adds = measure(config, sets, rows, extras, Path(tmp))
         counts = config["task_counts"]
         mixed = (MIX, max(counts[MIX])) if MIX in counts else (SINGLE, max(counts[SINGLE]))  # no mix: RTE only
         engine = {model: serving_engine.measure(model, by_app[mixed], rows, config["engine_rounds"])

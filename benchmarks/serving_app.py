@@ -16,6 +16,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from pipelines.serving.app import CapsuleServer
@@ -34,10 +35,12 @@ def _rss_mb() -> float:
 class TimedServer(CapsuleServer):
     """`CapsuleServer` with its start-up timed and a hot add reachable through a Serve handle."""
 
-    def __init__(self, settings: dict[str, Any], capsules: list | None = None) -> None:
+    def __init__(self, settings: dict[str, Any], manifest: str) -> None:
+        from benchmarks.serving_capsules import read_manifest
+
         self.start_rss_mb = _rss_mb()
         started = time.perf_counter()
-        super().__init__(settings, capsules)
+        super().__init__(settings, read_manifest(manifest))
         self.init_s = time.perf_counter() - started
 
     def describe(self) -> dict[str, Any]:
@@ -55,16 +58,17 @@ class TimedServer(CapsuleServer):
         return {"add_s": time.perf_counter() - started, "rss_mb": _rss_mb(), "tasks": len(self.engine.names)}
 
 
-def deploy(settings: Any, capsules: list, name: str) -> tuple[str, float]:
-    """Run `TimedServer` as application `name` with the options `pipelines.serving.app.deployment` gives;
-    (its route prefix, seconds from `serve.run` to the application running)."""
+def deploy(settings: Any, manifest: Path, name: str) -> tuple[str, float]:
+    """Run `TimedServer` as application `name`, serving the capsules of `manifest`
+    (`serving_capsules.write_manifest`), with the options `pipelines.serving.app.deployment` gives; (its route prefix,
+    seconds from `serve.run` to the application running)."""
     from ray import serve
 
     server = serve.deployment(TimedServer, name="capsules", num_replicas=settings.num_replicas,
                               ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
                               max_ongoing_requests=settings.max_batch_requests * 4)
     started = time.perf_counter()
-    serve.run(server.bind(asdict(settings), list(capsules)), name=name, route_prefix=f"/{name}")
+    serve.run(server.bind(asdict(settings), str(manifest)), name=name, route_prefix=f"/{name}")
     return f"/{name}", time.perf_counter() - started
 
 

@@ -9,8 +9,9 @@ the larger one of its workload (the same folders).
 
 from __future__ import annotations
 
+import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int
 
 
 def _served(name: str, task: str, folder: Path, results: dict[str, dict[str, Any]]) -> Any:
-    from pipelines.serving.engine import ServedCapsule
+    from pipelines.serving.records import ServedCapsule
 
     return ServedCapsule(name, task, f"local-{name}", 1, folder, results[task])
 
@@ -90,6 +91,28 @@ def extra_capsule(results: dict[str, dict[str, Any]], directory: Path) -> Any:
     """One more RTE capsule (a perturbed copy, under a new name) for the hot add into a running application."""
     folder = perturbed_copy(Path(results[SINGLE]["artifact_dir"]), directory / "added-rte", seed=10**6)
     return _served("rte-added", SINGLE, folder, results)
+
+
+def write_manifest(capsules: Sequence[Any], path: Path) -> Path:
+    """An application's capsules as a JSON file for its replica to read (`read_manifest`), each with the path of its
+    job's result.json. The replica builds its `ServedCapsule`s itself, as `pipelines.serve`'s replicas do from the
+    registry, rather than taking them as constructor arguments, which Serve keeps for the replica's lifetime (1,000
+    capsules' descriptions that a registry replica drops once its bank is loaded)."""
+    entries = [{"name": c.name, "task": c.task, "model_name": c.model_name, "version": c.version,
+                "capsule_dir": str(c.capsule_dir), "result_file": str(Path(c.result["artifact_dir"]).parent /
+                                                                      "result.json")} for c in capsules]
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def read_manifest(path: str | Path) -> Iterator[Any]:
+    """The `ServedCapsule`s of `write_manifest`'s file, one at a time (as a replica fetches registry versions), each
+    with its own parsed result (as a registry source parses each version's result.json: no two share one dict)."""
+    from pipelines.serving.records import ServedCapsule
+
+    for e in json.loads(Path(path).read_text()):
+        yield ServedCapsule(e["name"], e["task"], e["model_name"], e["version"], e["capsule_dir"],
+                            json.loads(Path(e["result_file"]).read_text()))
 
 
 def weight_bytes(folder: str | Path) -> int:

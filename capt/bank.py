@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from capt.arch import spec_for
 from capt.arch.readout import bare_encoder
 from capt.capsule import Capsule, read_capsule
 from capt.errors import CapsuleArtifactError, CaptError
 from capt.fingerprint import reused_samples
-from capt.heads import TaskHead, TaskHeads, head_installed
+from capt.heads import HeadRows, TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
 from capt.stack import CapsuleStack
+
+Directory = str | os.PathLike
+"""A capsule artifact's folder."""
 
 
 class CapsuleBank(CapsuleModel):
@@ -26,26 +30,32 @@ class CapsuleBank(CapsuleModel):
 
     Encoder-only classifiers (BERT family) train a head per task: give `heads` (capsule name -> `TaskHead`) and
     `bank.classify(input_ids, attention_mask, capsule=[...])` gives each row its own task's logits.
+
+    `capsules` is {name: artifact directory} or (name, directory) pairs, read one at a time as they come (a generator
+    may describe each capsule only when it is read); `heads` may be a function that reads a capsule's head from its
+    directory, called once per capsule as it is read, so that 1,000 capsules never hold 1,000 heads at once.
     """
 
-    def __init__(self, base_model: nn.Module, capsules: Mapping[str, str | os.PathLike], strict: bool = True,
-                 heads: Mapping[str, TaskHead] | None = None) -> None:
-        if not capsules:
-            raise CapsuleArtifactError("CapsuleBank needs at least one capsule directory.")
-        if heads is not None:
+    def __init__(self, base_model: nn.Module, capsules: Mapping[str, Directory] | Iterable[tuple[str, Directory]],
+                 strict: bool = True, heads: Mapping[str, TaskHead] | Callable[[Directory], TaskHead] | None = None
+                 ) -> None:
+        if isinstance(capsules, Mapping) and isinstance(heads, Mapping):
             missing = [name for name in capsules if name not in heads]
             if missing:
                 raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
-        # read one at a time into one stack: 1,000 capsules keep their values, not 1,000 modules and their metadata;
-        # each is checked against the same base, whose weights' samples are taken once (`reused_samples`)
+        names: list[str] = []
+        head_rows = None if heads is None else HeadRows(spec_for(base_model).hidden_size(base_model))
+        # read one at a time, each copied into the stacks at once: 1,000 capsules keep their values, never 1,000
+        # modules, heads and metadata; each is checked against the same base, whose weights' samples are taken once
         with reused_samples():
-            stack = CapsuleStack(read_with_head(base_model, directory, (heads or {}).get(name), strict)[0]
-                                 for name, directory in capsules.items())
-        super().__init__(base_model, stack, names=list(capsules))
+            stack = CapsuleStack(_read_each(base_model, capsules, heads, strict, names, head_rows))
+        if not names:
+            raise CapsuleArtifactError("CapsuleBank needs at least one capsule directory.")
+        super().__init__(base_model, stack, names=names)
         self.heads: TaskHeads | None = None
-        if heads is not None:
+        if head_rows is not None:
             device = next(base_model.parameters()).device
-            self.heads = TaskHeads([heads[name] for name in capsules], self.spec.hidden_size(base_model)).to(device)
+            self.heads = TaskHeads(head_rows, self.spec.hidden_size(base_model)).to(device)
 
     @property
     def names(self) -> list[str]:
@@ -122,3 +132,26 @@ def read_with_head(base_model: nn.Module, directory: str | os.PathLike, head: Ta
     encoder classifier's fingerprint covers the head it was trained with); `head=None` for models without one."""
     with head_installed(base_model, head):
         return read_capsule(base_model, directory, strict)
+
+
+def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterable[tuple[str, Directory]],
+               heads: Mapping[str, TaskHead] | Callable[[Directory], TaskHead] | None, strict: bool,
+               names: list[str], head_rows: HeadRows | None) -> Iterator[Capsule]:
+    """Each capsule of `capsules` read and checked (its head in place), its name added to `names` and its head to
+    `head_rows` as it is read."""
+    for name, directory in capsules.items() if isinstance(capsules, Mapping) else capsules:
+        if name in names:
+            raise CapsuleArtifactError(f"Two capsules are named {name!r}: a bank's capsule names are unique.")
+        if heads is None:
+            head = None
+        elif isinstance(heads, Mapping):
+            if name not in heads:
+                raise CapsuleArtifactError(f"No task head for capsule {name!r}: each capsule needs its head.")
+            head = heads[name]
+        else:
+            head = heads(directory)
+        capsule = read_with_head(base_model, directory, head, strict)[0]
+        names.append(name)
+        if head_rows is not None:
+            head_rows.add(head)
+        yield capsule

@@ -9,9 +9,11 @@ over a row gives exactly that task's distribution.
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from torch import nn
 from capt.arch import head_parameters
 from capt.arch.readout import READOUTS, ReadoutError, bare_encoder, row_readout_vectors
 from capt.errors import CapsuleArtifactError
+from capt.rows import RowStack
 
 
 @dataclass(frozen=True)
@@ -136,60 +139,61 @@ def head_installed(model: nn.Module, head: TaskHead | None) -> Iterator[None]:
         linear.weight, linear.bias = own
 
 
+class HeadRows:
+    """Task heads gathered one at a time into padded, stacked rows for `TaskHeads` (`add`; each head can be dropped
+    once added): (n, C_max, D) weights and (n, C_max) biases, padded classes with zero weights and a -inf bias."""
+
+    def __init__(self, hidden_size: int) -> None:
+        self.hidden_size = hidden_size
+        self.label_counts: list[int] = []
+        self.readouts: list[str] = []
+        self.weights, self.biases = RowStack(), RowStack()
+
+    def add(self, head: TaskHead) -> None:
+        """Check `head` against the encoder's width and copy it in (the rows so far widen to its label count)."""
+        width = max(self.label_counts, default=0)
+        if _checked(head, self.hidden_size).num_labels > width and self.label_counts:
+            self.weights.reshape_rows(functools.partial(_pad_classes, width=head.num_labels, dim=1, value=0.0))
+            self.biases.reshape_rows(functools.partial(_pad_classes, width=head.num_labels, dim=1, value=-math.inf))
+        weight, bias = _padded(head, max(width, head.num_labels), self.hidden_size, head.weight)
+        self.weights.append(weight)
+        self.biases.append(bias)
+        self.label_counts.append(head.num_labels)
+        self.readouts.append(sys.intern(head.readout))
+
+
 class TaskHeads(nn.Module):
     """The heads of a bank's capsules, by capsule index, held once: stacked as (N, C_max, D) for a per-row gather
     (the `TaskHead`s given are not kept; each index keeps only its label count and readout name)."""
 
-    def __init__(self, heads: Sequence[TaskHead], hidden_size: int) -> None:
+    def __init__(self, heads: Iterable[TaskHead] | HeadRows, hidden_size: int) -> None:
         super().__init__()
         self.hidden_size = hidden_size
-        checked = [self._checked(head) for head in heads]
-        self.label_counts: list[int] = [head.num_labels for head in checked]
+        rows = heads if isinstance(heads, HeadRows) else _gathered(heads, hidden_size)
+        if not rows.label_counts:
+            raise CapsuleArtifactError("TaskHeads needs at least one task head.")
+        self.label_counts: list[int] = rows.label_counts
         """C per capsule index."""
-        self.readouts: list[str] = [sys.intern(head.readout) for head in checked]
+        self.readouts: list[str] = rows.readouts
         """What each capsule index's head reads (`capt.arch.readout.READOUTS`)."""
-        width = max(self.label_counts)
-        rows = [self._padded(head, width) for head in checked]
-        self.register_buffer("weight", torch.stack([w for w, _ in rows]), persistent=False)  # (N, C_max, D)
-        self.register_buffer("bias", torch.stack([b for _, b in rows]), persistent=False)  # (N, C_max)
-
-    def _checked(self, head: TaskHead) -> TaskHead:
-        if head.readout not in READOUTS:
-            raise CapsuleArtifactError(f"readout={head.readout!r} is not a readout (allowed: {', '.join(READOUTS)}).")
-        width = head.weight.shape[-1] if head.weight.dim() == 2 else None
-        if width != self.hidden_size or (head.bias is not None and head.bias.shape != (head.weight.shape[0],)):
-            raise CapsuleArtifactError(
-                f"A task head of shape {tuple(head.weight.shape)} (bias "
-                f"{None if head.bias is None else tuple(head.bias.shape)}) does not fit this encoder: it needs "
-                f"(labels, {self.hidden_size}) and (labels,).")
-        return head
-
-    def _padded(self, head: TaskHead, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`head` as (width, D) weights and (width,) bias: padded classes have zero weights and a -inf bias."""
-        like = getattr(self, "weight", head.weight)
-        weight = torch.zeros(width, self.hidden_size, dtype=like.dtype, device=like.device)
-        bias = torch.full((width,), float("-inf"), dtype=like.dtype, device=like.device)
-        weight[:head.num_labels] = head.weight.detach()
-        bias[:head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
-        return weight, bias
+        self.register_buffer("weight", rows.weights.stacked(), persistent=False)  # (N, C_max, D)
+        self.register_buffer("bias", rows.biases.stacked(), persistent=False)  # (N, C_max)
 
     def _widen(self, width: int) -> None:
         """Pad every head to `width` classes (a head with more labels than any before joins)."""
-        extra = width - self.weight.shape[1]
-        if extra > 0:
-            self.weight = nn.functional.pad(self.weight, (0, 0, 0, extra))  # (N, width, D), zero weights
-            self.bias = nn.functional.pad(self.bias, (0, extra), value=float("-inf"))  # (N, width)
+        self.weight = _pad_classes(self.weight, width, 1, 0.0)  # (N, width, D), zero weights
+        self.bias = _pad_classes(self.bias, width, 1, -math.inf)  # (N, width)
 
     def replace(self, index: int, head: TaskHead) -> None:
         """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head)."""
-        self._widen(self._checked(head).num_labels)
-        self.weight[index], self.bias[index] = self._padded(head, self.weight.shape[1])
+        self._widen(_checked(head, self.hidden_size).num_labels)
+        self.weight[index], self.bias[index] = _padded(head, self.weight.shape[1], self.hidden_size, self.weight)
         self.label_counts[index], self.readouts[index] = head.num_labels, sys.intern(head.readout)
 
     def append(self, head: TaskHead) -> None:
         """The head of one more capsule, at the next index (one `cat`; the heads held are not read again)."""
-        self._widen(self._checked(head).num_labels)
-        weight, bias = self._padded(head, self.weight.shape[1])
+        self._widen(_checked(head, self.hidden_size).num_labels)
+        weight, bias = _padded(head, self.weight.shape[1], self.hidden_size, self.weight)
         self.weight, self.bias = torch.cat([self.weight, weight[None]]), torch.cat([self.bias, bias[None]])
         self.label_counts.append(head.num_labels)
         self.readouts.append(sys.intern(head.readout))
@@ -204,3 +208,43 @@ class TaskHeads(nn.Module):
         weight = self.weight.index_select(0, rows).to(features.dtype)  # (B, C_max, D)
         logits = torch.bmm(weight, features.unsqueeze(2)).squeeze(2)  # (B, C_max)
         return logits + self.bias.index_select(0, rows).to(logits.dtype)
+
+
+def _pad_classes(stacked: torch.Tensor, width: int, dim: int, value: float) -> torch.Tensor:
+    """`stacked` with its class dimension `dim` padded with `value` to `width` (as it is when already as wide): zero
+    weights and -inf biases for the classes a task does not have."""
+    extra = width - stacked.shape[dim]
+    if extra <= 0:
+        return stacked
+    pad = [0, 0] * (stacked.dim() - 1 - dim) + [0, extra]  # F.pad lists the last dimension first
+    return nn.functional.pad(stacked, pad, value=value)
+
+
+def _gathered(heads: Iterable[TaskHead], hidden_size: int) -> HeadRows:
+    rows = HeadRows(hidden_size)
+    for head in heads:
+        rows.add(head)
+    return rows
+
+
+def _checked(head: TaskHead, hidden_size: int) -> TaskHead:
+    """`head`, once its readout is known and its shapes fit an encoder of width `hidden_size`."""
+    if head.readout not in READOUTS:
+        raise CapsuleArtifactError(f"readout={head.readout!r} is not a readout (allowed: {', '.join(READOUTS)}).")
+    width = head.weight.shape[-1] if head.weight.dim() == 2 else None
+    if width != hidden_size or (head.bias is not None and head.bias.shape != (head.weight.shape[0],)):
+        raise CapsuleArtifactError(
+            f"A task head of shape {tuple(head.weight.shape)} (bias "
+            f"{None if head.bias is None else tuple(head.bias.shape)}) does not fit this encoder: it needs "
+            f"(labels, {hidden_size}) and (labels,).")
+    return head
+
+
+def _padded(head: TaskHead, width: int, hidden_size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head` as (width, D) weights and (width,) bias in `like`'s dtype and device: padded classes have zero weights
+    and a -inf bias."""
+    weight = torch.zeros(width, hidden_size, dtype=like.dtype, device=like.device)
+    bias = torch.full((width,), float("-inf"), dtype=like.dtype, device=like.device)
+    weight[:head.num_labels] = head.weight.detach()
+    bias[:head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
+    return weight, bias

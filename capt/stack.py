@@ -9,7 +9,7 @@ Both answer the three questions the hooks ask: slot counts, the layers with a ca
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 
 from capt.capsule import Capsule, MeanWeights, combine, masked_mean
 from capt.config import CapsuleConfig
+from capt.rows import RowStack
 
 
 class CapsuleList(nn.ModuleList):
@@ -108,15 +109,15 @@ class _LiveGroup:
 class _Group(nn.Module):
     """Capsules sharing one configuration, layer set and width; each parameter stacked over them once, (n, ...)."""
 
-    def __init__(self, first: Capsule, values: Sequence[dict[str, torch.Tensor]]) -> None:
+    def __init__(self, first: Capsule, values: dict[str, torch.Tensor], count: int) -> None:
         super().__init__()
         self.config: CapsuleConfig = first.config
         self.layers, self.hidden_size = first.layers, first.hidden_size
         self._row = {layer: row for row, layer in enumerate(self.layers)}
-        self.count = len(values)
+        self.count = count
         self.parameter_names = [name for name, _ in first.named_parameters()]
         for name in self.parameter_names:  # e.g. vectors (n, L, k, D)
-            self.register_buffer(name, torch.stack([value[name] for value in values]))
+            self.register_buffer(name, values[name])
 
     def covers(self, layer: int) -> bool:
         """Whether this group's capsules sit at stack layer `layer`."""
@@ -192,15 +193,21 @@ class CapsuleStack(nn.Module):
     def __init__(self, capsules: Iterable[Capsule]) -> None:
         super().__init__()
         firsts: dict[tuple, Capsule] = {}
-        values: dict[tuple, list[dict[str, torch.Tensor]]] = {}
+        rows: dict[tuple, dict[str, RowStack]] = {}
+        counts: dict[tuple, int] = {}
         where: list[tuple[int, int]] = []
-        for capsule in capsules:  # taken one by one: only the values stay, not the modules
+        for capsule in capsules:  # copied in one by one: each capsule's module can go once it is read
             key = _key(capsule)
-            firsts.setdefault(key, capsule)
-            group = values.setdefault(key, [])
-            where.append((list(values).index(key), len(group)))
-            group.append({name: p.detach() for name, p in capsule.named_parameters()})
-        self.groups = nn.ModuleList(_Group(firsts[key], group) for key, group in values.items())
+            if key not in firsts:
+                firsts[key], counts[key] = capsule, 0
+                rows[key] = {name: RowStack() for name, _ in capsule.named_parameters()}
+            where.append((list(firsts).index(key), counts[key]))
+            counts[key] += 1
+            for name, parameter in capsule.named_parameters():
+                rows[key][name].append(parameter.detach())
+        self.groups = nn.ModuleList(
+            _Group(firsts[key], {name: gathered.stacked() for name, gathered in rows[key].items()}, counts[key])
+            for key in firsts)
         device = next(self.groups.buffers(), torch.empty(0)).device  # the index lives beside the values
         places = torch.tensor(where, dtype=torch.long, device=device).reshape(-1, 2)  # (N, 2): group, position
         self.register_buffer("group", places[:, 0].contiguous(), persistent=False)
@@ -240,8 +247,8 @@ class CapsuleStack(nn.Module):
             position = self.groups[number].append(capsule)
         else:
             number, position = len(self.groups), 0
-            values = {name: p.detach() for name, p in capsule.named_parameters()}
-            self.groups.append(_Group(capsule, [values]).to(self.group.device))
+            values = {name: p.detach().unsqueeze(0) for name, p in capsule.named_parameters()}
+            self.groups.append(_Group(capsule, values, 1).to(self.group.device))
         place = torch.tensor([number, position], dtype=torch.long, device=self.group.device)
         if index == len(self):
             self.group = torch.cat([self.group, place[:1]])

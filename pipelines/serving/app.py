@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -21,8 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from pipelines.serving.auth import TOKEN_ENV, given_token
-from pipelines.serving.engine import Answer, CapsuleEngine, ServedCapsule
+from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.limits import Limits
+from pipelines.serving.records import Answer, ServedCapsule
 from pipelines.serving.reload import Reloader
 from pipelines.serving.routes import Catalog, Front
 from pipelines.serving.settings import ServeSettings
@@ -37,15 +38,15 @@ CHARS_PER_TOKEN_LIMIT = 8
 class CapsuleServer:
     """One replica: the base model once, every capsule in one bank, an alias poller in a thread."""
 
-    def __init__(self, settings: dict[str, Any], capsules: Sequence[ServedCapsule] | None = None) -> None:
+    def __init__(self, settings: dict[str, Any], capsules: Iterable[ServedCapsule] | None = None) -> None:
         self._stop = threading.Event()
         self.settings = ServeSettings.from_args(settings)
         self.source: RegistrySource | None = None
-        if capsules is None:  # the registry's versions; a list given directly is served as it is (benchmark)
+        if capsules is None:  # the registry's versions, each fetched as the bank reads it; capsules given are served
             self.source = RegistrySource(self.settings.tracking_uri, self.settings.model, self.settings.alias,
                                          tempfile.mkdtemp(prefix="capt-serve-"))
             versions = self.source.check(self.settings.tasks)
-            capsules = [self.source.fetch(task, version) for task, version in versions.items()]
+            capsules = (self.source.fetch(task, version) for task, version in versions.items())
         self.engine = CapsuleEngine(capsules)
         self.loaded_rss_mb = _rss_mb()
         """Resident memory once the base model and every capsule are loaded, before any request."""

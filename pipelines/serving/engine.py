@@ -6,11 +6,12 @@ registry versions; the benchmark and the tests can drive it directly.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
-import os
+import sys
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,83 +33,34 @@ from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
 from pipelines.serving.memory import release_freed_heap
+from pipelines.serving.records import Answer, ServedCapsule, ServedRecord
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ServedCapsule:
-    """A capsule to serve: where its files are and which registry version they are. A replica holds one per capsule
-    for as long as it serves it, so it is kept small: slots, and the folder as a string."""
-
-    name: str
-    """Its name in the bank and in requests (the task name; the benchmark serves copies under other names)."""
-    task: str
-    """The task whose rows it reads."""
-    model_name: str
-    """Registered model it came from (``capt-<model-slug>-<task>``), or a label for local capsules."""
-    version: int
-    """Registry version."""
-    capsule_dir: str
-    """Capsule artifact folder (safetensors + JSON). A `Path` given is kept as its string: a Path holds each of its
-    parts as a string of its own, about 500 bytes more per capsule of a 1,000-capsule bank."""
-    result: Mapping[str, Any] = field(repr=False)
-    """The job's result.json (base model, method options, evaluation mode)."""
-    digest: str | None = None
-    """SHA-256 of the artifact's digest manifest once the source verified it (GET /tasks shows it); None until the
-    registry source records one."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "capsule_dir", os.fspath(self.capsule_dir))
-
-
-@dataclass
-class Answer:
-    """What one request gets back."""
-
-    labels: list[str]
-    scores: list[list[float]] | None
-    """Per row, the log-likelihood of each label (rank mode; encoder classifiers: the head's log-softmax); None
-    when generated."""
-    label_names: list[str]
-    model_name: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Settings:
-    """One capsule's record (slots: a bank of 1,000 keeps 1,000 of them); capsules of equal settings share the
-    collator."""
-
-    served: ServedCapsule
-    collator: Collator
-    mode: str
-    max_new_tokens: int
 
 
 class CapsuleEngine:
     """The base model of the capsules' results, loaded once, with every capsule in one bank."""
 
-    def __init__(self, capsules: Sequence[ServedCapsule], device: str | None = None) -> None:
-        if not capsules:
+    def __init__(self, capsules: Iterable[ServedCapsule], device: str | None = None) -> None:
+        """`capsules` are read one at a time, in order (a generator may fetch each only when it is read); of each,
+        the engine keeps its values in the bank and a `ServedRecord`, not the `ServedCapsule` or its job result."""
+        each = iter(capsules)
+        first = next(each, None)
+        if first is None:
             raise CapsuleArtifactError("Nothing to serve: no capsule was given.")
-        first = capsules[0].result
-        self.base_name, self.family = first["model"], first["family"]
-        _check_same_base(capsules, self.base_name)
+        self.base_name, self.family = first.result["model"], first.result["family"]
         self.spec = model_shape(self.base_name).spec
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # encoder classifiers: transformers' "newly initialized head, consider training" report is wrong here, the
         # capsules' trained heads answer (the registry pyfunc silences it the same way)
-        with _quiet_when_head_follows(Path(capsules[0].capsule_dir)):
-            loaded = load_model(self.base_name, task_spec(capsules[0].task).num_labels,
-                                first["config"]["model"]["dtype"])
+        with _quiet_when_head_follows(Path(first.capsule_dir)):
+            loaded = load_model(self.base_name, task_spec(first.task).num_labels,
+                                first.result["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
-        base = loaded.model.to(self.device).eval()
-        for served in capsules:
-            _check_method(served)
-        self.bank = self._bank(base, capsules)
         self._collators: dict[tuple, Collator] = {}
-        self.settings = {c.name: self._settings(c) for c in capsules}
+        self.settings: dict[str, ServedRecord] = {}
+        self.bank = self._bank(loaded.model.to(self.device).eval(), itertools.chain([first], each))
+        del first, each
         release_freed_heap()  # what reading every capsule allocated and the stacked bank no longer holds
         self.retired: set[str] = set()
         """Names no longer served (registered model deleted, or alias gone): hidden from `names`, so new requests
@@ -119,13 +71,22 @@ class CapsuleEngine:
         """Counts the changes of what is served (swap, add, retire): what is computed from the served names (the
         app's route checks: `app.CapsuleServer.catalog`) is computed again only when it moves."""
 
-    def _bank(self, base: torch.nn.Module, capsules: Sequence[ServedCapsule]) -> CapsuleBank:
+    def _bank(self, base: torch.nn.Module, capsules: Iterator[ServedCapsule]) -> CapsuleBank:
         """A bank of `capsules` on `base`; each capsule's fit to the base model's weights is checked as it loads."""
-        # encoder classifiers (BERT family): each capsule's own task head, in the bank beside it
-        heads = {c.name: load_task_head(base, c.capsule_dir) for c in capsules} if self.spec.classifier_head else None
-        return CapsuleBank(base, {c.name: c.capsule_dir for c in capsules}, heads=heads).eval()
+        # encoder classifiers (BERT family): each capsule's own task head, read from its folder, in the bank beside it
+        heads = functools.partial(load_task_head, base) if self.spec.classifier_head else None
+        return CapsuleBank(base, self._described(capsules), heads=heads).eval()
 
-    def _settings(self, served: ServedCapsule) -> _Settings:
+    def _described(self, capsules: Iterator[ServedCapsule]) -> Iterator[tuple[str, str]]:
+        """(name, folder) of each capsule as the bank reads it, once its base model and method are checked and its
+        record is made (`settings`)."""
+        for served in capsules:
+            _check_same_base([served], self.base_name)
+            _check_method(served)
+            self.settings[served.name] = self._settings(served)
+            yield served.name, served.capsule_dir
+
+    def _settings(self, served: ServedCapsule) -> ServedRecord:
         config = served.result["config"]
         method = config["method"]
         shape = (config["model"]["max_length"], sequence_overhead(method["name"], method["options"]),
@@ -134,16 +95,17 @@ class CapsuleEngine:
             self._collators[shape] = Collator(self.tokenizer, self.family, max_length=shape[0],
                                               capsule_slots=shape[1], input_format=shape[2])
         collator = self._collators[shape]
-        return _Settings(served, collator, config["train"]["eval_mode"], config["model"]["max_new_tokens"])
+        return ServedRecord(sys.intern(served.task), served.model_name, served.version, served.digest, collator,
+                            sys.intern(config["train"]["eval_mode"]), config["model"]["max_new_tokens"])
 
     @property
     def names(self) -> list[str]:
         """The capsules served, by name."""
         return [name for name in self.settings if name not in self.retired]
 
-    def served(self, name: str) -> ServedCapsule:
+    def served(self, name: str) -> ServedRecord:
         """The capsule answering under `name` now."""
-        return self.settings[name].served
+        return self.settings[name]
 
     def max_length(self, name: str) -> int:
         """Most tokens capsule `name` reads (its collator's max_length)."""
@@ -151,13 +113,13 @@ class CapsuleEngine:
 
     def versions(self) -> dict[str, int]:
         """The registry version each capsule name serves now."""
-        return {name: self.settings[name].served.version for name in self.names}
+        return {name: self.settings[name].version for name in self.names}
 
     def examples(self, name: str, rows: Sequence[Mapping[str, Any]]) -> list[Example]:
         """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
-        return validated_examples(self.settings[name].served.task, rows)
+        return validated_examples(self.settings[name].task, rows)
 
-    def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, _Settings]:
+    def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, ServedRecord]:
         """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
         other capsules keep answering meanwhile."""
         _check_same_base([served], self.base_name)
@@ -217,7 +179,7 @@ class CapsuleEngine:
         return mixed.Part(name, examples, self.settings[name].collator)
 
     def _answer(self, name: str, ids: list[int], scores: list[list[float]] | None) -> Answer:
-        served = self.settings[name].served
+        served = self.settings[name]
         label_names = list(task_spec(served.task).label_names)
         labels = [label_names[i] if 0 <= i < len(label_names) else INVALID_LABEL for i in ids]
         return Answer(labels, scores, label_names, served.model_name, served.version)
@@ -244,7 +206,7 @@ class CapsuleEngine:
         scores = torch.log_softmax(logits, dim=-1).cpu()  # log-probability of each label, as the task's head gives
         answers, row = [], 0
         for part in parts:
-            count = task_spec(self.settings[part.capsule].served.task).num_labels
+            count = task_spec(self.settings[part.capsule].task).num_labels
             block = scores[row:row + len(part.examples), :count]  # (n, C) this task's own labels
             row += len(part.examples)
             answers.append(self._answer(part.capsule, block.argmax(-1).tolist(), block.tolist()))
@@ -265,7 +227,7 @@ class CapsuleEngine:
             own = generated[row:row + len(part.examples), :limit + int(self.spec.encoder_decoder)]
             row += len(part.examples)
             texts = self.tokenizer.batch_decode(own, skip_special_tokens=True)
-            task = self.settings[part.capsule].served.task
+            task = self.settings[part.capsule].task
             answers.append(self._answer(part.capsule, texts_to_labels(task, texts, part.examples), None))
         return answers
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from capt.errors import CaptError
-from pipelines.serving.engine import ServedCapsule
+from pipelines.serving.records import ServedCapsule
 from pipelines.serving.source import RegistrySource
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
-from pipelines.serving.engine import ServedCapsule
+from pipelines.serving.records import ServedCapsule
 from pipelines.tracking import TrackingError
 from pipelines.tracking.serving import (
     alias_version,

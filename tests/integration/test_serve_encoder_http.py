@@ -39,7 +39,7 @@ args = json.loads(sys.argv[1])
 ray.init(address=args["address"], runtime_env={"env_vars": args["env"]}, logging_level="WARNING")
 if args["deploy"]:
     from pipelines.serving.app import deployment
-    from pipelines.serving.engine import ServedCapsule
+    from pipelines.serving.records import ServedCapsule
     from pipelines.serving.settings import ServeSettings
     served = []
     for path in args["results"]:

@@ -80,7 +80,7 @@ args = json.loads(sys.argv[1])
 ray.init(address=args["address"], runtime_env={"env_vars": args["env"]}, logging_level="WARNING")
 if args["deploy"]:
     from pipelines.serving.app import deployment
-    from pipelines.serving.engine import ServedCapsule
+    from pipelines.serving.records import ServedCapsule
     from pipelines.serving.settings import ServeSettings
     result = json.loads(Path(args["result"]).read_text())
     served = ServedCapsule("rte", "rte", "capt-tiny-t5-rte", 1, Path(result["artifact_dir"]), result)

@@ -4,6 +4,8 @@ test_serving_encoder.py)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,24 @@ def test_one_mixed_batch_answers_as_each_task_alone_and_a_swap_takes_effect(jobs
     assert after.version == 2
     assert after.labels == CapsulePredictor(jobs["rte1"]["artifact_dir"], jobs["rte1"]).predict_rows(rows["rte"])
     assert any(not p.equal(q) for p, q in zip(before, engine.bank.capsules[0].parameters(), strict=True))
+
+
+class _Result(dict):
+    """A job result that a weak reference can watch."""
+
+
+def test_the_engine_keeps_a_record_per_capsule_not_its_job_result(jobs: dict[str, Any]) -> None:
+    results = {task: _Result(jobs[f"{task}0"]) for task in ("rte", "cb")}
+    watched = [weakref.ref(results["rte"]), weakref.ref(results["cb"])]
+    engine = CapsuleEngine([_served(results["rte"], digest="ab" * 32)])
+    engine.add(_served(results["cb"]))
+    del results
+    gc.collect()
+    assert [ref() for ref in watched] == [None, None]  # a parsed result.json is ~16 KB; a 1,000-capsule bank kept 1,000
+    record = engine.served("rte")
+    assert (record.task, record.model_name, record.version, record.digest) == ("rte", "capt-tiny-t5-rte", 1, "ab" * 32)
+    assert engine.served("cb").mode == jobs["cb0"]["config"]["train"]["eval_mode"]
+    assert not hasattr(record, "__dict__")  # slots
 
 
 def test_rows_are_checked_with_the_pyfunc_errors(jobs: dict[str, Any]) -> None:
