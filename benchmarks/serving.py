@@ -96,7 +96,7 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
                                     batch_wait_s=config["batch_wait_s"], num_cpus=config["num_cpus"],
                                     num_gpus=config.get("num_gpus", 0.0))
             key, name = (model, (workload, count)), f"{model}-{workload}-{count}"
-            manifest = write_manifest(capsules, folder / f"{name.replace('/', '_')}.json")
+            manifest = write_manifest(capsules, folder / f"{name.replace('/', '_')}.jsonl")
             prefix, ready_s = serving_app.deploy(options, manifest, name)
             urls[key] = f"http://{LOCALHOST}:{port}{prefix}"
             bodies[key] = [{"task": c.name, "inputs": rows[c.task]} for c in capsules]
@@ -105,7 +105,7 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
             described = serving_app.status(urls[key])
             apps[model][workload, count] = {"ready_s": ready_s, "rounds": [], "capsule_bytes": sum(
                 weight_bytes(c.capsule_dir) for c in capsules), **{k: described[k] for k in (
-                    "init_s", "start_rss_mb", "loaded_rss_mb")}}
+                    "init_s", "start_rss_mb", "base_rss_mb", "loaded_rss_mb")}}
             logger.info("%s, %s x %d: running %.1f s after serve.run (constructor %.1f s)", model, workload, count,
                         ready_s, described["init_s"])
     return apps, urls, bodies
@@ -215,7 +215,7 @@ def _app_rows(config: dict[str, Any], model: str, app: App, by_app: dict[App, di
                "vs_base_median": statistics.median(vs_base), "vs_base_max": max(vs_base),
                "vs_1_rte_median": statistics.median(vs_single),
                "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * _percentile(latencies, 0.99),
-               **{k: got[k] for k in ("ready_s", "init_s", "start_rss_mb", "loaded_rss_mb")},
+               **{k: got[k] for k in ("ready_s", "init_s", "start_rss_mb", "base_rss_mb", "loaded_rss_mb")},
                "rss_after_load_test_mb": got["rss_mb"], "capsule_bytes": got["capsule_bytes"]}
     rounds = [{"model": model, "workload": workload, "tasks": count, "round": r["round"], "rows_per_s": rate,
                "vs_base": ratio, "vs_1_rte": other}
@@ -225,13 +225,20 @@ def _app_rows(config: dict[str, Any], model: str, app: App, by_app: dict[App, di
 
 def _load_row(config: dict[str, Any], model: str, by_app: dict[App, dict[str, Any]],
               add: dict[str, Any]) -> dict[str, Any]:
-    """Loading the most RTE capsules against one, the memory that grew, and the hot add."""
+    """Loading the most RTE capsules against one, the memory that grew, and the hot add.
+
+    The growth is what loading its capsules added to each replica (its memory once loaded less its memory with the
+    base model alone, both read in the replica), the most capsules' less one capsule's: the base model's own load
+    moves a replica's memory by up to 1.5 MB from one replica to the next, which a difference of the two replicas'
+    totals (`loaded_growth_mb`, also shown) carries into the reading."""
     most, one = by_app[SINGLE, max(config["task_counts"][SINGLE])], by_app[SINGLE, 1]
-    growth = most["loaded_rss_mb"] - one["loaded_rss_mb"]
+    growth = (most["loaded_rss_mb"] - most["base_rss_mb"]) - (one["loaded_rss_mb"] - one["base_rss_mb"])
     extra_mb = (most["capsule_bytes"] - one["capsule_bytes"]) / 2**20
     return {"model": model, "tasks": max(config["task_counts"][SINGLE]), "ready_s": most["ready_s"],
             "ready_1_task_s": one["ready_s"], "init_s": most["init_s"], "init_1_task_s": one["init_s"],
             "rss_growth_mb": growth, "capsules_mb": extra_mb, "growth_over_bytes": growth / extra_mb,
+            "loaded_growth_mb": most["loaded_rss_mb"] - one["loaded_rss_mb"],
+            "base_rss_mb": most["base_rss_mb"], "base_rss_1_task_mb": one["base_rss_mb"],
             "add_s": add["add_s"], "add_call_s": add["call_s"], "add_to_first_answer_s": add["first_answer_s"],
             "rss_after_add_mb": add["rss_mb"], "tasks_after_add": add["tasks"]}
 
@@ -284,8 +291,9 @@ NOTES = [
     "whatever its capsule (1, 50, 1,000 distinct RTE capsules: the real one and copies with perturbed values); mix: "
     "every request its own task's rows, 7 real capsules or 1,000 (the 7 and perturbed copies in turn).",
     "ready_s: serve.run to the application running (replica actor start, imports, base model, capsules); "
-    "init_s: the replica's constructor; start_rss_mb / loaded_rss_mb: the replica's resident memory at the "
-    "constructor's start and once its base model and capsules are loaded, before any request; "
+    "init_s: the replica's constructor; start_rss_mb / base_rss_mb / loaded_rss_mb: the replica's resident memory "
+    "at the constructor's start, with its base model loaded and no capsule yet, and once its capsules are loaded, "
+    "before any request; "
     "rss_after_load_test_mb: after the rounds; capsule_bytes: the capsules' *.safetensors files (capsule and "
     "task head).",
     "Hot add: `CapsuleEngine.add` in the running replica through a Serve handle (`serving_app.TimedServer.add`, "

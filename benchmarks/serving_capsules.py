@@ -94,25 +94,29 @@ def extra_capsule(results: dict[str, dict[str, Any]], directory: Path) -> Any:
 
 
 def write_manifest(capsules: Sequence[Any], path: Path) -> Path:
-    """An application's capsules as a JSON file for its replica to read (`read_manifest`), each with the path of its
-    job's result.json. The replica builds its `ServedCapsule`s itself, as `pipelines.serve`'s replicas do from the
-    registry, rather than taking them as constructor arguments, which Serve keeps for the replica's lifetime (1,000
-    capsules' descriptions that a registry replica drops once its bank is loaded)."""
-    entries = [{"name": c.name, "task": c.task, "model_name": c.model_name, "version": c.version,
-                "capsule_dir": str(c.capsule_dir), "result_file": str(Path(c.result["artifact_dir"]).parent /
-                                                                      "result.json")} for c in capsules]
-    path.write_text(json.dumps(entries))
+    """An application's capsules as a JSON Lines file for its replica to read (`read_manifest`), each with the path
+    of its job's result.json. The replica builds its `ServedCapsule`s itself, one line at a time, as `pipelines.serve`'s
+    replicas fetch registry versions one at a time, rather than taking them as constructor arguments, which Serve
+    keeps for the replica's lifetime (1,000 capsules' descriptions that a registry replica drops once each is read)."""
+    lines = [json.dumps({"name": c.name, "task": c.task, "model_name": c.model_name, "version": c.version,
+                         "capsule_dir": str(c.capsule_dir),
+                         "result_file": str(Path(c.result["artifact_dir"]).parent / "result.json")})
+             for c in capsules]
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def read_manifest(path: str | Path) -> Iterator[Any]:
-    """The `ServedCapsule`s of `write_manifest`'s file, one at a time (as a replica fetches registry versions), each
-    with its own parsed result (as a registry source parses each version's result.json: no two share one dict)."""
+    """The `ServedCapsule`s of `write_manifest`'s file, a line at a time (as a replica fetches registry versions: no
+    list of them all is ever built), each with its own parsed result (as a registry source parses each version's
+    result.json: no two share one dict)."""
     from pipelines.serving.records import ServedCapsule
 
-    for e in json.loads(Path(path).read_text()):
-        yield ServedCapsule(e["name"], e["task"], e["model_name"], e["version"], e["capsule_dir"],
-                            json.loads(Path(e["result_file"]).read_text()))
+    with Path(path).open(encoding="utf-8") as lines:
+        for line in lines:
+            entry = json.loads(line)
+            yield ServedCapsule(entry["name"], entry["task"], entry["model_name"], entry["version"],
+                                entry["capsule_dir"], json.loads(Path(entry["result_file"]).read_text()))
 
 
 def weight_bytes(folder: str | Path) -> int:

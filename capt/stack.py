@@ -9,6 +9,7 @@ Both answer the three questions the hooks ask: slot counts, the layers with a ca
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -195,13 +196,13 @@ class CapsuleStack(nn.Module):
         firsts: dict[tuple, Capsule] = {}
         rows: dict[tuple, dict[str, RowStack]] = {}
         counts: dict[tuple, int] = {}
-        where: list[tuple[int, int]] = []
+        where = array.array("q")  # group, position of each capsule in turn: no Python object per capsule
         for capsule in capsules:  # copied in one by one: each capsule's module can go once it is read
             key = _key(capsule)
             if key not in firsts:
                 firsts[key], counts[key] = capsule, 0
                 rows[key] = {name: RowStack() for name, _ in capsule.named_parameters()}
-            where.append((list(firsts).index(key), counts[key]))
+            where.extend((list(firsts).index(key), counts[key]))
             counts[key] += 1
             for name, parameter in capsule.named_parameters():
                 rows[key][name].append(parameter.detach())
@@ -209,7 +210,8 @@ class CapsuleStack(nn.Module):
             _Group(firsts[key], {name: gathered.stacked() for name, gathered in rows[key].items()}, counts[key])
             for key in firsts)
         device = next(self.groups.buffers(), torch.empty(0)).device  # the index lives beside the values
-        places = torch.tensor(where, dtype=torch.long, device=device).reshape(-1, 2)  # (N, 2): group, position
+        places = torch.frombuffer(where, dtype=torch.long).clone() if where else torch.empty(0, dtype=torch.long)
+        places = places.to(device).reshape(-1, 2)  # (N, 2): group, position
         self.register_buffer("group", places[:, 0].contiguous(), persistent=False)
         self.register_buffer("position", places[:, 1].contiguous(), persistent=False)
 

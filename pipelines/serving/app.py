@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.limits import Limits
+from pipelines.serving.memory import resident_mb
 from pipelines.serving.records import Answer, ServedCapsule
 from pipelines.serving.reload import Reloader
 from pipelines.serving.routes import Catalog, Front
@@ -48,7 +49,7 @@ class CapsuleServer:
             versions = self.source.check(self.settings.tasks)
             capsules = (self.source.fetch(task, version) for task, version in versions.items())
         self.engine = CapsuleEngine(capsules)
-        self.loaded_rss_mb = _rss_mb()
+        self.loaded_rss_mb = resident_mb()
         """Resident memory once the base model and every capsule are loaded, before any request."""
         self._catalog: tuple[int, Catalog] | None = None
         """(engine revision, the route checks' catalog of what it served then): `catalog`."""
@@ -112,13 +113,9 @@ class CapsuleServer:
         return {"base_model": self.engine.base_name, "alias": self.settings.alias,
                 "tasks": {name: {"task": c.task, "model": c.model_name, "version": c.version, "digest": c.digest}
                           for name, c in served.items()},
-                "versions": self.engine.versions(), "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": _rss_mb()}
+                "versions": self.engine.versions(), "base_rss_mb": self.engine.base_rss_mb,
+                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": resident_mb()}
 
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
 
 
 def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None = None) -> serve.Application:

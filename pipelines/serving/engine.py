@@ -7,7 +7,6 @@ registry versions; the benchmark and the tests can drive it directly.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import sys
 import threading
@@ -32,7 +31,7 @@ from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
-from pipelines.serving.memory import release_freed_heap
+from pipelines.serving.memory import release_freed_heap, resident_mb
 from pipelines.serving.records import Answer, ServedCapsule, ServedRecord
 
 logger = logging.getLogger(__name__)
@@ -59,8 +58,13 @@ class CapsuleEngine:
         self.tokenizer = loaded.tokenizer
         self._collators: dict[tuple, Collator] = {}
         self.settings: dict[str, ServedRecord] = {}
-        self.bank = self._bank(loaded.model.to(self.device).eval(), itertools.chain([first], each))
-        del first, each
+        unread = [first]
+        del first  # the bank reads it from `unread`, and nothing here holds it (or its result) after that
+        release_freed_heap()
+        self.base_rss_mb = resident_mb()
+        """Resident memory once the base model is loaded, before any capsule (what the capsules cost is the memory
+        once loaded less this: GET /tasks shows both)."""
+        self.bank = self._bank(loaded.model.to(self.device).eval(), _emptied_then(unread, each))
         release_freed_heap()  # what reading every capsule allocated and the stacked bank no longer holds
         self.retired: set[str] = set()
         """Names no longer served (registered model deleted, or alias gone): hidden from `names`, so new requests
@@ -236,6 +240,13 @@ class CapsuleEngine:
         """The padding token of the base model's tokenizer (EOS where it has none)."""
         pad_id = self.tokenizer.pad_token_id
         return pad_id if pad_id is not None else self.tokenizer.eos_token_id
+
+
+def _emptied_then(unread: list[ServedCapsule], rest: Iterator[ServedCapsule]) -> Iterator[ServedCapsule]:
+    """The capsules in `unread`, taken out as they are read, then `rest`'s."""
+    while unread:
+        yield unread.pop(0)
+    yield from rest
 
 
 def _check_same_base(capsules: Sequence[ServedCapsule], base_name: str) -> None:

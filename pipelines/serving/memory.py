@@ -32,3 +32,10 @@ def release_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def resident_mb() -> float:
+    """This process's resident memory (RSS), MiB."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20

@@ -74,8 +74,9 @@ def test_every_round_runs_every_application_once_from_a_rotated_start() -> None:
     assert len({order[0] for order in rounds}) == 3
 
 
-def _app(rates: list[float], rss: float, capsule_bytes: int) -> dict:
-    return {"ready_s": 5.0, "init_s": 4.0, "start_rss_mb": 300.0, "loaded_rss_mb": rss, "rss_mb": rss + 10,
+def _app(rates: list[float], rss: float, capsule_bytes: int, base: float = 350.0) -> dict:
+    return {"ready_s": 5.0, "init_s": 4.0, "start_rss_mb": 300.0, "base_rss_mb": base, "loaded_rss_mb": rss,
+            "rss_mb": rss + 10,
             "capsule_bytes": capsule_bytes,
             "rounds": [{"round": r, "requests": 10, "elapsed": 20 / rate, "latencies": [0.1] * 9 + [0.5]}
                        for r, rate in enumerate(rates)]}
@@ -85,7 +86,7 @@ def test_the_targets_take_the_worst_round_against_the_same_rows_and_the_memory_b
     config = {**serving.settings(quick=False), "models": ["m"], "rounds": 3}
     mib = 2**20
     apps = {"m": {("rte", 1): _app([100, 50, 100], 400.0, mib), ("rte", 50): _app([95, 50, 80], 449.0, 50 * mib),
-                  ("rte", 1000): _app([92, 46, 95], 1400.0, 1000 * mib),
+                  ("rte", 1000): _app([92, 46, 95], 1401.5, 1000 * mib, base=351.5),
                   ("mix", 7): _app([40, 20, 40], 400.0, 7 * mib),
                   ("mix", 1000): _app([36, 19, 40], 1400.0, 1000 * mib)}}
     adds = {"m": {"tasks": 1000, "add_s": 3.0, "call_s": 3.1, "first_answer_s": 3.3, "rss_mb": 1510.0,
@@ -103,7 +104,9 @@ def test_the_targets_take_the_worst_round_against_the_same_rows_and_the_memory_b
                    "m: throughput, mix rows, 1000 capsules / 7, worst of 3 round(s)": (True, 0.9),
                    "m: replica memory, 1000 RTE capsules over 1, / the extra capsules' bytes": (True, 1.001)}
     load = result.tables[2].rows[0]
+    # what the capsules added within each replica: the 1,000-capsule replica's base model came out 1.5 MB larger
     assert (load["rss_growth_mb"], load["capsules_mb"], load["add_s"]) == (1000.0, 999.0, 3.0)
+    assert (load["loaded_growth_mb"], load["base_rss_mb"], load["base_rss_1_task_mb"]) == (1001.5, 351.5, 350.0)
     assert result.tables[3].rows == engine["m"]["table"] and list(result.profiles.values()) == ["top ops"]
 
 
@@ -141,7 +144,7 @@ def test_quick_mode_serves_encoder_capsules_with_their_heads_and_adds_one_while_
     for row in summary.rows:
         assert row["requests"] == config["requests"][row["model"]] * config["rounds"]
         assert row["rows_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
-        assert row["loaded_rss_mb"] > row["start_rss_mb"] > 0 and row["capsule_bytes"] > 0
+        assert row["loaded_rss_mb"] > row["base_rss_mb"] > row["start_rss_mb"] > 0 and row["capsule_bytes"] > 0
     assert {(row["model"], row["workload"], row["tasks"]) for row in per_round.rows} == set(apps)
     assert [row["model"] for row in loads.rows] == config["models"]
     most = max(config["task_counts"]["rte"])

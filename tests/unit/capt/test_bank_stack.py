@@ -7,12 +7,14 @@ from __future__ import annotations
 import functools
 import gc
 import tracemalloc
+import weakref
 
 import pytest
 import torch
 from tiny_models import BUILDERS, random_batch
 
 import capt
+import capt.heads
 from capt.capsule import read_capsule
 from capt.heads import TaskHead, TaskHeads
 
@@ -20,8 +22,8 @@ FUSIONS = {"add": {}, "project": {"fusion": "project"}, "conv": {"fusion": "conv
 
 
 def _saved(kind: str, config: capt.CapsuleConfig, seed: int, folder):
-    torch.manual_seed(seed)
     model = capt.attach(BUILDERS[kind](), config)
+    torch.manual_seed(seed)  # after the builder, which seeds its own weights
     with torch.no_grad():  # every parameter random, so that a capsule mixed up with another shows
         for parameter in model.capsules[0].parameters():
             parameter.normal_(0.0, 0.3)
@@ -123,3 +125,51 @@ def test_heads_are_held_once_stacked_and_a_wider_head_joining_pads_the_others():
         expected = states[row, 0] @ head.weight.T + (0.0 if head.bias is None else head.bias)
         torch.testing.assert_close(logits[row, :head.num_labels], expected)
         assert torch.isinf(logits[row, head.num_labels:]).all()
+
+
+def test_a_bank_reads_name_folder_pairs_as_they_come_and_holds_one_head_at_a_time(tmp_path):
+    """(name, folder) pairs from a generator, and heads from a function of the folder: each capsule is read, checked
+    with its head in place and copied into the stacks before the next pair is asked for, so a bank of many capsules
+    never holds more than one head (or one capsule module) at once; the bank equals the one built from mappings."""
+    folders = [_saved("bert", capt.CapsuleConfig(), 400 + i, tmp_path / f"c{i}") for i in range(3)]
+    base = BUILDERS["bert"]()
+    own = capt.heads.linear_head(base)
+    names = [f"task-{i}" for i in range(70)]  # more than one RowStack buffer of 64 rows
+    yielded, live_heads_at_read = [], []
+    heads_given: list = []
+
+    def pairs():
+        for i, name in enumerate(names):
+            yielded.append(name)
+            yield name, folders[i % 3]
+
+    def head_of(folder):
+        gc.collect()
+        live_heads_at_read.append(sum(ref() is not None for ref in heads_given))
+        assert len(yielded) == len(live_heads_at_read)  # asked for as its own pair comes, not all pairs first
+        head = TaskHead(own.weight.detach().clone(), own.bias.detach().clone(), "cls")
+        heads_given.append(weakref.ref(head))
+        return head
+
+    bank = capt.CapsuleBank(base, pairs(), heads=head_of)
+    assert max(live_heads_at_read) <= 1 and len(live_heads_at_read) == 70  # the previous capsule's, still named
+    assert bank.names == names and bank.heads.label_counts == [own.out_features] * 70
+    stacked = bank.capsules.groups[0].vectors
+    bank.detach()
+    same = capt.CapsuleBank(base, {name: folders[i % 3] for i, name in enumerate(names)},
+                            heads={name: TaskHead(own.weight.detach(), own.bias.detach(), "cls") for name in names})
+    assert torch.equal(stacked, same.capsules.groups[0].vectors) and torch.equal(bank.heads.weight, same.heads.weight)
+    assert not torch.equal(stacked[0], stacked[1])  # distinct capsules, in the pairs' order
+    same.detach()
+
+
+def test_a_bank_refuses_two_capsules_of_one_name_and_names_every_missing_head(tmp_path):
+    folder = _saved("t5", capt.CapsuleConfig(), 0, tmp_path / "one")
+    base = BUILDERS["t5"]()
+    with pytest.raises(capt.CapsuleArtifactError, match="Two capsules are named 'a'"):
+        capt.CapsuleBank(base, iter([("a", folder), ("b", folder), ("a", folder)]))
+    with pytest.raises(capt.CapsuleArtifactError, match=r"No task head for capsule\(s\) \['b', 'c'\]"):
+        capt.CapsuleBank(base, {"a": folder, "b": folder, "c": folder}, heads={"a": _head(2, 0)})
+    with pytest.raises(capt.CapsuleArtifactError, match="at least one capsule"):
+        capt.CapsuleBank(base, iter([]))
+    capt.CapsuleBank(base, {"a": folder}).detach()  # nothing was attached to the base model by the refusals

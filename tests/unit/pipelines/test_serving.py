@@ -78,6 +78,26 @@ def test_the_engine_keeps_a_record_per_capsule_not_its_job_result(jobs: dict[str
     assert not hasattr(record, "__dict__")  # slots
 
 
+def test_capsules_given_one_at_a_time_are_each_dropped_before_the_next_is_read(jobs: dict[str, Any]) -> None:
+    """As a replica fetches registry versions: a generator's capsules (and their ~16 KB results) are not all held
+    at once while the bank loads."""
+    given: list[weakref.ref] = []
+    live_when_asked: list[int] = []
+
+    def fetched():
+        for name, key in (("rte", "rte0"), ("cb", "cb0"), ("rte-b", "rte1")):
+            gc.collect()
+            live_when_asked.append(sum(ref() is not None for ref in given))
+            result = _Result(jobs[key])
+            given.append(weakref.ref(result))
+            yield _served(result, name=name)
+
+    engine = CapsuleEngine(fetched())
+    assert engine.names == ["rte", "cb", "rte-b"] and max(live_when_asked) <= 1
+    gc.collect()
+    assert all(ref() is None for ref in given)
+
+
 def test_rows_are_checked_with_the_pyfunc_errors(jobs: dict[str, Any]) -> None:
     engine = CapsuleEngine([_served(jobs["rte0"])])
     with pytest.raises(TaskDataError, match="row 1: field 'hypothesis': missing field"):

@@ -1,0 +1,43 @@
+"""`capt.rows.RowStack`: rows copied in one at a time give back exactly `torch.stack` of them, across buffer ends."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from capt.heads import _pad_classes
+from capt.rows import RowStack
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 5, 9])
+def test_the_rows_come_back_stacked_in_order_across_buffer_ends(count):
+    rows = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(count)]
+    gathered = RowStack(chunk=4)
+    for row in rows:
+        gathered.append(row)
+    assert len(gathered) == count
+    stacked = gathered.stacked()
+    assert torch.equal(stacked, torch.stack(rows)) and stacked.is_contiguous()
+    rows[0].add_(1.0)  # copied in: the rows given are not aliased
+    assert not torch.equal(stacked[0], rows[0]) and stacked.untyped_storage().nbytes() == count * 2 * 3 * 4
+
+
+def test_rows_gathered_so_far_can_be_reshaped_as_a_wider_row_joins():
+    gathered = RowStack(chunk=2)
+    for labels in (2, 2, 2):
+        gathered.append(torch.ones(labels))
+    gathered.reshape_rows(functools.partial(_pad_classes, width=4, dim=1, value=-torch.inf))
+    gathered.append(torch.full((4,), 2.0))
+    expected = torch.tensor([[1.0, 1.0, -torch.inf, -torch.inf]] * 3 + [[2.0] * 4])
+    assert torch.equal(gathered.stacked(), expected)
+
+
+def test_rows_take_the_first_rows_dtype_and_an_empty_stack_is_an_error():
+    gathered = RowStack()
+    with pytest.raises(ValueError, match="No row"):
+        gathered.stacked()
+    gathered.append(torch.zeros(3, dtype=torch.float32))
+    gathered.append(torch.ones(3, dtype=torch.float64))
+    assert gathered.stacked().dtype == torch.float32 and gathered.stacked()[1].tolist() == [1.0] * 3
