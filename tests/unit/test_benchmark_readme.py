@@ -100,6 +100,30 @@ def test_the_latest_serving_table_is_the_shipped_serving_json():
         assert int(p50) == round(row["p50_ms"]), (model, workload, capsules)
 
 
+def test_the_latest_serving_memory_table_is_the_shipped_serving_json():
+    """Every cell of the README's latest memory table is the shipped `serving.json`'s value at the shown precision:
+    each replica's base-model-alone and loaded memory, their difference, and the growth the target reads."""
+    import json
+
+    tables = json.loads(SERVING_JSON.read_text(encoding="utf-8"))["tables"]
+    apps = {(row["model"], row["tasks"]): row for row in tables[0]["rows"] if row["workload"] == "rte"}
+    loads = {row["model"]: row for row in tables[2]["rows"]}
+    text = README.read_text(encoding="utf-8")
+    section = "| model | replica |" + text[text.index(SERVING_LATEST):].split("| model | replica |")[1]
+    header, *body = table_rows(section.split("\n\n")[0].splitlines())
+    assert header[:4] == ["model", "replica", "base model alone MB", "once loaded MB"] and len(body) == 4
+    for model, replica, base, loaded, share, growth, extra, ratio, totals in body:
+        key = {"MiniLM": "minilm"}.get(model, model)
+        app = apps[key, int(replica.split()[0].replace(",", ""))]
+        assert (float(base), float(loaded)) == (round(app["base_rss_mb"], 1), round(app["loaded_rss_mb"], 1))
+        assert float(share) == round(app["loaded_rss_mb"] - app["base_rss_mb"], 2)
+        if replica.startswith("1,000"):
+            load = loads[key]
+            assert (float(growth), float(extra)) == (round(load["rss_growth_mb"], 2), round(load["capsules_mb"], 2))
+            assert float(ratio.strip("*")) == round(load["growth_over_bytes"], 2)
+            assert float(totals) == round(load["loaded_growth_mb"], 2)
+
+
 PACKING_JSON = ROOT / "benchmarks/results/packing/packing.json"
 
 
