@@ -29,15 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, Table, at_least, at_most
-from benchmarks.serving_capsules import (
-    MIX,
-    SINGLE,
-    capsule_sets,
-    extra_capsule,
-    train_capsules,
-    weight_bytes,
-    write_manifest,
-)
+from benchmarks.serving_capsules import MIX, SINGLE, capsule_sets, extra_capsule, train_capsules, weight_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +73,7 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
     """Every (model, workload, count) application deployed (its capsules listed in a manifest file in `folder`) and
     warmed up: ({model: {app: its load readings}}, {(model, app): url}, {(model, app): request bodies})."""
     from benchmarks import serving_app
+    from benchmarks.serving_capsules import write_manifest
     from pipelines.services import LOCALHOST
     from pipelines.serving.auth import digest
     from pipelines.serving.settings import ServeSettings
