@@ -139,8 +139,9 @@ def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterab
                names: list[str], head_rows: HeadRows | None) -> Iterator[Capsule]:
     """Each capsule of `capsules` read and checked (its head in place), its name added to `names` and its head to
     `head_rows` as it is read."""
+    seen: set[str] = set()
     for name, directory in capsules.items() if isinstance(capsules, Mapping) else capsules:
-        if name in names:
+        if name in seen:
             raise CapsuleArtifactError(f"Two capsules are named {name!r}: a bank's capsule names are unique.")
         if heads is None:
             head = None
@@ -152,6 +153,7 @@ def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterab
             head = heads(directory)
         capsule = read_with_head(base_model, directory, head, strict)[0]
         names.append(name)
+        seen.add(name)
         if head_rows is not None:
             head_rows.add(head)
         yield capsule
