@@ -94,7 +94,7 @@ class RegistrySource:
         Called at start and at every hot reload: a version that fails verification is never served (at a reload,
         the version being served keeps answering)."""
         found = download_verified_version(self.uri, self.name(task), version, self.root)
-        return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result)
+        return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result, found.digest)
 
     def changes(self, serving: dict[str, int], wanted: Collection[str] | None = None) -> Changes | None:
         """What a poll must do to `serving` ({task: version}) so that it serves what the alias names now: load the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class CapsuleVersion:
     """The capsule artifact folder (capsule.safetensors, capsule.json, method.json)."""
     result: dict[str, Any]
     """The job's result.json: base model, method, evaluation settings."""
+    digest: str | None = None
+    """SHA-256 of the artifact's digest manifest, once `download_verified_version` verified the files against it."""
 
 
 def alias_version(uri: str, name: str, alias: str) -> int | None:
@@ -119,5 +121,5 @@ def download_verified_version(uri: str, name: str, version: int, root: str | os.
     """`download_version`, then `pipelines.provenance.verify_version` against the digests the tracking database
     records (`recorded_digests`): what the Serve source and promote read before they use a version."""
     found = download_version(uri, name, version, root)
-    verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
-    return found
+    verified = verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
+    return replace(found, digest=verified)

@@ -171,6 +171,10 @@ def test_requests_without_the_generated_token_get_401(server: Server) -> None:
 
 def test_a_moved_alias_is_served_without_a_restart(registry: dict[str, Any], server: Server) -> None:
     uri, name = registry["uri"], f"capt-{MODEL}-rte"
+    digests = {key: job["artifact_digest"] for key, job in registry["jobs"].items()}
+    tasks = _get(server.url + "tasks")["tasks"]  # each version's artifact digest, as verified when it was fetched
+    assert (tasks["rte"]["digest"], tasks["cb"]["digest"]) == (digests["rte", 0], digests["cb", 0])
+    assert digests["rte", 0] != digests["rte", 1]
     track(uri, {**registry["jobs"]["rte", 1], "model_slug": MODEL}, EXPERIMENT)
     MlflowClient(uri).set_registered_model_alias(name, "champion", "2")
     rows = _rows("rte", 4, seed=7)
@@ -184,7 +188,8 @@ def test_a_moved_alias_is_served_without_a_restart(registry: dict[str, Any], ser
         time.sleep(POLL_S / 4)
     assert versions[-1] == 2 and set(versions) <= {1, 2}, versions
     assert body["labels"] == _pyfunc_labels(uri, name, rows)
-    assert _get(server.url + "tasks")["versions"] == {"rte": 2, "cb": 1}
+    after = _get(server.url + "tasks")
+    assert after["versions"] == {"rte": 2, "cb": 1} and after["tasks"]["rte"]["digest"] == digests["rte", 1]
 
 
 @pytest.mark.parametrize(("args", "phrase"), [
