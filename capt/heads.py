@@ -9,7 +9,6 @@ over a row gives exactly that task's distribution.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import weakref
@@ -140,8 +139,8 @@ def head_installed(model: nn.Module, head: TaskHead | None) -> Iterator[None]:
 
 
 class HeadRows:
-    """Task heads gathered one at a time into padded, stacked rows for `TaskHeads` (`add`; each head can be dropped
-    once added): (n, C_max, D) weights and (n, C_max) biases, padded classes with zero weights and a -inf bias."""
+    """Task heads gathered one at a time for `TaskHeads` (`add`; each head can be dropped once added): every head's
+    class rows one after another, (sum of C, D) weights and (sum of C,) biases, no padding."""
 
     def __init__(self, hidden_size: int) -> None:
         self.hidden_size = hidden_size
@@ -150,21 +149,20 @@ class HeadRows:
         self.weights, self.biases = RowStack(), RowStack()
 
     def add(self, head: TaskHead) -> None:
-        """Check `head` against the encoder's width and copy it in (the rows so far widen to its label count)."""
-        width = max(self.label_counts, default=0)
-        if _checked(head, self.hidden_size).num_labels > width and self.label_counts:
-            self.weights.reshape_rows(functools.partial(_pad_classes, width=head.num_labels, dim=1, value=0.0))
-            self.biases.reshape_rows(functools.partial(_pad_classes, width=head.num_labels, dim=1, value=-math.inf))
-        weight, bias = _padded(head, max(width, head.num_labels), self.hidden_size, head.weight)
-        self.weights.append(weight)
-        self.biases.append(bias)
+        """Check `head` against the encoder's width and copy its class rows in."""
+        weight, bias = _rows_of(_checked(head, self.hidden_size))
+        for row in range(head.num_labels):
+            self.weights.append(weight[row])
+            self.biases.append(bias[row])
         self.label_counts.append(head.num_labels)
         self.readouts.append(sys.intern(head.readout))
 
 
 class TaskHeads(nn.Module):
-    """The heads of a bank's capsules, by capsule index, held once: stacked as (N, C_max, D) for a per-row gather
-    (the `TaskHead`s given are not kept; each index keeps only its label count and readout name)."""
+    """The heads of a bank's capsules, by capsule index, held once: every head's class rows one after another,
+    (sum of C, D), without padding to the largest label count (a bank mixing 2- and 5-label tasks would otherwise
+    hold 5 rows for each). A batch gathers each row's head as (B, C_max, D) and masks the classes its task does not
+    have (the `TaskHead`s given are not kept; each index keeps its first row, label count and readout name)."""
 
     def __init__(self, heads: Iterable[TaskHead] | HeadRows, hidden_size: int) -> None:
         super().__init__()
@@ -176,48 +174,49 @@ class TaskHeads(nn.Module):
         """C per capsule index."""
         self.readouts: list[str] = rows.readouts
         """What each capsule index's head reads (`capt.arch.readout.READOUTS`)."""
-        self.register_buffer("weight", rows.weights.stacked(), persistent=False)  # (N, C_max, D)
-        self.register_buffer("bias", rows.biases.stacked(), persistent=False)  # (N, C_max)
-
-    def _widen(self, width: int) -> None:
-        """Pad every head to `width` classes (a head with more labels than any before joins)."""
-        self.weight = _pad_classes(self.weight, width, 1, 0.0)  # (N, width, D), zero weights
-        self.bias = _pad_classes(self.bias, width, 1, -math.inf)  # (N, width)
+        self.register_buffer("weight", rows.weights.stacked(), persistent=False)  # (sum of C, D)
+        self.register_buffer("bias", rows.biases.stacked(), persistent=False)  # (sum of C,)
+        counts = torch.tensor(self.label_counts, dtype=torch.long, device=self.weight.device)
+        self.register_buffer("count", counts, persistent=False)  # (N,) C per capsule index
+        self.register_buffer("first", torch.cumsum(counts, 0) - counts, persistent=False)  # (N,) its first row
 
     def replace(self, index: int, head: TaskHead) -> None:
-        """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head)."""
-        self._widen(_checked(head, self.hidden_size).num_labels)
-        self.weight[index], self.bias[index] = _padded(head, self.weight.shape[1], self.hidden_size, self.weight)
+        """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head): over its rows when it has
+        as many labels, else as new rows (the old ones stay unused)."""
+        weight, bias = _rows_of(_checked(head, self.hidden_size), like=self.weight)
+        if head.num_labels == self.label_counts[index]:
+            start = int(self.first[index])
+            self.weight[start:start + head.num_labels] = weight
+            self.bias[start:start + head.num_labels] = bias
+        else:
+            self.first[index], self.count[index] = self.weight.shape[0], head.num_labels
+            self.weight, self.bias = torch.cat([self.weight, weight]), torch.cat([self.bias, bias])
         self.label_counts[index], self.readouts[index] = head.num_labels, sys.intern(head.readout)
 
     def append(self, head: TaskHead) -> None:
         """The head of one more capsule, at the next index (one `cat`; the heads held are not read again)."""
-        self._widen(_checked(head, self.hidden_size).num_labels)
-        weight, bias = _padded(head, self.weight.shape[1], self.hidden_size, self.weight)
-        self.weight, self.bias = torch.cat([self.weight, weight[None]]), torch.cat([self.bias, bias[None]])
+        weight, bias = _rows_of(_checked(head, self.hidden_size), like=self.weight)
+        place = torch.tensor([self.weight.shape[0], head.num_labels], dtype=torch.long, device=self.first.device)
+        self.first, self.count = torch.cat([self.first, place[:1]]), torch.cat([self.count, place[1:]])
+        self.weight, self.bias = torch.cat([self.weight, weight]), torch.cat([self.bias, bias])
         self.label_counts.append(head.num_labels)
         self.readouts.append(sys.intern(head.readout))
 
     def forward(self, states: torch.Tensor, pooled: torch.Tensor | None, attention_mask: torch.Tensor,
                 rows: torch.Tensor, inserted: tuple[int, int]) -> torch.Tensor:
-        """(B, C_max) logits: each row's readout of the final `states` (B, S, D), through its own task's head.
+        """(B, C_max) logits: each row's readout of the final `states` (B, S, D), through its own task's head;
+        C_max is the largest label count of the bank, and a row's classes beyond its task's are -inf.
 
         `rows` (B,) is each row's capsule index; `inserted` the [start, stop) positions of the slots.
         """
         features = row_readout_vectors(self.readouts, rows, states, pooled, attention_mask, *inserted)  # (B, D)
-        weight = self.weight.index_select(0, rows).to(features.dtype)  # (B, C_max, D)
+        classes = torch.arange(max(self.label_counts), device=rows.device)  # (C_max,)
+        own = classes < self.count.index_select(0, rows).unsqueeze(1)  # (B, C_max): the row's task has the class
+        at = torch.where(own, self.first.index_select(0, rows).unsqueeze(1) + classes, 0)  # (B, C_max) head rows
+        weight = self.weight.index_select(0, at.flatten()).view(*at.shape, -1).to(features.dtype)  # (B, C_max, D)
         logits = torch.bmm(weight, features.unsqueeze(2)).squeeze(2)  # (B, C_max)
-        return logits + self.bias.index_select(0, rows).to(logits.dtype)
-
-
-def _pad_classes(stacked: torch.Tensor, width: int, dim: int, value: float) -> torch.Tensor:
-    """`stacked` with its class dimension `dim` padded with `value` to `width` (as it is when already as wide): zero
-    weights and -inf biases for the classes a task does not have."""
-    extra = width - stacked.shape[dim]
-    if extra <= 0:
-        return stacked
-    pad = [0, 0] * (stacked.dim() - 1 - dim) + [0, extra]  # F.pad lists the last dimension first
-    return nn.functional.pad(stacked, pad, value=value)
+        logits = logits + self.bias.index_select(0, at.flatten()).view(at.shape).to(logits.dtype)
+        return logits.masked_fill(~own, -math.inf)
 
 
 def _gathered(heads: Iterable[TaskHead], hidden_size: int) -> HeadRows:
@@ -240,11 +239,10 @@ def _checked(head: TaskHead, hidden_size: int) -> TaskHead:
     return head
 
 
-def _padded(head: TaskHead, width: int, hidden_size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`head` as (width, D) weights and (width,) bias in `like`'s dtype and device: padded classes have zero weights
-    and a -inf bias."""
-    weight = torch.zeros(width, hidden_size, dtype=like.dtype, device=like.device)
-    bias = torch.full((width,), float("-inf"), dtype=like.dtype, device=like.device)
-    weight[:head.num_labels] = head.weight.detach()
-    bias[:head.num_labels] = 0.0 if head.bias is None else head.bias.detach()
+def _rows_of(head: TaskHead, like: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head`'s (C, D) weights and (C,) bias (zeros when it has none), in `like`'s dtype and device (else its own)."""
+    like = head.weight if like is None else like
+    weight = head.weight.detach().to(like.device, like.dtype)
+    bias = torch.zeros(head.num_labels, dtype=like.dtype, device=like.device) if head.bias is None else \
+        head.bias.detach().to(like.device, like.dtype)
     return weight, bias

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 CHUNK_ROWS = 64
@@ -36,11 +34,6 @@ class RowStack:
             self._filled = 0
         self._buffers[-1][self._filled].copy_(row)
         self._filled += 1
-
-    def reshape_rows(self, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Apply `change` to the rows gathered so far, buffer by buffer (`change` maps a (n, ...) tensor to one of the
-        same n rows; e.g. a task head padded to more classes than any before it)."""
-        self._buffers = [change(buffer) for buffer in self._buffers]
 
     def stacked(self) -> torch.Tensor:
         """(N, *shape): every row, in the order appended, in one tensor of its own."""

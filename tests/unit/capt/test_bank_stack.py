@@ -109,22 +109,26 @@ def _head(labels: int, seed: int, bias: bool = True) -> TaskHead:
                     torch.randn(labels, generator=generator) if bias else None, "cls")
 
 
-def test_heads_are_held_once_stacked_and_a_wider_head_joining_pads_the_others():
+def test_heads_are_held_once_without_padding_and_each_row_gets_its_own_tasks_classes():
     heads = TaskHeads([_head(2, 0), _head(3, 1, bias=False)], hidden_size=8)
     assert not any(isinstance(value, TaskHead | list) and value and isinstance(value[0], TaskHead)
                    for value in vars(heads).values())
-    assert _storage_bytes(heads) == 2 * 3 * 8 * 4 + 2 * 3 * 4  # (N, C_max, D) and (N, C_max) floats
+    # each head's own rows, 2 + 3 of them, not 2 heads x 3 classes; and two 8-byte longs per head
+    assert _storage_bytes(heads) == (2 + 3) * 8 * 4 + (2 + 3) * 4 + 2 * 2 * 8
     heads.append(_head(5, 2))
-    heads.replace(0, _head(4, 3))
-    given = [_head(4, 3), _head(3, 1, bias=False), _head(5, 2)]
-    states = torch.randn(3, 6, 8)
-    logits = heads(states, None, torch.ones(3, 6, dtype=torch.long), torch.tensor([2, 0, 1]), (0, 1))
-    assert heads.label_counts == [4, 3, 5] and logits.shape == (3, 5)
-    for row, index in enumerate([2, 0, 1]):
+    heads.replace(0, _head(4, 3))  # another label count: new rows
+    heads.replace(1, _head(3, 4))  # the same count: over its own rows
+    assert heads.weight.shape == (2 + 3 + 5 + 4, 8)
+    given = [_head(4, 3), _head(3, 4), _head(5, 2)]
+    states = torch.randn(4, 6, 8)
+    rows = torch.tensor([2, 0, 1, 0])
+    logits = heads(states, None, torch.ones(4, 6, dtype=torch.long), rows, (0, 1))
+    assert heads.label_counts == [4, 3, 5] and logits.shape == (4, 5)
+    for row, index in enumerate(rows.tolist()):
         head = given[index]
         expected = states[row, 0] @ head.weight.T + (0.0 if head.bias is None else head.bias)
         torch.testing.assert_close(logits[row, :head.num_labels], expected)
-        assert torch.isinf(logits[row, head.num_labels:]).all()
+        assert torch.isinf(logits[row, head.num_labels:]).all() and (logits[row, head.num_labels:] < 0).all()
 
 
 def test_a_bank_reads_name_folder_pairs_as_they_come_and_holds_one_head_at_a_time(tmp_path):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from capt.heads import _pad_classes
 from capt.rows import RowStack
 
 
@@ -22,16 +19,6 @@ def test_the_rows_come_back_stacked_in_order_across_buffer_ends(count):
     assert torch.equal(stacked, torch.stack(rows)) and stacked.is_contiguous()
     rows[0].add_(1.0)  # copied in: the rows given are not aliased
     assert not torch.equal(stacked[0], rows[0]) and stacked.untyped_storage().nbytes() == count * 2 * 3 * 4
-
-
-def test_rows_gathered_so_far_can_be_reshaped_as_a_wider_row_joins():
-    gathered = RowStack(chunk=2)
-    for labels in (2, 2, 2):
-        gathered.append(torch.ones(labels))
-    gathered.reshape_rows(functools.partial(_pad_classes, width=4, dim=1, value=-torch.inf))
-    gathered.append(torch.full((4,), 2.0))
-    expected = torch.tensor([[1.0, 1.0, -torch.inf, -torch.inf]] * 3 + [[2.0] * 4])
-    assert torch.equal(gathered.stacked(), expected)
 
 
 def test_rows_take_the_first_rows_dtype_and_an_empty_stack_is_an_error():
