@@ -6,18 +6,15 @@ Per base model (tiny-t5 and MiniLM, an encoder whose capsules each bring their t
 timed) as `python -m pipelines.serve` serves registry versions, minus the registry: one application per
 (workload, count) on one local Ray + Serve, HTTP on 127.0.0.1 only. Like is compared with like:
 
-- workload "rte": 1, 50 and 1,000 distinct RTE capsules, every request RTE rows, routed across the capsules
-  (the cost of many capsules in one bank and in one batch, nothing else);
+- workload "rte": 1, 50 and 1,000 distinct RTE capsules, every request RTE rows (many capsules, nothing else);
 - workload "mix": the 7 tasks' capsules, and 1,000 (copies of the 7 in turn), every request rows of its capsule's
-  task (long BoolQ/MultiRC passages, multi-candidate COPA/CSQA), compared with the 7-task application, which gets
-  the same mix.
+  task, compared with the 7-task application, which gets the same mix.
 
 A fixed number of requests (cycling through the application's capsules) is sent by a fixed number of client
 threads, stopped early at a time limit. Rounds are interleaved: each round loads every application once, in an
 order rotated from round to round, and every ratio is taken within one round. Reported: rows per second and its
-ratio to the round's rate of the workload's smallest application (and of 1 RTE capsule), request latency p50/p99,
-the time from `serve.run` to a running application, the replica's resident memory before and after its capsules
-load against the capsules' bytes, and the time to add one capsule to the running 1,000-RTE-capsule application.
+ratio to the round's rate of the workload's smallest application (and of 1 RTE capsule), latency p50/p99, the time
+to a running application, the memory its capsules add to a replica against their bytes, and a hot add's time.
 """
 
 from __future__ import annotations
@@ -104,8 +101,7 @@ def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[
     return apps, urls, bodies
 
 
-Measured = tuple[dict[str, dict[App, dict[str, Any]]], dict[str, dict[str, Any]]]
-"""({model: {app: measurements}}, {model: hot add})."""
+Measured = tuple[dict[str, dict[App, dict[str, Any]]], dict[str, dict[str, Any]]]  # ({model: {app: ...}}, adds)
 
 
 def measure(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[str, list],
@@ -216,22 +212,31 @@ def _app_rows(config: dict[str, Any], model: str, app: App, by_app: dict[App, di
     return summary, rounds, vs_base
 
 
+def _growth(most: dict[str, Any], fewest: dict[str, Any]) -> tuple[float, float]:
+    """(MB that loading its capsules added to the `most` application's replica beyond the `fewest` one's, MB of the
+    extra capsules' files): each replica's memory once loaded less its memory with the base model alone, both read
+    in the replica, since the base model's own load moves a replica's memory by up to 1.5 MB from one replica to
+    the next, which a difference of the two replicas' totals (`loaded_growth_mb`, also shown) carries in."""
+    growth = (most["loaded_rss_mb"] - most["base_rss_mb"]) - (fewest["loaded_rss_mb"] - fewest["base_rss_mb"])
+    return growth, (most["capsule_bytes"] - fewest["capsule_bytes"]) / 2**20
+
+
 def _load_row(config: dict[str, Any], model: str, by_app: dict[App, dict[str, Any]],
               add: dict[str, Any]) -> dict[str, Any]:
-    """Loading the most RTE capsules against one, the memory that grew, and the hot add.
-
-    The growth is what loading its capsules added to each replica (its memory once loaded less its memory with the
-    base model alone, both read in the replica), the most capsules' less one capsule's: the base model's own load
-    moves a replica's memory by up to 1.5 MB from one replica to the next, which a difference of the two replicas'
-    totals (`loaded_growth_mb`, also shown) carries into the reading."""
-    most, one = by_app[SINGLE, max(config["task_counts"][SINGLE])], by_app[SINGLE, 1]
-    growth = (most["loaded_rss_mb"] - most["base_rss_mb"]) - (one["loaded_rss_mb"] - one["base_rss_mb"])
-    extra_mb = (most["capsule_bytes"] - one["capsule_bytes"]) / 2**20
-    return {"model": model, "tasks": max(config["task_counts"][SINGLE]), "ready_s": most["ready_s"],
+    """Loading the most RTE capsules against one, the memory that grew (`_growth`; and the task mix's, the most
+    capsules against the 7 tasks, when it ran), and the hot add."""
+    counts = config["task_counts"]
+    most, one = by_app[SINGLE, max(counts[SINGLE])], by_app[SINGLE, 1]
+    growth, extra_mb = _growth(most, one)
+    mix = {}
+    if MIX in counts:
+        mix_growth, mix_mb = _growth(by_app[MIX, max(counts[MIX])], by_app[MIX, counts[MIX][0]])
+        mix = {"mix_growth_mb": mix_growth, "mix_capsules_mb": mix_mb, "mix_growth_over_bytes": mix_growth / mix_mb}
+    return {"model": model, "tasks": max(counts[SINGLE]), "ready_s": most["ready_s"],
             "ready_1_task_s": one["ready_s"], "init_s": most["init_s"], "init_1_task_s": one["init_s"],
             "rss_growth_mb": growth, "capsules_mb": extra_mb, "growth_over_bytes": growth / extra_mb,
             "loaded_growth_mb": most["loaded_rss_mb"] - one["loaded_rss_mb"],
-            "base_rss_mb": most["base_rss_mb"], "base_rss_1_task_mb": one["base_rss_mb"],
+            "base_rss_mb": most["base_rss_mb"], "base_rss_1_task_mb": one["base_rss_mb"], **mix,
             "add_s": add["add_s"], "add_call_s": add["call_s"], "add_to_first_answer_s": add["first_answer_s"],
             "rss_after_add_mb": add["rss_mb"], "tasks_after_add": add["tasks"]}
 

@@ -151,9 +151,8 @@ class HeadRows:
     def add(self, head: TaskHead) -> None:
         """Check `head` against the encoder's width and copy its class rows in."""
         weight, bias = _rows_of(_checked(head, self.hidden_size))
-        for row in range(head.num_labels):
-            self.weights.append(weight[row])
-            self.biases.append(bias[row])
+        self.weights.extend(weight)
+        self.biases.extend(bias)
         self.label_counts.append(head.num_labels)
         self.readouts.append(sys.intern(head.readout))
 

@@ -1,16 +1,17 @@
-"""`RowStack`: rows of one shape gathered into one (N, ...) tensor as they are read, one at a time."""
+"""`RowStack`: rows of one shape gathered into one (N, ...) tensor as they are read, a few at a time."""
 
 from __future__ import annotations
 
 import torch
 
-CHUNK_ROWS = 64
-"""Rows per buffer while gathering: 64 MiniLM capsules are 590 KB, 64 Llama-3.2-1B capsules 8 MB."""
+BUFFER_BYTES = 1 << 20
+"""Bytes per buffer while gathering (at least one row): 113 MiniLM capsules, 8 Llama-3.2-1B capsules, 262,144
+floats. Buffers this large are mapped by the allocator on their own and given back whole when freed."""
 
 
 class RowStack:
-    """Rows of one shape (and dtype, device) copied into buffers of `chunk` rows as they arrive, then given back as one
-    (N, *shape) tensor (`stacked`).
+    """Rows of one shape (and dtype, device) copied into buffers of about `BUFFER_BYTES` as they arrive, then given
+    back as one (N, *shape) tensor (`stacked`).
 
     Why not keep the rows and `torch.stack` them at the end: a bank of 1,000 capsules would then hold 1,000 tensors of
     its own at once (and every module and file buffer that came with them), allocated among the load's short-lived
@@ -18,22 +19,31 @@ class RowStack:
     whatever read it can be freed at once, and the next capsule's reading reuses the same memory.
     """
 
-    def __init__(self, chunk: int = CHUNK_ROWS) -> None:
-        self.chunk = chunk
+    def __init__(self, buffer_bytes: int = BUFFER_BYTES) -> None:
+        self.buffer_bytes = buffer_bytes
         self._buffers: list[torch.Tensor] = []
         self._filled = 0
         """Rows in the last buffer."""
 
     def __len__(self) -> int:
-        return max(0, len(self._buffers) - 1) * self.chunk + self._filled
+        return sum(len(buffer) for buffer in self._buffers[:-1]) + self._filled
 
     def append(self, row: torch.Tensor) -> None:
         """Copy `row` in (its shape, dtype and device are the first row's)."""
-        if not self._buffers or self._filled == self.chunk:
-            self._buffers.append(row.new_empty((self.chunk, *row.shape)))
-            self._filled = 0
-        self._buffers[-1][self._filled].copy_(row)
-        self._filled += 1
+        self.extend(row.unsqueeze(0))
+
+    def extend(self, rows: torch.Tensor) -> None:
+        """Copy `rows` (n, *shape) in, in order (a task head's class rows, say)."""
+        done = 0
+        while done < len(rows):
+            if not self._buffers or self._filled == len(self._buffers[-1]):
+                per_buffer = max(1, self.buffer_bytes // max(1, rows[0].numel() * rows.element_size()))
+                self._buffers.append(rows.new_empty((per_buffer, *rows.shape[1:])))
+                self._filled = 0
+            take = min(len(rows) - done, len(self._buffers[-1]) - self._filled)
+            self._buffers[-1][self._filled:self._filled + take].copy_(rows[done:done + take])
+            self._filled += take
+            done += take
 
     def stacked(self) -> torch.Tensor:
         """(N, *shape): every row, in the order appended, in one tensor of its own."""

@@ -15,6 +15,7 @@ import capt
 from capt import digest
 from capt.arch import head_parameters, spec_for
 from capt.arch.readout import ReadoutError, install_readout, installed_readout
+from capt.artifact import read_safetensors
 from capt.heads import TaskHead, head_from_weights
 from capt.methods import MethodModel, apply_method, get_method
 from pipelines.config.readout import LM_HEAD
@@ -103,7 +104,7 @@ def load_task_head(model: nn.Module, directory: str | os.PathLike) -> TaskHead:
     if not (directory / HEAD_WEIGHTS).is_file():
         raise capt.CapsuleArtifactError(f"{directory} holds no {HEAD_WEIGHTS}: an encoder classifier's capsule "
                                         "needs the head it was trained with.")
-    return head_from_weights(model, load_file(str(directory / HEAD_WEIGHTS)), artifact_readout(info, model))
+    return head_from_weights(model, read_safetensors(directory / HEAD_WEIGHTS), artifact_readout(info, model))
 
 
 def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -107,6 +107,8 @@ def test_the_targets_take_the_worst_round_against_the_same_rows_and_the_memory_b
     # what the capsules added within each replica: the 1,000-capsule replica's base model came out 1.5 MB larger
     assert (load["rss_growth_mb"], load["capsules_mb"], load["add_s"]) == (1000.0, 999.0, 3.0)
     assert (load["loaded_growth_mb"], load["base_rss_mb"], load["base_rss_1_task_mb"]) == (1001.5, 351.5, 350.0)
+    # the task mix's: its 1,000-capsule replica against the 7-task one
+    assert (load["mix_growth_mb"], load["mix_capsules_mb"]) == (1000.0, 993.0)
     assert result.tables[3].rows == engine["m"]["table"] and list(result.profiles.values()) == ["top ops"]
 
 

@@ -165,3 +165,37 @@ def test_artifact_modules_import_no_model_class(module):
                           if (root / node.module.replace(".", "/") / f"{a.name}.py").is_file()}
             imported |= submodules or {node.module}
     assert {name for name in imported if name.split(".")[0] == "capt"} - ARTIFACT_IMPORTS == set()
+
+
+def test_safetensors_files_are_read_whole_keeping_nothing_and_large_ones_through_load_file(tmp_path, monkeypatch):
+    """`read_safetensors` gives what `load_file` gives, and 300 reads leave no Python objects behind (safetensors'
+    own file reader keeps about one per call); a file over the size limit still goes through `load_file`."""
+    import gc
+    import tracemalloc
+
+    from safetensors.torch import load_file, save_file
+
+    from capt import artifact
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.randn(3, 4), "b": torch.arange(5)}, str(path))
+    expected = load_file(str(path))
+    got = artifact.read_safetensors(path)
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+    artifact.read_safetensors(path)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(300):
+            artifact.read_safetensors(path)
+        gc.collect()
+        left = sum(stat.count_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename")
+                   if "tracemalloc" not in stat.traceback[0].filename)
+    finally:
+        tracemalloc.stop()
+    assert left < 30, f"{left} objects left by 300 reads"
+    calls = []
+    monkeypatch.setattr(artifact, "SMALL_FILE_BYTES", 16)
+    monkeypatch.setattr(artifact, "load_file", lambda name, device: calls.append(name) or load_file(name, device))
+    assert torch.equal(artifact.read_safetensors(path)["a"], expected["a"]) and calls == [str(path)]

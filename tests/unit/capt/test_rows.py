@@ -11,9 +11,11 @@ from capt.rows import RowStack
 @pytest.mark.parametrize("count", [1, 3, 4, 5, 9])
 def test_the_rows_come_back_stacked_in_order_across_buffer_ends(count):
     rows = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(count)]
-    gathered = RowStack(chunk=4)
-    for row in rows:
+    gathered = RowStack(buffer_bytes=4 * 2 * 3 * 4)  # 4 rows per buffer
+    for row in rows[:2]:
         gathered.append(row)
+    if count > 2:
+        gathered.extend(torch.stack(rows[2:]))  # a block of rows across buffer ends
     assert len(gathered) == count
     stacked = gathered.stacked()
     assert torch.equal(stacked, torch.stack(rows)) and stacked.is_contiguous()
