@@ -9,6 +9,7 @@ over a row gives exactly that task's distribution.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import weakref
@@ -175,9 +176,12 @@ class TaskHeads(nn.Module):
         """What each capsule index's head reads (`capt.arch.readout.READOUTS`)."""
         self.register_buffer("weight", rows.weights.stacked(), persistent=False)  # (sum of C, D)
         self.register_buffer("bias", rows.biases.stacked(), persistent=False)  # (sum of C,)
-        counts = torch.tensor(self.label_counts, dtype=torch.long, device=self.weight.device)
-        self.register_buffer("count", counts, persistent=False)  # (N,) C per capsule index
-        self.register_buffer("first", torch.cumsum(counts, 0) - counts, persistent=False)  # (N,) its first row
+        firsts = [0, *itertools.accumulate(self.label_counts)][:-1]  # not torch.cumsum: its first call costs 0.35 MB
+        device = self.weight.device
+        self.register_buffer("count", torch.tensor(self.label_counts, dtype=torch.long, device=device),
+                             persistent=False)  # (N,) C per capsule index
+        self.register_buffer("first", torch.tensor(firsts, dtype=torch.long, device=device),
+                             persistent=False)  # (N,) its first row
 
     def replace(self, index: int, head: TaskHead) -> None:
         """Put `head` at capsule index `index` (a hot-reloaded capsule brings its own head): over its rows when it has

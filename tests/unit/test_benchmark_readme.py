@@ -100,28 +100,36 @@ def test_the_latest_serving_table_is_the_shipped_serving_json():
         assert int(p50) == round(row["p50_ms"]), (model, workload, capsules)
 
 
+SERVING_REPLICAS = {"1 capsule": ("rte", 1), "1,000 capsules": ("rte", 1000), "7-task mix": ("mix", 7),
+                    "1,000-capsule mix": ("mix", 1000)}
+"""The memory table's replica labels: (workload, capsules)."""
+
+
 def test_the_latest_serving_memory_table_is_the_shipped_serving_json():
     """Every cell of the README's latest memory table is the shipped `serving.json`'s value at the shown precision:
-    each replica's base-model-alone and loaded memory, their difference, and the growth the target reads."""
+    each replica's base-model-alone and loaded memory, their difference, and the growth the target reads (RTE; the
+    task mix's beside it)."""
     import json
 
     tables = json.loads(SERVING_JSON.read_text(encoding="utf-8"))["tables"]
-    apps = {(row["model"], row["tasks"]): row for row in tables[0]["rows"] if row["workload"] == "rte"}
+    apps = {(row["model"], row["workload"], row["tasks"]): row for row in tables[0]["rows"]}
     loads = {row["model"]: row for row in tables[2]["rows"]}
     text = README.read_text(encoding="utf-8")
     section = "| model | replica |" + text[text.index(SERVING_LATEST):].split("| model | replica |")[1]
     header, *body = table_rows(section.split("\n\n")[0].splitlines())
-    assert header[:4] == ["model", "replica", "base model alone MB", "once loaded MB"] and len(body) == 4
+    assert header[:4] == ["model", "replica", "base model alone MB", "once loaded MB"] and len(body) == 8
     for model, replica, base, loaded, share, growth, extra, ratio, totals in body:
         key = {"MiniLM": "minilm"}.get(model, model)
-        app = apps[key, int(replica.split()[0].replace(",", ""))]
+        workload, count = SERVING_REPLICAS[replica]
+        app = apps[key, workload, count]
         assert (float(base), float(loaded)) == (round(app["base_rss_mb"], 1), round(app["loaded_rss_mb"], 1))
         assert float(share) == round(app["loaded_rss_mb"] - app["base_rss_mb"], 2)
-        if replica.startswith("1,000"):
+        if count == 1000:
             load = loads[key]
-            assert (float(growth), float(extra)) == (round(load["rss_growth_mb"], 2), round(load["capsules_mb"], 2))
-            assert float(ratio.strip("*")) == round(load["growth_over_bytes"], 2)
-            assert float(totals) == round(load["loaded_growth_mb"], 2)
+            keys = (("rss_growth_mb", "capsules_mb", "growth_over_bytes") if workload == "rte" else
+                    ("mix_growth_mb", "mix_capsules_mb", "mix_growth_over_bytes"))
+            assert [float(growth), float(extra), float(ratio.strip("*"))] == [round(load[k], 2) for k in keys]
+            assert totals == (f"{load['loaded_growth_mb']:.2f}" if workload == "rte" else "")
 
 
 PACKING_JSON = ROOT / "benchmarks/results/packing/packing.json"
