@@ -229,7 +229,7 @@ def _load_row(config: dict[str, Any], model: str, by_app: dict[App, dict[str, An
     most, one = by_app[SINGLE, max(counts[SINGLE])], by_app[SINGLE, 1]
     growth, extra_mb = _growth(most, one)
     mix = {}
-    if MIX in counts:
+    if len(counts.get(MIX, ())) > 1:  # the quick run serves one mix application: nothing to compare
         mix_growth, mix_mb = _growth(by_app[MIX, max(counts[MIX])], by_app[MIX, counts[MIX][0]])
         mix = {"mix_growth_mb": mix_growth, "mix_capsules_mb": mix_mb, "mix_growth_over_bytes": mix_growth / mix_mb}
     return {"model": model, "tasks": max(counts[SINGLE]), "ready_s": most["ready_s"],
