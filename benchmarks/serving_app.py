@@ -20,16 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.serving.app import CapsuleServer
+from pipelines.serving.memory import resident_mb
 
 TOKEN = secrets.token_urlsafe(32)
 """The bearer token of the applications under load (checked on every request, as when served)."""
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
 
 
 class TimedServer(CapsuleServer):
@@ -38,7 +33,7 @@ class TimedServer(CapsuleServer):
     def __init__(self, settings: dict[str, Any], manifest: str) -> None:
         from benchmarks.serving_capsules import read_manifest
 
-        self.start_rss_mb = _rss_mb()
+        self.start_rss_mb = resident_mb()
         started = time.perf_counter()
         super().__init__(settings, read_manifest(manifest))
         self.init_s = time.perf_counter() - started
@@ -55,7 +50,7 @@ class TimedServer(CapsuleServer):
     def _add(self, served: Any) -> dict[str, Any]:
         started = time.perf_counter()
         self.engine.add(served)
-        return {"add_s": time.perf_counter() - started, "rss_mb": _rss_mb(), "tasks": len(self.engine.names)}
+        return {"add_s": time.perf_counter() - started, "rss_mb": resident_mb(), "tasks": len(self.engine.names)}
 
 
 def deploy(settings: Any, manifest: Path, name: str) -> tuple[str, float]:

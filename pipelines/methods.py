@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 import capt
@@ -85,7 +85,7 @@ def load_artifact(model: nn.Module, directory: str | os.PathLike, readout: str |
             f"its head weights only fit what they were trained to read. Load it with readout={trained!r} (or none).")
     if (directory / HEAD_WEIGHTS).is_file():
         head = _named_head(model)
-        weights = load_file(str(directory / HEAD_WEIGHTS))
+        weights = read_safetensors(directory / HEAD_WEIGHTS)
         if set(weights) != set(head):
             raise capt.CapsuleArtifactError(f"{directory / HEAD_WEIGHTS} holds {sorted(weights)}, the model's "
                                             f"head is {sorted(head)}.")

@@ -85,7 +85,7 @@ class CapsuleEngine:
         """(name, folder) of each capsule as the bank reads it, once its base model and method are checked and its
         record is made (`settings`)."""
         for served in capsules:
-            _check_same_base([served], self.base_name)
+            _check_same_base(served, self.base_name)
             _check_method(served)
             self.settings[served.name] = self._settings(served)
             yield served.name, served.capsule_dir
@@ -126,7 +126,7 @@ class CapsuleEngine:
     def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, ServedRecord]:
         """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
         other capsules keep answering meanwhile."""
-        _check_same_base([served], self.base_name)
+        _check_same_base(served, self.base_name)
         _check_method(served)
         head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
         capsule, _ = read_with_head(self.bank.base_model, served.capsule_dir, head)
@@ -249,13 +249,12 @@ def _emptied_then(unread: list[ServedCapsule], rest: Iterator[ServedCapsule]) ->
     yield from rest
 
 
-def _check_same_base(capsules: Sequence[ServedCapsule], base_name: str) -> None:
-    """Every capsule was trained on `base_name` (the artifact's fingerprint is checked on load as well)."""
-    for served in capsules:
-        if served.result["model"] != base_name:
-            raise CapsuleArtifactError(
-                f"{served.model_name} version {served.version} was trained on base model {served.result['model']!r}, "
-                f"not on {base_name!r}, the base model this server holds: a capsule only fits its own base model.")
+def _check_same_base(served: ServedCapsule, base_name: str) -> None:
+    """`served` was trained on `base_name` (the artifact's fingerprint is checked on load as well)."""
+    if served.result["model"] != base_name:
+        raise CapsuleArtifactError(
+            f"{served.model_name} version {served.version} was trained on base model {served.result['model']!r}, "
+            f"not on {base_name!r}, the base model this server holds: a capsule only fits its own base model.")
 
 
 def _check_method(served: ServedCapsule) -> None:
