@@ -207,10 +207,12 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
     else:
         loop.bad_evals += 1
     record["best_validation_score"] = loop.best_score
-    if job.config.train.checkpoint_every_steps is None:
-        save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
+    # reported before it is checkpointed: a kill between the two makes the resumed job validate this step again,
+    # never leaves a checkpointed validation that no run logged
     if report is not None:
         report(dict(record))
+    if job.config.train.checkpoint_every_steps is None:
+        save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
     job.model.train()
     patience = job.config.train.patience
     return patience is not None and loop.bad_evals >= patience and in_final_phase(job, loop.step)

@@ -206,10 +206,11 @@ def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) ->
     record["best_validation_score"] = loop.best_score
     patience = member.config.train.patience
     member.stopped_early = patience is not None and loop.bad_evals >= patience
-    if pack.options.checkpoints:
-        save_member(pack, member)
+    # reported before it is checkpointed, as a single job does (`pipelines.train`)
     if (report := pack.reports.get(member.index)) is not None:
         report(dict(record))
+    if pack.options.checkpoints:
+        save_member(pack, member)
     if member.stopped_early:
         logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name, loop.step)
     return member.stopped_early

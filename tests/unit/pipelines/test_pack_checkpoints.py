@@ -1,6 +1,7 @@
-"""Pack member checkpoints (`PackOptions.checkpoints`): a pack interrupted after one member's mid-epoch validation,
-run again, continues that member from its checkpoint and trains the other from scratch; with dropout off both end as
-in a pack never interrupted (same losses, validations and capsule). Real tiny T5, generated or real task files."""
+"""Pack member checkpoints (`PackOptions.checkpoints`): a pack interrupted in one member's report of a validation,
+run again, continues that member from its last checkpoint (saved after its previous report, mid-epoch) and trains
+the other from scratch; every validation is reported once, and with dropout off both end as in a pack never
+interrupted (same losses, validations and capsule). Real tiny T5, generated or real task files."""
 
 from __future__ import annotations
 
@@ -32,24 +33,26 @@ class _Killed(Exception):
     pass
 
 
-def _kill_member0_at_step_4(record: dict) -> None:
-    if record["step"] == 4:
-        raise _Killed
-
-
 @pytest.mark.slow
 def test_an_interrupted_pack_continues_each_member_from_its_checkpoint(tmp_path):
     whole = train_pack(_members(tmp_path / "whole"), OPTIONS)
     configs = _members(tmp_path / "resumed")
-    with pytest.raises(_Killed):
-        train_pack(configs, OPTIONS, reports={0: _kill_member0_at_step_4})
-    # member 0 saved its step-4 state (epoch 1, one batch in) before its report; member 1 had saved step 2
-    saved = torch.load(configs[0].resolved_output_dir() / CHECKPOINT, weights_only=True)
-    assert '"step": 4' in saved["loop"] and '"batches_in_epoch": 1' in saved["loop"]
-    (configs[1].resolved_output_dir() / CHECKPOINT).unlink()  # as if it had validated nothing: it starts over
     seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def kill_member0_at_step_4(record: dict) -> None:
+        if record["step"] == 4:
+            raise _Killed  # killed before its step-4 validation reached the tracker
+        seen[0].append(record["step"])
+
+    with pytest.raises(_Killed):
+        train_pack(configs, OPTIONS, reports={0: kill_member0_at_step_4})
+    # member 0 reports before it checkpoints: its last checkpoint is step 2's, so its step-4 validation runs again
+    saved = torch.load(configs[0].resolved_output_dir() / CHECKPOINT, weights_only=True)
+    assert '"step": 2' in saved["loop"] and '"batches_in_epoch": 2' in saved["loop"]
+    (configs[1].resolved_output_dir() / CHECKPOINT).unlink()  # as if it had validated nothing: it starts over
     resumed = train_pack(configs, OPTIONS, reports={i: lambda r, i=i: seen[i].append(r["step"]) for i in seen})
-    assert seen == {0: [6, 7], 1: [2, 4, 6, 7]}, "member 0 continued at step 4, member 1 started over"
+    assert seen == {0: [2, 4, 6, 7], 1: [2, 4, 6, 7]}, (
+        "every validation reported once: member 0 continued at step 2 (mid-epoch), member 1 started over")
     for again, alone in zip(resumed, whole, strict=True):
         assert again["steps"] == alone["steps"] == 7 and len(again["losses"]) == 7
         torch.testing.assert_close(torch.tensor(again["losses"]), torch.tensor(alone["losses"]), rtol=1e-5, atol=0)

@@ -84,3 +84,30 @@ def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_p
     with pytest.raises(JobFolderError, match=r"train\.max_steps: 4 -> 6"):
         run(longer)  # another config never continues this one's checkpoint
     assert json.loads(result_file.read_text())["steps"] == 4
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_job_killed_while_reporting_a_validation_reports_it_again_when_resumed(tmp_path):
+    """A job reports each validation before it checkpoints it: killed in between, the resumed job validates that
+    step again, so no validation is checkpointed that no tracker logged."""
+    from helpers.jobs import tiny_job
+
+    from pipelines.train import run
+
+    config = tiny_job(tmp_path, train={"max_steps": 6, "eval_every_steps": 2, "resume": True})
+    reported: list[int] = []
+
+    def killed_at_step_4(record: dict) -> None:
+        if record["step"] == 4:
+            raise _Killed
+        reported.append(record["step"])
+
+    with pytest.raises(_Killed):
+        run(config, killed_at_step_4)
+    state = json.loads((tmp_path / "checkpoints" / "latest" / "loop_state.json").read_text())
+    assert state["step"] == 2, "the step-4 validation was not checkpointed: it was never reported"
+    result = run(config, lambda record: reported.append(record["step"]))
+    assert reported == [2, 4, 6] and [r["step"] for r in result["history"]] == [2, 4, 6]
