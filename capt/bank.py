@@ -62,6 +62,13 @@ class CapsuleBank(CapsuleModel):
         """Capsule names, in index order."""
         return list(self.selector.names)
 
+    def index_of(self, name: str) -> int:
+        """The index of capsule `name` in this bank (where `add` put it; `replace` keeps it)."""
+        index = self.selector.position(name)
+        if index is None:
+            raise CapsuleArtifactError(f"This bank holds no capsule {name!r}; it holds {self.names}.")
+        return index
+
     def classify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  token_type_ids: torch.Tensor | None = None, capsule=None) -> torch.Tensor:
         """(B, C_max) logits, each row through its own capsule and its own task's head and readout; C_max is the
@@ -88,9 +95,7 @@ class CapsuleBank(CapsuleModel):
         Hot reload without rebuilding the bank: the other capsules stay as they are. The caller must not
         run the bank meanwhile (a serving replica holds its lock around forwards and this call).
         """
-        if name not in self.names:
-            raise CapsuleArtifactError(f"This bank holds no capsule {name!r}; it holds {self.names}.")
-        index = self.names.index(name)
+        index = self.index_of(name)
         self._check_fits(name, capsule, head)
         if self.heads is not None and head is not None:
             self.heads.replace(index, head)  # checked before anything changes
@@ -101,7 +106,7 @@ class CapsuleBank(CapsuleModel):
         """Hold one more capsule, `name`, at the next index (from `capt.capsule.read_capsule`, so already checked
         against the base). The capsules held stay as they are: nothing is read again. The caller must not run the
         bank meanwhile."""
-        if name in self.names:
+        if self.selector.position(name) is not None:
             raise CapsuleArtifactError(f"This bank holds a capsule {name!r} already: replace it instead.")
         self._check_fits(name, capsule, head)
         if self.heads is not None and head is not None:

@@ -46,8 +46,19 @@ class RowStack:
             done += take
 
     def stacked(self) -> torch.Tensor:
-        """(N, *shape): every row, in the order appended, in one tensor of its own."""
+        """(N, *shape): every row, in the order appended, in one tensor of its own.
+
+        Copied buffer by buffer into one new tensor rather than by `torch.cat`: loading a bank touched the
+        concatenation kernel's code only once it needed two buffers (113 MiniLM capsules), and those libtorch pages,
+        about 0.35 MB, counted in the replica's resident memory as if 1,000 MiniLM capsules took 3 % more (measured
+        in process: 13.0 MB for 11.7 MB of values, 12.65 MB copied this way)."""
         if not self._buffers:
             raise ValueError("No row was gathered.")
-        last = self._buffers[-1][:self._filled]
-        return last.clone() if len(self._buffers) == 1 else torch.cat([*self._buffers[:-1], last])
+        first = self._buffers[0]
+        out = first.new_empty((len(self), *first.shape[1:]))
+        start = 0
+        for buffer in self._buffers[:-1]:
+            out[start:start + len(buffer)].copy_(buffer)
+            start += len(buffer)
+        out[start:].copy_(self._buffers[-1][:self._filled])
+        return out

@@ -53,6 +53,10 @@ class CapsuleSelector:
         self.names.append(name)
         self._positions.setdefault(name, len(self.names) - 1)
 
+    def position(self, name: str) -> int | None:
+        """The index of capsule `name` (the first of equal names), or None when no capsule has that name."""
+        return self._positions.get(name)
+
     def rows(self, capsule, batch: int, count: int) -> torch.Tensor | None:
         """(B,) capsule index per row on the host (CPU), or None when every row uses the only capsule. A tensor on an
         accelerator is read back here, once per call, so that no capsule layer waits for the device."""

@@ -32,7 +32,7 @@ from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
 from pipelines.serving.memory import release_freed_heap, resident_mb
-from pipelines.serving.records import Answer, ServedCapsule, ServedRecord
+from pipelines.serving.records import Answer, ServedCapsule, ServedRecord, ServedRecords
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class CapsuleEngine:
 
     def __init__(self, capsules: Iterable[ServedCapsule], device: str | None = None) -> None:
         """`capsules` are read one at a time, in order (a generator may fetch each only when it is read); of each,
-        the engine keeps its values in the bank and a `ServedRecord`, not the `ServedCapsule` or its job result."""
+        the engine keeps its values in the bank and its record in `records`, not the `ServedCapsule` or its job
+        result."""
         each = iter(capsules)
         first = next(each, None)
         if first is None:
@@ -57,7 +58,8 @@ class CapsuleEngine:
                                 first.result["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         self._collators: dict[tuple, Collator] = {}
-        self.settings: dict[str, ServedRecord] = {}
+        self.records = ServedRecords()
+        """Each capsule's registry identity and serving settings, by its index in the bank."""
         unread = [first]
         del first  # the bank reads it from `unread`, and nothing here holds it (or its result) after that
         release_freed_heap()
@@ -83,14 +85,14 @@ class CapsuleEngine:
 
     def _described(self, capsules: Iterator[ServedCapsule]) -> Iterator[tuple[str, str]]:
         """(name, folder) of each capsule as the bank reads it, once its base model and method are checked and its
-        record is made (`settings`)."""
+        record is kept (`records`: the bank reads them in this order, so a record's index is its capsule's)."""
         for served in capsules:
             _check_same_base(served, self.base_name)
             _check_method(served)
-            self.settings[served.name] = self._settings(served)
+            self.records.append(self._record(served))
             yield served.name, served.capsule_dir
 
-    def _settings(self, served: ServedCapsule) -> ServedRecord:
+    def _record(self, served: ServedCapsule) -> ServedRecord:
         config = served.result["config"]
         method = config["method"]
         shape = (config["model"]["max_length"], sequence_overhead(method["name"], method["options"]),
@@ -105,23 +107,24 @@ class CapsuleEngine:
     @property
     def names(self) -> list[str]:
         """The capsules served, by name."""
-        return [name for name in self.settings if name not in self.retired]
+        held = self.bank.names[:len(self.records)]  # a capsule being added has its record once it is served
+        return [name for name in held if name not in self.retired]
 
     def served(self, name: str) -> ServedRecord:
         """The capsule answering under `name` now."""
-        return self.settings[name]
+        return self.records.get(self.bank.index_of(name))
 
     def max_length(self, name: str) -> int:
         """Most tokens capsule `name` reads (its collator's max_length)."""
-        return int(self.settings[name].collator.max_length)
+        return int(self.served(name).collator.max_length)
 
     def versions(self) -> dict[str, int]:
         """The registry version each capsule name serves now."""
-        return {name: self.settings[name].version for name in self.names}
+        return {name: self.served(name).version for name in self.names}
 
     def examples(self, name: str, rows: Sequence[Mapping[str, Any]]) -> list[Example]:
         """Validated examples for capsule `name` (the registry pyfunc's checks and errors)."""
-        return validated_examples(self.settings[name].task, rows)
+        return validated_examples(self.served(name).task, rows)
 
     def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, ServedRecord]:
         """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
@@ -130,14 +133,14 @@ class CapsuleEngine:
         _check_method(served)
         head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
         capsule, _ = read_with_head(self.bank.base_model, served.capsule_dir, head)
-        return capsule.to(self.device).eval(), head, self._settings(served)
+        return capsule.to(self.device).eval(), head, self._record(served)
 
     def replace(self, served: ServedCapsule) -> None:
         """Serve `served` under its name from the next batch on (checked against the base model first)."""
-        capsule, head, settings = self._loaded(served)
+        capsule, head, record = self._loaded(served)
         with self.lock:
             self.bank.replace(served.name, capsule, head)
-            self.settings[served.name] = settings
+            self.records.set(self.bank.index_of(served.name), record)
             self.retired.discard(served.name)
             self.revision += 1
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
@@ -149,10 +152,10 @@ class CapsuleEngine:
         if served.name in self.bank.names:
             self.replace(served)
             return
-        capsule, head, settings = self._loaded(served)
+        capsule, head, record = self._loaded(served)
         with self.lock:
             self.bank.add(served.name, capsule, head)
-            self.settings[served.name] = settings
+            self.records.append(record)
             self.revision += 1
         logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
 
@@ -171,7 +174,7 @@ class CapsuleEngine:
             if self.spec.classifier_head:  # a task head answers every row, whatever the eval mode says
                 return self._classify([self._part(*request) for request in requests])
             for mode in ("rank", "generate"):
-                chosen = [i for i, (name, _) in enumerate(requests) if self.settings[name].mode == mode]
+                chosen = [i for i, (name, _) in enumerate(requests) if self.served(name).mode == mode]
                 if chosen:
                     parts = [self._part(*requests[i]) for i in chosen]
                     found = self._rank(parts) if mode == "rank" else self._generate(parts)
@@ -180,10 +183,10 @@ class CapsuleEngine:
         return [a for a in answers if a is not None]
 
     def _part(self, name: str, examples: list[Example]) -> mixed.Part:
-        return mixed.Part(name, examples, self.settings[name].collator)
+        return mixed.Part(name, examples, self.served(name).collator)
 
     def _answer(self, name: str, ids: list[int], scores: list[list[float]] | None) -> Answer:
-        served = self.settings[name]
+        served = self.served(name)
         label_names = list(task_spec(served.task).label_names)
         labels = [label_names[i] if 0 <= i < len(label_names) else INVALID_LABEL for i in ids]
         return Answer(labels, scores, label_names, served.model_name, served.version)
@@ -210,7 +213,7 @@ class CapsuleEngine:
         scores = torch.log_softmax(logits, dim=-1).cpu()  # log-probability of each label, as the task's head gives
         answers, row = [], 0
         for part in parts:
-            count = task_spec(self.settings[part.capsule].task).num_labels
+            count = task_spec(self.served(part.capsule).task).num_labels
             block = scores[row:row + len(part.examples), :count]  # (n, C) this task's own labels
             row += len(part.examples)
             answers.append(self._answer(part.capsule, block.argmax(-1).tolist(), block.tolist()))
@@ -219,19 +222,19 @@ class CapsuleEngine:
     def _generate(self, parts: list[mixed.Part]) -> list[Answer]:
         inputs, capsules = mixed.generation_batch(parts, self.pad_id, self.spec)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
-        longest = max(self.settings[p.capsule].max_new_tokens for p in parts)
+        longest = max(self.served(p.capsule).max_new_tokens for p in parts)
         generated = self.bank.generate(**inputs, capsule=capsules, max_new_tokens=longest, do_sample=False,
                                        num_beams=1, pad_token_id=self.pad_id)
         if self.spec.generation_echoes_prompt:
             generated = generated[:, inputs["input_ids"].shape[1]:]  # keep the new tokens only
         answers, row = [], 0
         for part in parts:
-            limit = self.settings[part.capsule].max_new_tokens  # what this capsule's pyfunc would generate
+            limit = self.served(part.capsule).max_new_tokens  # what this capsule's pyfunc would generate
             # T5's output starts with its decoder start token
             own = generated[row:row + len(part.examples), :limit + int(self.spec.encoder_decoder)]
             row += len(part.examples)
             texts = self.tokenizer.batch_decode(own, skip_special_tokens=True)
-            task = self.settings[part.capsule].task
+            task = self.served(part.capsule).task
             answers.append(self._answer(part.capsule, texts_to_labels(task, texts, part.examples), None))
         return answers
 

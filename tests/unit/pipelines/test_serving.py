@@ -64,7 +64,7 @@ class _Result(dict):
     """A job result that a weak reference can watch."""
 
 
-def test_the_engine_keeps_a_record_per_capsule_not_its_job_result(jobs: dict[str, Any]) -> None:
+def test_the_engine_keeps_a_record_of_each_capsule_not_its_job_result(jobs: dict[str, Any]) -> None:
     results = {task: _Result(jobs[f"{task}0"]) for task in ("rte", "cb")}
     watched = [weakref.ref(results["rte"]), weakref.ref(results["cb"])]
     engine = CapsuleEngine([_served(results["rte"], digest="ab" * 32)])
@@ -75,7 +75,10 @@ def test_the_engine_keeps_a_record_per_capsule_not_its_job_result(jobs: dict[str
     record = engine.served("rte")
     assert (record.task, record.model_name, record.version, record.digest) == ("rte", "capt-tiny-t5-rte", 1, "ab" * 32)
     assert engine.served("cb").mode == jobs["cb0"]["config"]["train"]["eval_mode"]
-    assert not hasattr(record, "__dict__")  # slots
+    engine.replace(_served(jobs["rte1"], version=2))  # its record changes at its own bank index, cb's stays
+    assert [(r.task, r.version, r.digest) for r in map(engine.served, ("rte", "cb"))] == [("rte", 2, None),
+                                                                                          ("cb", 1, None)]
+    assert engine.names == ["rte", "cb"] and len(engine.records) == 2
 
 
 def test_capsules_given_one_at_a_time_are_each_dropped_before_the_next_is_read(jobs: dict[str, Any]) -> None:
