@@ -62,6 +62,10 @@ class CapsuleBank(CapsuleModel):
         """Capsule names, in index order."""
         return list(self.selector.names)
 
+    def holds(self, name: str) -> bool:
+        """Whether this bank holds a capsule named `name` (a lookup, not a scan of `names`)."""
+        return self.selector.position(name) is not None
+
     def index_of(self, name: str) -> int:
         """The index of capsule `name` in this bank (where `add` put it; `replace` keeps it)."""
         index = self.selector.position(name)
@@ -106,7 +110,7 @@ class CapsuleBank(CapsuleModel):
         """Hold one more capsule, `name`, at the next index (from `capt.capsule.read_capsule`, so already checked
         against the base). The capsules held stay as they are: nothing is read again. The caller must not run the
         bank meanwhile."""
-        if self.selector.position(name) is not None:
+        if self.holds(name):
             raise CapsuleArtifactError(f"This bank holds a capsule {name!r} already: replace it instead.")
         self._check_fits(name, capsule, head)
         if self.heads is not None and head is not None:

@@ -149,7 +149,7 @@ class CapsuleEngine:
         """Serve `served` from the next batch on: a new version of a name the bank holds (`replace`), or a new name,
         added to the bank beside the capsules served (checked against the base model first; they are not read
         again)."""
-        if served.name in self.bank.names:
+        if self.bank.holds(served.name):
             self.replace(served)
             return
         capsule, head, record = self._loaded(served)

@@ -16,8 +16,8 @@ from capt.tasks import Collator
 @dataclass(frozen=True, slots=True)
 class ServedCapsule:
     """A capsule to serve: where its files are and which registry version they are. The engine reads it while the
-    capsule loads and keeps a `ServedRecord` instead; a caller may still hold many (a list given to a replica), so it
-    is kept small: slots, and the folder as a string."""
+    capsule loads and keeps its record (`ServedRecords`) instead; a caller may still hold many (a list given to a
+    replica), so it is kept small: slots, and the folder as a string."""
 
     name: str
     """Its name in the bank and in requests (the task name; the benchmark serves copies under other names)."""
