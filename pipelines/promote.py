@@ -96,11 +96,21 @@ def unscored_reason(version: VersionInfo, metric: str) -> str:
     return f"its source run {version.run_id} logged {metric}={version.metrics[metric]}, not a finite number"
 
 
-def require_finite(option: str, value: float | None) -> None:
-    """PromotionError naming `option` when `value` is NaN or infinite (argparse's float accepts both)."""
-    if value is not None and not math.isfinite(value):
-        raise PromotionError(f"{option} {value}: not a finite number. Give a plain number (e.g. {option} 70), "
-                             f"or leave {option} out.")
+def check_arguments(task: str, metric: str, min_value: float | None, higher_is_better: bool | None) -> None:
+    """PromotionError naming every bad argument at once (before any server is asked): a `--min` that is NaN or
+    infinite (argparse's float accepts both), an unknown task, a metric whose direction is unknown or given wrong."""
+    problems = []
+    if min_value is not None and not math.isfinite(min_value):
+        problems.append(f"--min {min_value}: not a finite number. Give a plain number (e.g. --min 70), or leave "
+                        "--min out.")
+    if task not in TASK_NAMES:
+        problems.append(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
+    try:
+        metric_direction(project_metric_name(metric), higher_is_better)
+    except PromotionError as err:
+        problems.append(str(err))
+    if problems:
+        raise PromotionError(" ".join(problems))
 
 
 def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
@@ -161,10 +171,8 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
             stage: str | None = None, tracking_uri: str | None = None,
             higher_is_better: bool | None = None) -> Promotion:
     """Apply the promotion policy (module docstring) to `capt-<slug(model)>-<task>`."""
-    require_finite("--min", min_value)
+    check_arguments(task, metric, min_value, higher_is_better)
     metric = project_metric_name(metric)  # the UI's name (test/score) or the project's (test_score)
-    if task not in TASK_NAMES:
-        raise PromotionError(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
     higher = metric_direction(metric, higher_is_better)
     if metric.startswith("test_"):
         logger.warning("Choosing the champion on %s, a test metric: the test split is then no longer a fair "
@@ -274,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 def _promote_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services.tracking_store import tracking_store
 
+    check_arguments(args.task, args.metric, args.min_value, args.higher_is_better)  # before a local server starts
     try:
         with tracking_store(args.tracking_uri) as store:
             print(f"Tracking store: {store.origin}", file=sys.stderr)

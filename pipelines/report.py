@@ -47,6 +47,7 @@ from pipelines.reporting.levels import (
 )
 from pipelines.reporting.plot import plot
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
+from pipelines.training.folder_checks import folder_problem
 
 logger = logging.getLogger(__name__)
 
@@ -210,20 +211,21 @@ def write_report(runs: list[Mapping[str, Any]], experiment: str, out_dir: str | 
     generated = any(table.attrs.get("generated") for table in tables.values())
     title = f"{experiment}: {metric}" + (" (generated data, not benchmark results)" if generated else "")
     text = markdown(tables, metric, title)
-    out.mkdir(parents=True, exist_ok=True)
     md_path = out / REPORT_MD
-    md_path.write_text(text + "\n", encoding="utf-8")
-    return text, md_path, plot(tables, metric, out / REPORT_PNG, title)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(text + "\n", encoding="utf-8")
+        return text, md_path, plot(tables, metric, out / REPORT_PNG, title)
+    except OSError as err:  # checked writable before, but a disk can fill or a folder change meanwhile
+        raise ReportError(f"--out {out}: cannot write the report ({err.strerror or err}: {err.filename or out}); "
+                          "pass another folder or free space.") from err
 
 
 def check_writable_folder(out: Path) -> None:
-    """Refuse, before any work, an output folder that is a file, sits under a file, or cannot be written."""
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "is a file" if existing == out else f"is under {existing}, which is a file"
-        raise ReportError(f"--out {out} {where}; pass a folder (it is created when missing).")
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise ReportError(f"--out {out}: {existing} is not writable by this user; pass a folder you can write to.")
+    """Refuse, before any work, an output folder that is a file, sits under a file, lies on a kernel file system
+    (/proc, /sys) or cannot be written, or that holds a folder where a report file goes."""
+    if problem := folder_problem("--out", out):
+        raise ReportError(f"{problem}; pass a folder you can write to (it is created when missing).")
     if folders := [name for name in (REPORT_MD, REPORT_PNG) if (out / name).is_dir()]:
         raise ReportError(f"--out {out} holds a folder named {folders[0]}, where the report file goes; remove it "
                           "or pass another folder.")
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 def _report_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services.tracking_store import tracking_store
 
+    check_writable_folder(Path(args.out))  # before a local MLflow server is started for the command
     with tracking_store(args.tracking_uri) as store:
         print(f"Tracking store: {store.origin}", file=sys.stderr)
         text, md_path, png_path = build_report(args.experiment, store.uri, args.out, args.metric, args.sweep)

@@ -106,24 +106,53 @@ def _listening(port: int, serve_token: bool) -> str:
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` above 0 (argparse then says which option and exits 2)."""
+    """A parser of a number of `kind` above 0; ValueError saying what is wrong with the text."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+            raise ValueError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not value > 0 or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+            raise ValueError(f"{text!r} must be {'an integer' if kind is int else 'a finite number'} above 0")
         return value
-    parse.__name__ = f"positive {kind.__name__}"
     return parse
 
 
 def _port(text: str) -> int:
     value = _positive(int)(text)
     if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+        raise ValueError(f"{text!r} is not a TCP port (1-65535)")
     return value
+
+
+def _body_bytes(text: str) -> int:
+    value = _positive(int)(text)
+    if value < 1024:
+        raise ValueError(f"{value} is below 1024 bytes, too small for one request")
+    return value
+
+
+NUMBERS: dict[str, Callable[[str], Any]] = {
+    "port": _port, "poll_s": _positive(float), "max_rows": _positive(int), "max_body_bytes": _body_bytes,
+    "max_chars": _positive(int), "max_batch": _positive(int), "replicas": _positive(int), "num_cpus": _positive(int)}
+"""The numeric options and their checks: parsed after argparse, so that one refusal names every bad value."""
+
+
+def command_line_problems(args: argparse.Namespace) -> list[str]:
+    """Every bad value on the command line (each numeric option parsed in place, unknown --tasks); [] when none."""
+    problems = []
+    for dest, parse in NUMBERS.items():
+        text = getattr(args, dest)
+        if isinstance(text, str):  # a default is already a number
+            try:
+                setattr(args, dest, parse(text))
+            except ValueError as err:
+                problems.append(f"argument --{dest.replace('_', '-')}: {err}")
+    unknown = [t for t in (args.tasks or "").split(",") if t.strip() and t.strip() not in TASK_NAMES]
+    if unknown:
+        problems.append(f"argument --tasks: unknown task(s) {', '.join(map(repr, unknown))} (tasks: "
+                        f"{', '.join(TASK_NAMES)})")
+    return problems
 
 
 class _Parser(argparse.ArgumentParser):
@@ -134,7 +163,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line; every number is range-checked here, before any service starts."""
+    """The command line; numbers are checked by `command_line_problems`, before any service starts."""
     p = _Parser(prog="python -m pipelines.serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
     which = p.add_mutually_exclusive_group(required=True)
@@ -143,16 +172,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", default="champion", help="registry alias to serve (default: champion)")
     p.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else the demo store")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--poll-s", type=_positive(float), default=30.0, help="seconds between alias reads (default 30)")
-    p.add_argument("--max-rows", type=_positive(int), default=64, help="most rows per request (default 64)")
-    p.add_argument("--max-body-bytes", type=_positive(int), default=2**20,
+    p.add_argument("--port", default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--poll-s", default=30.0, help="seconds between alias reads (default 30)")
+    p.add_argument("--max-rows", default=64, help="most rows per request (default 64)")
+    p.add_argument("--max-body-bytes", default=2**20,
                    help="most bytes per request body (default 1048576); more is 413")
-    p.add_argument("--max-chars", type=_positive(int), default=None,
+    p.add_argument("--max-chars", default=None,
                    help="most characters per text field (default: 8 x the capsule's max_length)")
-    p.add_argument("--max-batch", type=_positive(int), default=16, help="most requests per mixed batch (default 16)")
-    p.add_argument("--replicas", type=_positive(int), default=1, help="replicas, one base model each (default 1)")
-    p.add_argument("--num-cpus", type=_positive(int), default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
+    p.add_argument("--max-batch", default=16, help="most requests per mixed batch (default 16)")
+    p.add_argument("--replicas", default=1, help="replicas, one base model each (default 1)")
+    p.add_argument("--num-cpus", default=None, help="CPUs of the local Ray (no RAY_ADDRESS)")
     auth = p.add_mutually_exclusive_group()
     auth.add_argument("--token-file", default=None,
                       help="file holding the bearer token (default: CAPT_SERVE_TOKEN, else a new 0600 file)")
@@ -165,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     add_debug_flag(p)
     args = p.parse_args(argv)
-    if args.max_body_bytes < 1024:
-        p.error(f"argument --max-body-bytes: {args.max_body_bytes} is below 1024 bytes, too small for one request")
+    if problems := command_line_problems(args):
+        p.error("; ".join(problems))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipelines.services.reaper import reap_on_death
 

@@ -32,6 +32,7 @@ from pipelines.sweeps.run import (  # noqa: E402
     promote_champions,
     refuse_a_running_sweep,
     run_sweep,
+    sweep_folder_problems,
     tracking_server,
 )
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
-    sweep = load_sweep_config(args.config, args.overrides)
+    sweep = load_sweep_config(args.config, args.overrides, more_checks=sweep_folder_problems)
     check_sweep_folders(sweep)
     try:
         with reap_on_death(), stop_on_signals() as stop:

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -28,16 +28,19 @@ from pipelines.config.sources import JobConfigError, merge_sources
 
 
 def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
-                    base: dict[str, Any] | None = None) -> ResolvedJobConfig:
-    """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated, resolved job config."""
+                    base: dict[str, Any] | None = None,
+                    more_checks: Callable[[dict[str, Any]], list[str]] | None = None) -> ResolvedJobConfig:
+    """YAML file (optional) + `base` dict + `key.sub=value` overrides -> a validated, resolved job config.
+    `more_checks` adds the caller's own problems of the merged dict (e.g. an output folder that cannot be written)
+    to the same report."""
     raw = merge_sources(path, overrides, base)
-    return validate_job_config(raw)
+    return validate_job_config(raw, more_checks(raw) if more_checks else [])
 
 
-def validate_job_config(raw: dict[str, Any]) -> ResolvedJobConfig:
+def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) -> ResolvedJobConfig:
     """Check types, ranges, unknown keys and the cross-field rules, then resolve the defaults; raise once with
-    every problem (`JobConfigError`)."""
-    problems: list[str] = []
+    every problem (`JobConfigError`), `more_problems` (the caller's) among them."""
+    problems: list[str] = list(more_problems)
     config = None
     try:
         config = TypeAdapter(JobConfig).validate_python(raw)

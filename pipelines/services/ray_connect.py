@@ -153,7 +153,8 @@ def _warn_if_ray_was_imported_too_early() -> None:
 
 
 def _what_is_in_force(port: int, token_file: Path | None, temp_dir: Path) -> str:
-    """One line for the log: auth, where the dashboard listens, which ports (if any) are open beyond 127.0.0.1."""
+    """One line for the log: auth, where the dashboard listens, which ports (if any) are open beyond 127.0.0.1 once Ray
+    has started (what starts later, such as a Serve replica's gRPC server, is listed by the command that starts it)."""
     from pipelines.services.private import listening_sockets, open_to_the_network
 
     token = f"the token is in {token_file} (mode 600)" if token_file else "the token comes from RAY_AUTH_TOKEN"
@@ -162,5 +163,5 @@ def _what_is_in_force(port: int, token_file: Path | None, temp_dir: Path) -> str
     reach = ("no port listens beyond 127.0.0.1" if not exposed else "listening on all interfaces: "
              + ", ".join(f"{name} {ip}:{p}" for ip, p, name in exposed))
     return (f"Local Ray: token auth on ({token}; `ray get-auth-token` prints it); dashboard and job API on "
-            f"http://127.0.0.1:{port}; {len(listening)} ports of this sweep (Ray, MLflow), {reach}; "
+            f"http://127.0.0.1:{port}; {len(listening)} ports open as it starts (Ray, MLflow), {reach} at this point; "
             f"logs in {temp_dir}/session_latest/logs")

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -154,17 +155,41 @@ class Trial:
         return f"{self.task}-{model_slug(self.model)}-{self.method}-s{self.seed}"
 
 
-def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
-    """YAML + `key=value` overrides -> a validated SweepConfig whose every trial job is valid too."""
+SweepChecks = Callable[["SweepConfig"], list[str]]
+"""A caller's own checks of a valid sweep (e.g. the folders it would write on this machine), reported with the
+config's problems."""
+
+
+def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
+                      more_checks: SweepChecks | None = None) -> SweepConfig:
+    """YAML + `key=value` overrides -> a validated SweepConfig whose every trial job is valid too; every problem
+    (`more_checks`' too) raised at once."""
     raw = merge_sources(path, overrides, None)
     try:
         sweep = TypeAdapter(SweepConfig).validate_python(raw)
     except ValidationError as err:
         problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg'].removeprefix('Value error, ')}"
                     for e in err.errors(include_url=False)]
-        raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(problems) + ".") from None
-    trials(sweep)  # validates every trial's job
+        problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)
+        raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
+                             + ".") from None
+    problems = _grid(sweep)[1] + (more_checks(sweep) if more_checks else [])
+    if problems:
+        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
     return absolute_paths(sweep)
+
+
+def _problems_beside(raw: Any, bad_keys: set[Any], more_checks: SweepChecks | None) -> list[str]:
+    """The other problems (the trials': unknown task or model, bad job values; `more_checks`') of the sweep without
+    its invalid sections `bad_keys` (each left at its default), so that one run reports those too; none when that
+    sweep is not valid."""
+    if not isinstance(raw, dict) or not bad_keys:
+        return []
+    try:
+        rest = TypeAdapter(SweepConfig).validate_python({k: v for k, v in raw.items() if k not in bad_keys})
+        return _grid(rest)[1] + (more_checks(rest) if more_checks else [])
+    except (ValidationError, JobConfigError):
+        return []
 
 
 def absolute_paths(sweep: SweepConfig) -> SweepConfig:
@@ -180,11 +205,19 @@ def absolute_paths(sweep: SweepConfig) -> SweepConfig:
 
 def trials(sweep: SweepConfig) -> list[Trial]:
     """Every grid point with its job config, validated; raises once listing every problem."""
+    points, problems = _grid(sweep)
+    if problems:
+        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+    return points
+
+
+def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
+    """Every grid point with its job config, and every problem found in them (none: every trial is valid)."""
     problems = _search_problems(sweep.search) + select_problems("select", sweep.select, sweep.search)
     for entry in sweep.methods:
         problems += select_problems(f"methods[{entry.key}].select", entry.select, sweep.search)
     if problems:  # a bad select key would repeat in every trial
-        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+        return [], problems
     by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
     for task in sweep.tasks:
@@ -212,9 +245,7 @@ def trials(sweep: SweepConfig) -> list[Trial]:
     if not points:
         problems.append(f"the grid is empty: no method row runs on models={sweep.models} (rows restricted by "
                         "methods[].models name none of them)")
-    if problems:
-        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
-    return points
+    return points, problems
 
 
 def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,

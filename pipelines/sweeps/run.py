@@ -143,15 +143,20 @@ class SweepInUseError(CaptError, RuntimeError):
     """Another driver runs the same sweep (same storage_path and name) now."""
 
 
-def check_sweep_folders(sweep: SweepConfig) -> None:
-    """The folders a sweep writes into on this machine (its storage, a local MLflow store), checked before Ray or
-    MLflow start; relative paths are taken against the current directory."""
+def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
+    """Why the folders a sweep writes into on this machine (its storage, a local MLflow store) cannot be used, each
+    with the fix; relative paths are taken against the current directory. Checked before Ray or MLflow start."""
     folders = {} if "://" in sweep.storage_path else {"storage_path": sweep.storage_path}
     if sweep.tracking.enabled and not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
         folders["tracking.local_dir"] = sweep.tracking.local_dir
-    problems = [problem for key, path in folders.items() if (problem := folder_problem(key, path))]
-    if problems:
-        raise OutputFolderError("Cannot write the sweep's outputs: " + "; ".join(problems) + ". Give another folder.")
+    return [f"{problem}: give {key} another folder" for key, path in folders.items()
+            if (problem := folder_problem(key, path))]
+
+
+def check_sweep_folders(sweep: SweepConfig) -> None:
+    """`sweep_folder_problems` as one `OutputFolderError`; logs the sweep's folder when there is none."""
+    if problems := sweep_folder_problems(sweep):
+        raise OutputFolderError("Cannot write the sweep's outputs: " + "; ".join(problems) + ".")
     logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
 
 

@@ -44,11 +44,17 @@ def sync_command(args: argparse.Namespace) -> int:
     A bad root, a bad option or a `--tracking-uri` that is down or not MLflow raises (the entry point prints it,
     exit 2); the root is checked first, the server before anything is replayed.
     """
+    problems = []  # every bad option at once, before the root's folders or a server are read
     if not math.isfinite(args.retry_s):
-        raise TrackingError(f"--retry-s {args.retry_s}: not a finite number of seconds (e.g. --retry-s 30).")
+        problems.append(f"--retry-s {args.retry_s}: not a finite number of seconds (e.g. --retry-s 30).")
     if args.moved_from and not args.tracking_uri:
-        raise TrackingError("--moved-from needs --tracking-uri: the server those operations now go to.")
-    checked_root(args.root)
+        problems.append("--moved-from needs --tracking-uri: the server those operations now go to.")
+    try:
+        checked_root(args.root)
+    except TrackingError as err:
+        problems.append(str(err))
+    if problems:
+        raise TrackingError(" ".join(problems))
     if args.tracking_uri:
         check_mlflow_server(args.tracking_uri, "MLflow tracking server (--tracking-uri)")
     summary = sync_pending(args.root, args.tracking_uri, RetryPolicy(budget_s=args.retry_s),

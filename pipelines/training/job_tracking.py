@@ -16,6 +16,7 @@ from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.services.probe import ServiceError
+from pipelines.training.folder_checks import folder_problem
 from pipelines.training.outputs import is_main_process
 from pipelines.training.tracked import (
     JOB_EXPERIMENT,
@@ -74,7 +75,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
 
 def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> int:
     """The job of the command line `args`, run by `run` (`pipelines.train.run`) and tracked by its plan."""
-    config = load_job_config(args.config, args.overrides)
+    config = load_job_config(args.config, args.overrides, more_checks=_output_folder_problems)
     plan = job_plan(args, config)  # a given server is checked before anything is written
     folder = config.resolved_output_dir()
     print(f"Output folder: {folder.absolute()}" + ("" if folder.is_absolute() else
@@ -92,6 +93,14 @@ def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]])
     if is_main_process():
         print(tracking_line(plan, tracked, folder.absolute()), file=sys.stderr)
     return 0
+
+
+def _output_folder_problems(raw: dict[str, Any]) -> list[str]:
+    """A given `output_dir` that cannot be written, reported with the config's other problems (the job checks its
+    folder again, fully, before writing: `pipelines.training.folder_checks.check_job_folder`)."""
+    given = raw.get("output_dir")
+    problem = folder_problem("output_dir", given) if isinstance(given, str) and given else None
+    return [problem] if problem else []
 
 
 def _leave_process_group() -> None:

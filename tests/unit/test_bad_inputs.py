@@ -111,6 +111,10 @@ CASES = [
          "cannot be created: "),
     Case("train-output-dir-on-proc", "train", lambda p: _job(p, "output_dir=/proc/capt-job"),
          "output_dir='/proc/capt-job' is on a kernel file system (proc)"),
+    Case("train-output-dir-on-proc-and-a-bad-lr", "train",
+         lambda p: _job(p, "output_dir=/proc/capt-job", "optim.lr=-1"),
+         "(2 problems): output_dir='/proc/capt-job' is on a kernel file system (proc): nothing written there is "
+         "kept; optim.lr=-1: Input should be greater than 0"),
     Case("train-output-dir-of-other-files", "train", lambda p: _job(p, f"output_dir={p.inputs / 'users-folder'}"),
          "is a folder that holds no job but other files (notes.txt)"),
     Case("train-seed-out-of-range", "train", lambda p: _job(p, "seed=99999999999999999999999"),

@@ -55,11 +55,14 @@ CASES = [
     Case("report-out-is-a-file", "report",
          lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri,
                     "--out", str(p.outputs / "reports" / "report.md")],
-         "report.md is a file; pass a folder"),
+         "report.md' is a file, not a folder; pass a folder you can write to"),
     Case("report-out-under-a-file", "report",
          lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri,
                     "--out", str(p.outputs / "job" / "result.json" / "reports")],
-         lambda p: f"is under {p.outputs / 'job' / 'result.json'}, which is a file"),
+         lambda p: f"cannot be created: {p.outputs / 'job' / 'result.json'} is a file"),
+    Case("report-out-on-proc", "report",
+         lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri, "--out", "/proc/capt-reports"],
+         "is on a kernel file system (proc)"),
     Case("report-out-holds-a-folder-named-report-md", "report",
          lambda p: ["--experiment", "x", "--tracking-uri", p.http_uri, "--out", str(p.inputs / "odd-reports")],
          "holds a folder named report.md"),
@@ -94,7 +97,8 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
 
 
 REAL_COMMANDS = [case for case in CASES
-                 if case.name in ("promote-not-mlflow", "report-not-mlflow", "tracking-sync-unreachable")]
+                 if case.name in ("promote-not-mlflow", "report-not-mlflow", "report-out-on-proc",
+                                  "tracking-sync-unreachable")]
 """The cases also run as the real command (`python -m pipelines.promote`, ...)."""
 
 

@@ -27,3 +27,15 @@ def test_a_finite_min_goes_on_to_the_server_and_the_library_refuses_nan_too(
     assert "Cannot reach" in capsys.readouterr().err
     with pytest.raises(promote.PromotionError, match="--min nan: not a finite number"):
         promote.promote("tiny-t5", "rte", min_value=float("nan"), tracking_uri=closed)
+
+
+def test_every_bad_argument_is_named_at_once_before_a_store_is_looked_for(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # no local store here: looking for one would be the first error
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert promote.main(["--model", "tiny-t5", "--task", "rtx", "--min", "nan", "--metric", "accuracy"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    for problem in ("--min nan: not a finite number", "Unknown task 'rtx'", "'accuracy': its direction is unknown"):
+        assert problem in errors[0], problem
+    assert "No tracking store" not in errors[0]

@@ -189,13 +189,16 @@ def test_the_token_comes_from_a_file_the_environment_or_a_new_private_file(tmp_p
 
 @pytest.mark.parametrize(("args", "phrase"), [
     (["--port", "70000"], "argument --port: '70000' is not a TCP port"),
-    (["--port", "http"], "argument --port: 'http' is not a int"),
+    (["--port", "http"], "argument --port: 'http' is not an integer"),
     (["--poll-s", "-1"], "argument --poll-s: '-1' must be a finite number above 0"),
     (["--poll-s", "inf"], "must be a finite number above 0"),
     (["--max-rows", "0"], "argument --max-rows"),
     (["--max-body-bytes", "100"], "below 1024 bytes"),
     (["--no-auth", "--token-file", "t"], "not allowed with argument"),
-], ids=["port-range", "port-text", "poll-negative", "poll-inf", "rows-zero", "body-tiny", "auth-both"])
+    (["--max-rows", "0", "--replicas", "x", "--port", "0", "--tasks", "rtx,cb"],
+     "argument --port: '0' must be an integer above 0; argument --max-rows: '0' must be an integer above 0; "
+     "argument --replicas: 'x' is not an integer; argument --tasks: unknown task(s) 'rtx'"),
+], ids=["port-range", "port-text", "poll-negative", "poll-inf", "rows-zero", "body-tiny", "auth-both", "all-at-once"])
 def test_bad_cli_values_exit_2_in_one_paragraph_before_any_service(args: list[str], phrase: str,
                                                                    capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from helpers.hub_cache import use_hub_cache
 from pipelines.config.load import validate_job_config
 from pipelines.config.sources import JobConfigError
 from pipelines.sweeps.config import load_sweep_config, trials
-from pipelines.sweeps.run import max_concurrent
+from pipelines.sweeps.run import max_concurrent, sweep_folder_problems
 from pipelines.training.outputs import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -81,7 +81,8 @@ def test_a_bad_sweep_lists_every_problem(tmp_path):
                    "resources: {num_workers: 0}\n")
     with pytest.raises(JobConfigError) as err:
         load_sweep_config(bad)
-    assert "resources.num_workers=0" in str(err.value)
+    message = str(err.value)  # a section the schema refuses does not hide the trials' own problems
+    assert "resources.num_workers=0" in message and "task.name='squad'" in message and "fusion='glue'" in message
     bad.write_text("tasks: [rte, squad]\nmethods: [{name: capt, options: {fusion: glue}}]\n")
     with pytest.raises(JobConfigError) as err:
         load_sweep_config(bad, ["data_source=generated"])
@@ -161,6 +162,24 @@ def test_empty_and_repeated_axes_are_all_refused_at_once():
     assert "tasks=['cb', 'rte', 'cb']: cb given more than once" in message
     assert "models=['tiny-t5', 'minilm', 'tiny-t5']: tiny-t5 given more than once" in message
     assert "seeds=[]: empty" in message
+
+
+def test_a_refused_sweep_section_and_the_trials_problems_are_reported_together():
+    message = _refusal("seeds=[-1]", "tasks=[rtx]", "job.optim.lr=-2", "resources.max_concurrent_trials=0")
+    for problem in ("seeds.0=-1: Input should be greater than or equal to 0",
+                    "resources.max_concurrent_trials=0", "task.name='rtx'", "optim.lr=-2"):
+        assert problem in message, problem
+    assert ".." not in message
+
+
+def test_the_sweep_command_reports_its_folders_with_the_configs_problems():
+    for overrides in (["tasks=[rtx]"], ["seeds=[-1]"]):  # beside a trial's problem, and beside a refused section
+        with pytest.raises(JobConfigError) as err:
+            load_sweep_config(CONFIGS / "smoke.yaml", [*overrides, "storage_path=/proc/capt-sweeps",
+                                                       "data_source=generated"], more_checks=sweep_folder_problems)
+        message = str(err.value)
+        assert "storage_path='/proc/capt-sweeps' is on a kernel file system" in message, message
+        assert ("task.name='rtx'" if "rtx" in overrides[0] else "seeds.0=-1") in message, message
 
 
 def test_models_that_share_a_slug_are_refused(tmp_path):

@@ -139,6 +139,9 @@ def test_uris_compare_by_server_and_bad_options_exit_2(capsys: pytest.CaptureFix
     assert _error_line(capsys).startswith("error: --retry-s nan: not a finite number")
     assert main(["sync", "--root", str(tmp_path), "--moved-from", "http://127.0.0.1:1"]) == 2
     assert "--moved-from needs --tracking-uri" in _error_line(capsys)
+    assert main(["sync", "--root", "/", "--retry-s", "inf", "--moved-from", "http://127.0.0.1:1"]) == 2
+    line = _error_line(capsys)  # every bad option named in one line
+    assert all(part in line for part in ("--retry-s inf", "--moved-from needs", "--root '/' is refused")), line
 
 
 def test_torn_lines_and_operations_without_a_run_are_set_aside_without_a_traceback(tmp_path: Path,
