@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from capt.methods import get_method
 from pipelines.config.checks import cross_field_problems
+from pipelines.config.kinds import other_kind_hint
 from pipelines.config.optim_defaults import resolve_optim
 from pipelines.config.readout import resolve_readout
 from pipelines.config.schema import JobConfig, ResolvedJobConfig
@@ -40,6 +41,8 @@ def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[s
 def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) -> ResolvedJobConfig:
     """Check types, ranges, unknown keys and the cross-field rules, then resolve the defaults; raise once with
     every problem (`JobConfigError`), `more_problems` (the caller's) among them."""
+    if hint := other_kind_hint(raw, "job"):  # its keys would all be unknown: name the command instead
+        raise JobConfigError(f"Invalid job config: {hint}.")
     problems: list[str] = list(more_problems)
     config = None
     try:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from pipelines.config.kinds import other_kind_hint
 from pipelines.config.load import validate_job_config
 from pipelines.config.schema import STRICT, Seed, model_slug
 from pipelines.config.sources import JobConfigError, merge_sources
@@ -168,6 +169,8 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
     try:
         sweep = TypeAdapter(SweepConfig).validate_python(raw)
     except ValidationError as err:
+        if hint := other_kind_hint(raw, "sweep"):  # its keys would all be unknown: name the command instead
+            raise JobConfigError(f"Invalid sweep config {path or ''}: {hint}.") from None
         problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg'].removeprefix('Value error, ')}"
                     for e in err.errors(include_url=False)]
         problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)

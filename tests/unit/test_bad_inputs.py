@@ -99,6 +99,12 @@ CASES = [
     Case("train-yaml-list", "train", lambda p: ["--config", str(p.inputs / "list.yaml")],
          "must be a mapping of sections at the top level"),
     Case("train-config-missing", "train", lambda p: ["--config", str(p.inputs / "nope.yaml")], "does not exist"),
+    Case("train-given-a-sweep-config", "train", lambda p: ["--config", str(ROOT / "pipelines/configs/smoke.yaml")],
+         "Invalid job config: this is a sweep config, not a job config (it has tasks, models, methods, seeds, job): "
+         "run it with python pipelines/sweep.py --config FILE"),
+    Case("sweep-given-a-job-config", "sweep", lambda p: ["--config", SMOKE_JOB],
+         "this is a job config, not a sweep config (it has model, task, method, train): run it with "
+         "python -m pipelines.train --config FILE."),
     Case("train-unknown-key", "train", lambda p: _job(p, "train.epochs=3"), "train.epochs: unknown key"),
     Case("train-malformed-override", "train", lambda p: _job(p, "train.max_steps"), "is not key.sub=value"),
     Case("train-yaml-binary-tag", "train", lambda p: ["--config", str(p.inputs / "binary.yaml")],
