@@ -195,10 +195,12 @@ def test_the_token_comes_from_a_file_the_environment_or_a_new_private_file(tmp_p
     (["--max-rows", "0"], "argument --max-rows"),
     (["--max-body-bytes", "100"], "below 1024 bytes"),
     (["--no-auth", "--token-file", "t"], "not allowed with argument"),
+    (["--tasks", "rte,nope"], "argument --tasks: unknown task(s) 'nope' (tasks: boolq, cb, copa, multirc, rte"),
     (["--max-rows", "0", "--replicas", "x", "--port", "0", "--tasks", "rtx,cb"],
      "argument --port: '0' must be an integer above 0; argument --max-rows: '0' must be an integer above 0; "
      "argument --replicas: 'x' is not an integer; argument --tasks: unknown task(s) 'rtx'"),
-], ids=["port-range", "port-text", "poll-negative", "poll-inf", "rows-zero", "body-tiny", "auth-both", "all-at-once"])
+], ids=["port-range", "port-text", "poll-negative", "poll-inf", "rows-zero", "body-tiny", "auth-both", "unknown-task",
+          "all-at-once"])
 def test_bad_cli_values_exit_2_in_one_paragraph_before_any_service(args: list[str], phrase: str,
                                                                    capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
