@@ -161,7 +161,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tracking-uri", default=None, help="the sweep's MLflow server (default: a local one)")
     parser.add_argument("--check-imports", action="store_true",
                         help="only import what the parts need, report every failure, exit 2 on one (no GPU needed)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.check_imports:  # (imported here: --check-imports reports a missing package itself, as a paragraph)
+        from pipelines.training.folder_checks import folder_problem
+
+        if problem := folder_problem("--out", args.out):
+            parser.error(problem)
+    return args
 
 
 def check_imports(parts: list[str]) -> int:

@@ -59,6 +59,20 @@ def rows_override(labels: list[str]) -> str:
     return "methods=" + json.dumps([by_label[label] for label in dict.fromkeys(labels)])
 
 
+def override_problems(overrides: list[str], quick: bool) -> list[str]:
+    """What is wrong with the user's `--learning-override`s (an unknown key, a bad value, a trial they break),
+    found before any benchmark runs: the learning grid is loaded with them as the benchmark would load it (on
+    generated data, which needs no data folder)."""
+    from pipelines.config.sources import JobConfigError
+    from pipelines.sweeps.config import load_sweep_config
+
+    try:
+        load_sweep_config(REPO / CONFIG, [*settings(quick)["overrides"], *overrides, "data_source=generated"])
+    except JobConfigError as err:
+        return [f"--learning-override: {err}"]
+    return []
+
+
 def split_boolq(val_file: Path, target: Path, fraction: float, seed: int) -> str:
     """Write train.jsonl / val.jsonl from BoolQ's official validation file; returns a note saying so."""
     lines = [line for line in val_file.read_text(encoding="utf-8").splitlines() if line.strip()]

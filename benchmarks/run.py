@@ -36,6 +36,7 @@ from benchmarks.common import (
     versions,
 )
 from benchmarks.report import write_report
+from pipelines.training.folder_checks import folder_problem
 
 logger = logging.getLogger("benchmarks.run")
 
@@ -94,11 +95,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="run only these rows of the learning grid, by label (e.g. capt head-only+anchor lora): "
                              "one piece of a grid run in pieces")
     args = parser.parse_args(argv)
+    problems = [problem] if (problem := folder_problem("--out", args.out)) else []
     if args.learning_rows:
         try:
             args.learning_override.append(learning.rows_override(args.learning_rows))
         except ValueError as err:
-            parser.error(str(err))
+            problems.append(str(err))
+    if args.learning_override and "learning" in (args.only or BENCHMARKS):
+        problems += learning.override_problems(args.learning_override, args.quick)
+    if problems:  # every one at once, before any benchmark runs
+        parser.error("; ".join(problems))
     return args
 
 

@@ -248,3 +248,16 @@ def test_learning_rows_pick_the_grids_own_rows_and_refuse_unknown_ones(capsys, m
         parse(["--only", "learning", "--learning-rows", "lora", "dora", "ia3"])
     message = capsys.readouterr().err
     assert exit_info.value.code == 2 and "dora, ia3" in message and "head-only+anchor" in message
+
+
+def test_a_bad_out_folder_and_bad_learning_overrides_are_refused_together_before_any_benchmark(capsys):
+    from benchmarks.run import parse
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["--only", "learning", "--quick", "--out", "/proc/capt-bench", "--learning-override", "nope=1",
+               "--learning-override", "job.train.max_steps=-2", "--learning-rows", "dora"])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2, message
+    for problem in ("--out='/proc/capt-bench' is on a kernel file system", "unknown row(s) dora",
+                    "nope=1: Unexpected keyword argument", "train.max_steps=-2"):
+        assert problem in message, problem

@@ -36,3 +36,10 @@ def test_every_failing_import_is_named_in_one_paragraph(monkeypatch, capsys):
     assert err.startswith("error: 2 import(s) of the device check fail here: ") and err.count("\n") == 1
     assert "device_serving: import capt_no_such_module_b failed: ModuleNotFoundError" in err
     assert "device_sweep: import capt_no_such_module_a failed: ModuleNotFoundError" in err and "json" not in err
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_any_part(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        device_check.main(["--cpu-smoke", "--out", "/proc/capt-device-check", "--only", "device_packing"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--out='/proc/capt-device-check' is on a kernel file system" in err, err
