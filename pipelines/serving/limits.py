@@ -3,7 +3,8 @@
 Order: the declared ``Content-Length`` (413 before a byte is read), the bytes read with a cap (413 as soon as
 the cap is passed, for bodies sent without a length), strict UTF-8, then one vectorised scan of the raw
 bytes (`scan`) for the nesting depth, the rows and the longest string, all before `json.loads` builds an
-object; then the parse itself refuses NaN/Infinity, and one walk over the (now small) result refuses lone
+object; then the parse itself refuses NaN/Infinity, a number too large for a float, an integer of more than
+`MAX_INT_DIGITS` digits and a key given twice in one object, and one walk over the (now small) result refuses lone
 surrogates and texts over the character limit. Each refusal is a `ClientError` naming the field and the rule.
 
 Why our own code: Starlette's ``request.json()`` reads the whole body with no cap and Python's json module
@@ -103,15 +104,47 @@ def parse(data: bytes, limits: Limits) -> Any:
                           "utf-8") from err
     scan(data, limits)
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_short_int,
+                          object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise ClientError(f"The body is not JSON: {err}; send {{\"task\": ..., \"inputs\": [...]}}.", "body",
                           "json") from err
 
 
+MAX_INT_DIGITS = 64
+"""Digits of an integer literal: a row's numbers are ids and labels; Python's own int parsing refuses beyond 4,300
+digits with a ValueError that is not a JSON error, and is quadratic in the digits below that."""
+
+
 def _no_constant(name: str) -> None:
     raise ClientError(f"The body holds the literal {name}, which JSON does not allow; send a number or a string.",
                       "body", "finite_numbers")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ClientError(f"The body holds the number {text[:40]}, too large for a float (it would be infinite); "
+                          "send a finite number.", "body", "finite_numbers")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ClientError(f"The body holds an integer of {len(text.lstrip('-'))} digits; at most {MAX_INT_DIGITS}.",
+                          "body", "max_int_digits")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's dict; a key given twice is refused (parsers disagree on which one counts)."""
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ClientError(f"The body gives the key {twice[:80]!r} twice in one object; give each key once.", "body",
+                          "unique_keys")
+    return found
 
 
 def check_strings(value: Any, max_chars: int, path: str = "") -> None:

@@ -103,6 +103,11 @@ def test_every_route_but_health_needs_the_bearer_token() -> None:
     (b'{"task": "rte", "inputs": [{"premise": "\\ud800", "hypothesis": "b"}]}', 400, "inputs[0].premise", "unicode"),
     (b'{"task": "rte", "inputs": [{"premise": NaN, "hypothesis": "b"}]}', 400, "body", "finite_numbers"),
     (b'{"task": "rte", "inputs": [{"premise": -Infinity, "hypothesis": "b"}]}', 400, "body", "finite_numbers"),
+    (b'{"task": "rte", "inputs": [{"premise": "a", "hypothesis": "b", "idx": 1e999}]}', 400, "body",
+     "finite_numbers"),
+    (b'{"task": "rte", "inputs": [{"premise": "a", "hypothesis": "b", "idx": ' + b"9" * 4000 + b"}]}", 400, "body",
+     "max_int_digits"),
+    (b'{"task": "rte", "task": "cb", "inputs": [{"premise": "a", "hypothesis": "b"}]}', 400, "body", "unique_keys"),
     (b'{"task": "rte", "inputs": [{"premise": 5, "hypothesis": "b"}]}', 400, "inputs[0].premise",
      "expected a string, got int 5"),
     (b'{"task": "rte", "inputs": [{"premise": "", "hypothesis": "b"}]}', 400, "inputs[0].premise", "empty string"),
@@ -123,7 +128,8 @@ def test_every_route_but_health_needs_the_bearer_token() -> None:
     (b'{"task": "rte", "inputs": [{"premise": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}", 413, "body",
      "max_body_bytes"),
     (b'{"task": "rte", "inputs": [{"premise": ' + b"[" * 1000 + b"]" * 1000 + b"}]}", 400, "body", "max_depth"),
-], ids=["bad-utf8", "lone-surrogate", "nan", "infinity", "wrong-type", "empty-text", "missing-field", "unknown-task",
+], ids=["bad-utf8", "lone-surrogate", "nan", "infinity", "overflowing-float", "4000-digit-int", "key-twice",
+        "wrong-type", "empty-text", "missing-field", "unknown-task",
         "task-not-a-string", "no-rows", "rows-not-a-list", "row-not-an-object", "no-inputs", "unknown-field",
         "not-an-object", "empty-body", "truncated", "text-too-long", "too-many-rows", "too-big", "too-deep"])
 def test_every_client_error_is_a_4xx_naming_the_field_and_the_rule(body: bytes, status: int, field: str,
@@ -131,6 +137,14 @@ def test_every_client_error_is_a_4xx_naming_the_field_and_the_rule(body: bytes, 
     got, answer, _ = _post(body)
     assert (got, answer["field"], answer["rule"]) == (status, field, rule), answer
     assert answer["error"] and set(answer) == {"error", "field", "rule"}
+
+
+def test_the_readme_states_the_integer_limit_the_parser_holds() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    assert f"an integer of more than {limits_module.MAX_INT_DIGITS} digits" in " ".join(readme.split())
+    with pytest.raises(ClientError, match="max_int_digits|digits"):
+        parse(b'{"a": ' + b"1" * (limits_module.MAX_INT_DIGITS + 1) + b"}", LIMITS)
+    assert parse(b'{"a": -' + b"1" * limits_module.MAX_INT_DIGITS + b"}", LIMITS) == {"a": -int("1" * 64)}
 
 
 def test_a_refusal_lists_the_first_20_of_1000_names_and_where_to_find_them_all() -> None:
