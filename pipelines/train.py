@@ -36,6 +36,7 @@ from pipelines.training.checkpoint import (
     LoopState,
     load_checkpoint,
     restore_trainable,
+    rng_restored_once_started,
     save_checkpoint,
     trainable_state,
 )
@@ -103,7 +104,7 @@ def fit(job: Job, report: Report | None = None, log: Log | None = None,
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
     config = job.config
     accelerator = job.accelerator
-    loop, best = _start_or_resume(job)
+    loop, best, resumed_rng = _start_or_resume(job)
     if config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
         loop.untrained_score = _evaluate(job, job.splits.test)["score"]  # the reference training has to beat
         job.model.train()
@@ -113,28 +114,34 @@ def fit(job: Job, report: Report | None = None, log: Log | None = None,
     if job.optimizer is None:  # training-free method: validate and test only
         stopped_early = _validate(job, loop, best, report)
     else:
-        stopped_early = _train(job, loop, meter, progress, best, (report, log))
+        stopped_early = _train(job, loop, meter, progress, best, (report, log), resumed_rng)
         curve_point_if_due(job, loop, log, final=True)  # the steps after the last full window
     progress.close()
     return _finish(job, loop, meter, best, stopped_early)
 
 
-def _start_or_resume(job: Job) -> tuple[LoopState, dict]:
+def _start_or_resume(job: Job) -> tuple[LoopState, dict, torch.Tensor | None]:
+    """(loop, best weights, torch's CPU random state as the checkpoint restored it; None when starting afresh)."""
     latest = job.output_dir / "checkpoints" / "latest"
     job.accelerator.wait_for_everyone()  # the main process has claimed the folder: every rank sees the same state
     if job.config.train.resume and latest.is_dir():
         loop, best = load_checkpoint(job.accelerator, latest)
         logger.info("Resumed from %s at step %d", latest, loop.step)
-        return loop, best
-    return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model))
+        return loop, best, torch.get_rng_state()
+    return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model)), None
 
 
-def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callbacks: tuple) -> bool:
-    """The epoch loop; returns True when early stopping ended it. `best` is updated in place."""
+def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callbacks: tuple,
+           resumed_rng: torch.Tensor | None = None) -> bool:
+    """The epoch loop; returns True when early stopping ended it. `best` is updated in place. `resumed_rng`: the
+    random state of the checkpoint resumed from, set again once the resumed epoch's batches start."""
     cfg, (report, log) = job.config.train, callbacks
     while loop.epoch < cfg.max_epochs and loop.step < job.total_steps:
         job.train_loader.set_epoch(loop.epoch)
-        for batch in job.accelerator.skip_first_batches(job.train_loader, loop.batches_in_epoch):
+        batches = job.accelerator.skip_first_batches(job.train_loader, loop.batches_in_epoch)
+        if resumed_rng is not None:
+            batches, resumed_rng = rng_restored_once_started(batches, resumed_rng), None
+        for batch in batches:
             _train_step(job, batch, loop, meter)
             loop.batches_in_epoch += 1
             if not job.accelerator.sync_gradients:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -24,6 +25,8 @@ TRAINABLE_FILE = "trainable_{index}.safetensors"
 LOOP_FILE = "loop_state.json"
 BEST_FILE = "best_trainable.safetensors"
 PHASE_FILE = "phase_state_{index}.safetensors"
+T = TypeVar("T")
+_END = object()
 
 
 class DamagedCheckpointError(CaptError, RuntimeError):
@@ -193,3 +196,20 @@ def required_files(accelerator) -> list[str]:
     trainables = [TRAINABLE_FILE.format(index=i) for i in range(len(accelerator._models))]
     return [LOOP_FILE, BEST_FILE, *trainables, *optimizers, *schedulers,
             f"random_states_{accelerator.process_index}.pkl"]
+
+
+def rng_restored_once_started(batches: Iterable[T], cpu_rng_state: torch.Tensor) -> Iterator[T]:
+    """`batches`, with torch's CPU random state set back to `cpu_rng_state` once their iterator has started.
+
+    Starting a DataLoader's iterator draws its base seed from torch's global generator. An uninterrupted job made
+    that draw for the epoch in progress before it saved its checkpoint (whose random state comes after it); a job
+    resumed from the checkpoint starts that epoch's iterator again, which without this would leave every later
+    dropout mask one draw behind the uninterrupted job's. (On a GPU, dropout draws from the device's generator,
+    which the draw does not touch; the reset is then a no-op for the masks.)"""
+    iterator = iter(batches)
+    first = next(iterator, _END)
+    torch.set_rng_state(cpu_rng_state)
+    if first is not _END:
+        yield first
+        yield from iterator
+

@@ -111,3 +111,31 @@ def test_a_job_killed_while_reporting_a_validation_reports_it_again_when_resumed
     assert state["step"] == 2, "the step-4 validation was not checkpointed: it was never reported"
     result = run(config, lambda record: reported.append(record["step"]))
     assert reported == [2, 4, 6] and [r["step"] for r in result["history"]] == [2, 4, 6]
+
+
+@pytest.mark.slow
+def test_a_job_with_dropout_resumed_mid_epoch_ends_as_an_uninterrupted_one(tmp_path):
+    """MiniLM trains with dropout: a resumed job draws its masks exactly where the uninterrupted job drew them
+    (starting the resumed epoch's DataLoader iterator again must not move torch's random stream)."""
+    from helpers.jobs import tiny_job
+
+    from pipelines.train import run
+
+    def job(folder: Path):
+        return tiny_job(folder, "minilm", "capt", "task.generated_size=48", "task.max_eval_examples=4",
+                        train={"batch_size": 8, "max_steps": 10, "eval_every_steps": 5, "checkpoint_every_steps": 2,
+                               "resume": True, "max_epochs": 4})
+
+    def killed_at_step_5(record: dict) -> None:
+        if record["step"] == 5:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        run(job(tmp_path / "resumed"), killed_at_step_5)
+    state = json.loads((tmp_path / "resumed" / "checkpoints" / "latest" / "loop_state.json").read_text())
+    assert state["step"] == 4 and state["batches_in_epoch"] not in (0, None), state  # mid-epoch
+    resumed, straight = run(job(tmp_path / "resumed")), run(job(tmp_path / "straight"))
+    assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in straight["history"]]
+    capsule = "artifact/capsule.safetensors"
+    assert torch.equal(load_file(str(tmp_path / "resumed" / capsule))["vectors"],
+                       load_file(str(tmp_path / "straight" / capsule))["vectors"])
