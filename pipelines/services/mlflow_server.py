@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from pipelines.services.base import ManagedService
-from pipelines.services.folder_lock import held_folder
+from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.services.probe import (
     LOCALHOST,
     POLL_INTERVAL_S,
@@ -32,8 +32,7 @@ logger = logging.getLogger(__name__)
 STORE_LOCK_FILE = "mlflow-server.lock"
 """In the store folder: held while a `LocalMlflowServer` runs on it."""
 ADDRESSES_FILE = "mlflow-server.addresses"
-"""In the store folder: every address a `LocalMlflowServer` served it at, one a line."""
-"""In the store folder: held while a `LocalMlflowServer` runs on it."""
+"""In the store folder: every address a `LocalMlflowServer` served it at, one a line (the last: the running one's)."""
 
 
 class LocalMlflowServer(ManagedService):
@@ -183,12 +182,26 @@ class LocalMlflowServer(ManagedService):
         self._store_lock.close()
 
     def _store_in_use(self, holder: str) -> ServiceError:
+        at = serving_address(self.root_dir) or "http://127.0.0.1:PORT"
         return ServiceError(
-            f"The MLflow store {self.root_dir} is in use by another local MLflow server ({holder}), started by a "
-            "sweep or `pipelines.serve`; two servers on one SQLite file corrupt its migrations. Wait for that "
-            "process to end, point this one at the running server (tracking.uri=http://127.0.0.1:PORT), or give "
-            "it another folder (tracking.local_dir)."
+            f"The MLflow store {self.root_dir} is in use by another local MLflow server ({holder}, at {at}), started "
+            "by a sweep or a command such as `pipelines.serve`; two servers on one SQLite file corrupt its "
+            f"migrations. Wait for that process to end, point this one at the running server (tracking.uri={at}), "
+            "or give it another folder (tracking.local_dir)."
         )
+
+
+def serving_address(store: str | os.PathLike[str]) -> str | None:
+    """The address of the `LocalMlflowServer` that serves `store` now (it holds the store's lock; the last address
+    recorded is its own), or None when none does."""
+    store = Path(store)
+    if current_holder(store / STORE_LOCK_FILE) is None:
+        return None
+    try:
+        recorded = (store / ADDRESSES_FILE).read_text(encoding="utf-8").split()
+    except OSError:
+        return None
+    return recorded[-1] if recorded else None
 
 
 def mlflow_answers(uri: str, timeout: float = 2.0) -> bool:

@@ -1,6 +1,7 @@
 """One rule for where promote, report and serve find the tracking store: the flag, then MLFLOW_TRACKING_URI, then
 the local store that `make demo` and every local sweep write (`tracking.local_dir`, default outputs/mlflow, taken
-against the current directory), served for the length of the command by a local MLflow server."""
+against the current directory), served for the length of the command by a local MLflow server, or by the one already
+serving it (a running sweep's, or another such command's)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from pipelines.config.tracking import TrackingSection
 from pipelines.services.mlflow_probe import check_mlflow_server
-from pipelines.services.mlflow_server import LocalMlflowServer
+from pipelines.services.mlflow_server import LocalMlflowServer, serving_address
 from pipelines.services.probe import ServiceError
 
 LOCAL_STORE = Path(TrackingSection().local_dir)
@@ -45,6 +46,12 @@ def tracking_store(given: str | None, flag: str = "--tracking-uri", check: bool 
             f"No tracking store found: no {flag}, no MLFLOW_TRACKING_URI, and no local store at {store}/mlflow.db "
             "(where `make demo` and local sweeps write, taken against the current directory). Run `make demo` first "
             f"or run this from the folder it ran in, or pass {flag} http://HOST:PORT (or set MLFLOW_TRACKING_URI).")
+    running = serving_address(store)
+    if running is not None:  # a sweep serves it now: its server holds the store, and a second one would be refused
+        check_mlflow_server(running, f"the local MLflow server already running on {store}")
+        yield TrackingStore(running, f"the local store {store} (served at {running} by the local MLflow server "
+                                     "already running on it)")
+        return
     server = LocalMlflowServer(store).start()
     try:
         yield TrackingStore(server.uri, f"the local store {store} (served at {server.uri} for this command)")

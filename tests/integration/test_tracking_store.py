@@ -35,3 +35,20 @@ def test_promote_and_report_use_the_demo_store_of_the_folder_they_run_in(tmp_pat
     assert "No experiment 'capt-demo-store'" not in reported.stderr, "the report read the local store"
     with held_folder(store / STORE_LOCK_FILE):  # each command's server stopped and let go of the store
         pass
+
+
+def test_while_a_local_server_holds_the_store_promote_uses_it_and_leaves_it_running(tmp_path: Path, capsys) -> None:
+    """A sweep's server holds its store: a command run meanwhile (no URI) logs there instead of being refused."""
+    from pipelines.services.mlflow_server import mlflow_answers
+
+    store = tmp_path / LOCAL_STORE
+    server = LocalMlflowServer(store).start()  # as a running sweep's
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        promoted = call_entry("promote", ["--model", "tiny-t5", "--task", "rte"], env, tmp_path, capsys)
+        assert (f"Tracking store: the local store {store} (served at {server.uri} by the local MLflow server already "
+                "running on it)") in promoted.stderr, promoted.stderr
+        assert promoted.returncode == 2 and "There is no registered model 'capt-tiny-t5-rte'" in promoted.stderr
+        assert mlflow_answers(server.uri), "the command left the sweep's server running"
+    finally:
+        server.stop()
