@@ -27,7 +27,6 @@ from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, up
 from pipelines.sweeps.pack_rules import trial_process_env  # noqa: E402
 from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
-    check_sweep_folders,
     hold_sweep_folder,
     promote_champions,
     refuse_a_running_sweep,
@@ -56,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
-    sweep = load_sweep_config(args.config, args.overrides, more_checks=sweep_folder_problems)
-    check_sweep_folders(sweep)
+    sweep = load_sweep_config(args.config, args.overrides, more_checks=sweep_folder_problems)  # folders checked too
+    logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
     try:
         with reap_on_death(), stop_on_signals() as stop:
             return _run_and_report(sweep, args, stop)

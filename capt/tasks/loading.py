@@ -108,9 +108,15 @@ class _DuplicateKeyError(ValueError):
 def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     row = dict(pairs)
     if len(row) != len(pairs):
-        seen: set[str] = set()
-        raise _DuplicateKeyError(next(key for key, _ in pairs if key in seen or seen.add(key)))
+        raise _DuplicateKeyError(repeated_key(pairs))
     return row
+
+
+def repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
+    """The first key given twice among one JSON object's `pairs` (a `json.loads` `object_pairs_hook`'s argument),
+    or None."""
+    seen: set[str] = set()
+    return next((key for key, _ in pairs if key in seen or seen.add(key)), None)
 
 
 def _decode_line(raw: bytes, number: int, path: str | Path) -> str:

@@ -81,11 +81,7 @@ class LocalMlflowServer(ManagedService):
     def former_uris(self) -> tuple[str, ...]:
         """The other addresses this store was served at by earlier servers: operations that trials spooled for
         those are for this store, and go to this server (`pipelines.tracking.scope.ServerScope.moved_from`)."""
-        try:
-            lines = (self.root_dir / ADDRESSES_FILE).read_text(encoding="utf-8").split()
-        except OSError:
-            return ()
-        return tuple(dict.fromkeys(uri for uri in lines if uri != self.uri))
+        return tuple(dict.fromkeys(uri for uri in recorded_addresses(self.root_dir) if uri != self.uri))
 
     @property
     def running(self) -> bool:
@@ -182,7 +178,7 @@ class LocalMlflowServer(ManagedService):
         self._store_lock.close()
 
     def _store_in_use(self, holder: str) -> ServiceError:
-        at = serving_address(self.root_dir) or "http://127.0.0.1:PORT"
+        at = (recorded_addresses(self.root_dir) or ["http://127.0.0.1:PORT"])[-1]  # the holder's, recorded last
         return ServiceError(
             f"The MLflow store {self.root_dir} is in use by another local MLflow server ({holder}, at {at}), started "
             "by a sweep or a command such as `pipelines.serve`; two servers on one SQLite file corrupt its "
@@ -194,14 +190,18 @@ class LocalMlflowServer(ManagedService):
 def serving_address(store: str | os.PathLike[str]) -> str | None:
     """The address of the `LocalMlflowServer` that serves `store` now (it holds the store's lock; the last address
     recorded is its own), or None when none does."""
-    store = Path(store)
-    if current_holder(store / STORE_LOCK_FILE) is None:
+    if current_holder(Path(store) / STORE_LOCK_FILE) is None:
         return None
-    try:
-        recorded = (store / ADDRESSES_FILE).read_text(encoding="utf-8").split()
-    except OSError:
-        return None
+    recorded = recorded_addresses(store)
     return recorded[-1] if recorded else None
+
+
+def recorded_addresses(store: str | os.PathLike[str]) -> list[str]:
+    """Every address a `LocalMlflowServer` served `store` at, oldest first ([] when none was recorded)."""
+    try:
+        return (Path(store) / ADDRESSES_FILE).read_text(encoding="utf-8").split()
+    except OSError:
+        return []
 
 
 def mlflow_answers(uri: str, timeout: float = 2.0) -> bool:

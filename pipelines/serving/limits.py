@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from capt.tasks.loading import repeated_key
+
 _ESCAPE = re.compile(rb"\\.", re.S)
 _OPEN, _CLOSE = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
 _QUOTE, _COMMA = ord('"'), ord(",")
@@ -140,8 +142,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """An object's dict; a key given twice is refused (parsers disagree on which one counts)."""
     found = dict(pairs)
     if len(found) < len(pairs):
-        seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        twice = repeated_key(pairs)
         raise ClientError(f"The body gives the key {twice[:80]!r} twice in one object; give each key once.", "body",
                           "unique_keys")
     return found

@@ -176,9 +176,8 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
         problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)
         raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
                              + ".") from None
-    problems = _grid(sweep)[1] + (more_checks(sweep) if more_checks else [])
-    if problems:
-        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+    if problems := _grid(sweep)[1] + (more_checks(sweep) if more_checks else []):
+        raise _invalid_sweep(problems)
     return absolute_paths(sweep)
 
 
@@ -210,8 +209,13 @@ def trials(sweep: SweepConfig) -> list[Trial]:
     """Every grid point with its job config, validated; raises once listing every problem."""
     points, problems = _grid(sweep)
     if problems:
-        raise JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+        raise _invalid_sweep(problems)
     return points
+
+
+def _invalid_sweep(problems: list[str]) -> JobConfigError:
+    """One error listing each distinct problem once."""
+    return JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
 
 
 def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:

@@ -31,7 +31,7 @@ from pipelines.sweeps.resources import (
 )
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
 from pipelines.tracking.spool import registered_model_name
-from pipelines.training.folder_checks import OutputFolderError, folder_problem
+from pipelines.training.folder_checks import folder_problem
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -151,13 +151,6 @@ def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
         folders["tracking.local_dir"] = sweep.tracking.local_dir
     return [f"{problem}: give {key} another folder" for key, path in folders.items()
             if (problem := folder_problem(key, path))]
-
-
-def check_sweep_folders(sweep: SweepConfig) -> None:
-    """`sweep_folder_problems` as one `OutputFolderError`; logs the sweep's folder when there is none."""
-    if problems := sweep_folder_problems(sweep):
-        raise OutputFolderError("Cannot write the sweep's outputs: " + "; ".join(problems) + ".")
-    logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
 
 
 def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[None]:

@@ -212,4 +212,3 @@ def rng_restored_once_started(batches: Iterable[T], cpu_rng_state: torch.Tensor)
     if first is not _END:
         yield first
         yield from iterator
-
