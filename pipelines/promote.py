@@ -8,14 +8,14 @@ newest version wins. Scores are read from the metrics that the version's source 
 version) logged, never from version tags or descriptions, which anyone with registry write access can edit; a
 version whose source run is missing, deleted or lacks the metric is skipped, with the reason logged. The default
 metric is the validation score (`best_validation_score`): selection on validation, never on test. `--metric` takes
-only metrics whose direction is known (`METRIC_DIRECTIONS`), or any metric with `--lower-is-better` /
-`--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous champion that
-loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``, ``promoted_at`` and
-the metric's value as tags, for display only (when it becomes champion, or is chosen by another metric than
-before). The command prints each change it made (alias moved from which version to which, tags, stage), or that
-it changed nothing. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it (below it, or
-above it for a lower-is-better metric); it must be a finite number (NaN or infinity: exit 2). ``--stage`` also
-moves the legacy stage (deprecated in MLflow since 2.9).
+only metrics whose direction is known (`pipelines.promotion_rules.METRIC_DIRECTIONS`), or any metric with
+`--lower-is-better` / `--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous
+champion that loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``,
+``promoted_at`` and the metric's value as tags, for display only (when it becomes champion, or is chosen by another
+metric than before). The command prints each change it made (alias moved from which version to which, tags, stage),
+or that it changed nothing. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it (below it, or
+above it for a lower-is-better metric); it must be a finite number (NaN or infinity: exit 2). ``--stage`` also moves
+the legacy stage (deprecated in MLflow since 2.9).
 """
 
 from __future__ import annotations
@@ -30,9 +30,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from capt.errors import CaptError
-from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import cli_main
 from pipelines.config.schema import model_slug
+from pipelines.promotion_rules import (  # noqa: F401 - also importable from here, as before the split
+    METRIC_DIRECTIONS,
+    SELECTION_METRIC,
+    PromotionError,
+    check_arguments,
+    metric_direction,
+)
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking import Registry, TrackingError, VersionInfo
@@ -44,20 +50,6 @@ logger = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 STAGES = ("Staging", "Production", "Archived", "None")
-SELECTION_METRIC = "best_validation_score"
-"""The default: the validation score of the job's best checkpoint."""
-_SCORES = ("score", "accuracy", "macro_f1", "f1a", "em")
-METRIC_DIRECTIONS: dict[str, bool] = {
-    SELECTION_METRIC: True, "train_loss": False, "tokens_per_second": True, "wall_time_s": False,
-    "peak_memory_mb": False, **{f"{split}_{name}": True for split in ("validation", "test") for name in _SCORES},
-}
-"""Run metrics whose direction is known: True when higher is better."""
-
-
-class PromotionError(CaptError, RuntimeError):
-    """Promotion was refused or impossible; nothing was changed. The message says why and what to do."""
-
-
 class PromotionRefused(PromotionError):
     """The best version is below the required minimum (`--min`)."""
 
@@ -94,40 +86,6 @@ def unscored_reason(version: VersionInfo, metric: str) -> str:
     if metric not in version.metrics:
         return f"its source run {version.run_id} logged no {metric!r}"
     return f"its source run {version.run_id} logged {metric}={version.metrics[metric]}, not a finite number"
-
-
-def check_arguments(task: str, metric: str, min_value: float | None, higher_is_better: bool | None) -> None:
-    """PromotionError naming every bad argument at once (before any server is asked): a `--min` that is NaN or
-    infinite (argparse's float accepts both), an unknown task, a metric whose direction is unknown or given wrong."""
-    problems = []
-    if min_value is not None and not math.isfinite(min_value):
-        problems.append(f"--min {min_value}: not a finite number. Give a plain number (e.g. --min 70), or leave "
-                        "--min out.")
-    if task not in TASK_NAMES:
-        problems.append(f"Unknown task {task!r}; tasks: {', '.join(TASK_NAMES)}.")
-    try:
-        metric_direction(project_metric_name(metric), higher_is_better)
-    except PromotionError as err:
-        problems.append(str(err))
-    if problems:
-        raise PromotionError(" ".join(problems))
-
-
-def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
-    """Whether higher `metric` is better: `higher_is_better` when given, else the known direction.
-
-    PromotionError when the direction is unknown and not given, or given against the known one.
-    """
-    known = METRIC_DIRECTIONS.get(metric)
-    if higher_is_better is None and known is None:
-        raise PromotionError(
-            f"--metric {metric!r}: its direction is unknown, so the best version cannot be chosen. Known metrics: "
-            f"{', '.join(sorted(METRIC_DIRECTIONS))}; for another metric add --lower-is-better or --higher-is-better.")
-    if higher_is_better is not None and known is not None and higher_is_better != known:
-        said, really = ("higher", "lower") if higher_is_better else ("lower", "higher")
-        raise PromotionError(f"--metric {metric!r} with --{said}-is-better: for this metric {really} is better; "
-                             "drop the direction flag.")
-    return known if higher_is_better is None else higher_is_better
 
 
 def choose_best(versions: list[VersionInfo], metric: str, higher_is_better: bool = True) -> tuple[VersionInfo, float]:
