@@ -16,6 +16,7 @@ from capt.fingerprint import reused_samples
 from capt.heads import HeadRows, TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
+from capt.names import NameTable
 from capt.stack import CapsuleStack
 
 Directory = str | os.PathLike
@@ -43,7 +44,7 @@ class CapsuleBank(CapsuleModel):
             missing = [name for name in capsules if name not in heads]
             if missing:
                 raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
-        names: list[str] = []
+        names = NameTable()
         head_rows = None if heads is None else HeadRows(spec_for(base_model).hidden_size(base_model))
         # read one at a time, each copied into the stacks at once: 1,000 capsules keep their values, never 1,000
         # modules, heads and metadata; each is checked against the same base, whose weights' samples are taken once
@@ -145,12 +146,11 @@ def read_with_head(base_model: nn.Module, directory: str | os.PathLike, head: Ta
 
 def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterable[tuple[str, Directory]],
                heads: Mapping[str, TaskHead] | Callable[[Directory], TaskHead] | None, strict: bool,
-               names: list[str], head_rows: HeadRows | None) -> Iterator[Capsule]:
+               names: NameTable, head_rows: HeadRows | None) -> Iterator[Capsule]:
     """Each capsule of `capsules` read and checked (its head in place), its name added to `names` and its head to
     `head_rows` as it is read."""
-    seen: set[str] = set()
     for name, directory in capsules.items() if isinstance(capsules, Mapping) else capsules:
-        if name in seen:
+        if name in names:
             raise CapsuleArtifactError(f"Two capsules are named {name!r}: a bank's capsule names are unique.")
         if heads is None:
             head = None
@@ -162,7 +162,6 @@ def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterab
             head = heads(directory)
         capsule = read_with_head(base_model, directory, head, strict)[0]
         names.append(name)
-        seen.add(name)
         if head_rows is not None:
             head_rows.add(head)
         yield capsule

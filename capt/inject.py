@@ -57,7 +57,7 @@ class CapsuleModel(SinglePhase, nn.Module):
             )
         self.spec = spec or spec_for(base_model)
         self.base_model = base_model
-        self.selector = CapsuleSelector(list(names) if names is not None else ["default"] * len(capsules))
+        self.selector = CapsuleSelector(names if names is not None else ["default"] * len(capsules))
         self.num_slots = slot_counts[0]
         self._requires_grad = {name: p.requires_grad for name, p in base_model.named_parameters()}
         base_model.requires_grad_(False)

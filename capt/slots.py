@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from capt.errors import CaptError
+from capt.names import NameTable
 
 
 def insert_slots(tensor: torch.Tensor, start: int, stop: int, fill: float | int) -> torch.Tensor:
@@ -42,27 +45,24 @@ def match_batch(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 class CapsuleSelector:
     """Turns a per-row capsule choice (names, indices or a tensor) into a (B,) index tensor."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
-        self._positions: dict[str, int] = {}
-        for index, name in enumerate(names):
-            self._positions.setdefault(name, index)  # the first of equal names, as list.index gives
+    def __init__(self, names: Iterable[str] | NameTable) -> None:
+        self.names = names if isinstance(names, NameTable) else NameTable(names)
+        """Capsule names by index, with a hash index (a bank of 1,000 capsules routes a row without a scan)."""
 
     def append(self, name: str) -> None:
         """One more capsule, at the next index."""
         self.names.append(name)
-        self._positions.setdefault(name, len(self.names) - 1)
 
     def position(self, name: str) -> int | None:
         """The index of capsule `name` (the first of equal names), or None when no capsule has that name."""
-        return self._positions.get(name)
+        return self.names.position(name)
 
     def rows(self, capsule, batch: int, count: int) -> torch.Tensor | None:
         """(B,) capsule index per row on the host (CPU), or None when every row uses the only capsule. A tensor on an
         accelerator is read back here, once per call, so that no capsule layer waits for the device."""
         if capsule is None:
             if count > 1:
-                raise CaptError(f"This model holds {count} capsules {self.names}: pass capsule=[...] per row.")
+                raise CaptError(f"This model holds {count} capsules {list(self.names)}: pass capsule=[...] per row.")
             return None
         if isinstance(capsule, str | int):
             capsule = [capsule] * batch
@@ -79,10 +79,11 @@ class CapsuleSelector:
     def _index(self, choice: str | int, count: int) -> int:
         if isinstance(choice, int) and not isinstance(choice, bool):
             return choice
-        if choice in self._positions:  # a dict: a bank of 1,000 capsules routes a row without a scan
-            return self._positions[choice]
-        raise CaptError(f"Unknown capsule {choice!r}; this model holds {self.names} (or indices 0..{count - 1}).")
+        index = self.names.position(choice) if isinstance(choice, str) else None
+        if index is not None:
+            return index
+        raise CaptError(f"Unknown capsule {choice!r}; this model holds {list(self.names)} (or indices 0..{count - 1}).")
 
     def __repr__(self) -> str:
-        return f"CapsuleSelector({self.names})"
+        return f"CapsuleSelector({list(self.names)})"
 

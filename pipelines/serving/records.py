@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from capt.names import NameTable
 from capt.tasks import Collator
 
 
@@ -84,11 +85,15 @@ class ServedRecords:
     Why columns rather than a record and a dict entry per capsule: in a 1,000-capsule replica those came to about
     130 bytes of Python objects each, left among the pages that reading each capsule touched, where a MiniLM capsule
     is 12 KB of values and the serving target allows 10 % beyond them. Here a capsule costs its registered model's
-    name and 43 bytes of arrays; what capsules share (task, collator, mode, generation length) is kept once.
+    name in a `capt.names.NameTable` and 47 bytes of arrays; what capsules share (task, collator, mode, generation
+    length) is kept once.
     """
 
     def __init__(self) -> None:
-        self._model_names: list[str] = []
+        self._model_names = NameTable()
+        """Each distinct registered-model name once (a replaced version may come from another)."""
+        self._model_of = array("I")
+        """Per capsule, its registered model's index in `_model_names`."""
         self._versions = array("q")
         self._digests = bytearray()
         """32 bytes per capsule: the SHA-256 its registry source verified, zeros when none did (see `_verified`)."""
@@ -104,7 +109,7 @@ class ServedRecords:
     def append(self, record: ServedRecord) -> None:
         """The record of the capsule at the next bank index."""
         digest, kind = _digest_bytes(record.digest), self._kind(record)  # checked before any column grows
-        self._model_names.append(record.model_name)
+        self._model_of.append(self._model_index(record.model_name))
         self._versions.append(record.version)
         self._digests += digest
         self._verified.append(record.digest is not None)
@@ -115,7 +120,7 @@ class ServedRecords:
         if not 0 <= index < len(self):
             raise IndexError(f"no capsule record at index {index} of {len(self)}")
         digest, kind = _digest_bytes(record.digest), self._kind(record)
-        self._model_names[index] = record.model_name
+        self._model_of[index] = self._model_index(record.model_name)
         self._versions[index] = record.version
         self._digests[32 * index:32 * index + 32] = digest
         self._verified[index] = record.digest is not None
@@ -125,8 +130,12 @@ class ServedRecords:
         """The record of the capsule at bank index `index`."""
         task, collator, mode, max_new_tokens = self._shared[self._kinds[index]]
         digest = self._digests[32 * index:32 * index + 32].hex() if self._verified[index] else None
-        return ServedRecord(task, self._model_names[index], self._versions[index], digest, collator, mode,
-                            max_new_tokens)
+        model_name = self._model_names[self._model_of[index]]
+        return ServedRecord(task, model_name, self._versions[index], digest, collator, mode, max_new_tokens)
+
+    def _model_index(self, model_name: str) -> int:
+        found = self._model_names.position(model_name)
+        return self._model_names.append(model_name) if found is None else found
 
     def _kind(self, record: ServedRecord) -> int:
         shared = (record.task, record.collator, record.mode, record.max_new_tokens)

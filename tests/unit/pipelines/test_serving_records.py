@@ -42,7 +42,9 @@ def test_a_bad_index_or_digest_is_refused_and_changes_nothing() -> None:
     assert len(records) == 1 and records.get(0) == _record(0)
 
 
-def test_a_thousand_records_cost_their_model_names_and_under_80_bytes_each() -> None:
+def test_a_thousand_records_cost_their_model_names_bytes_and_under_70_bytes_each() -> None:
+    """A record holds its registered model's name as UTF-8 bytes in a `capt.names.NameTable` (an offset and index
+    slots beside them), not as a string object; the rest is a few arrays (digest 32 bytes, version, kind)."""
     given = [_record(i, digest=f"{i:064x}") for i in range(1000)]  # built first: their names are the caller's
     tracemalloc.start()
     try:
@@ -53,5 +55,6 @@ def test_a_thousand_records_cost_their_model_names_and_under_80_bytes_each() -> 
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert grown < 80 * 1000, f"{grown} bytes for 1,000 records"
+    names = sum(len(record.model_name) for record in given)
+    assert grown < 1.15 * names + 70 * 1000, f"{grown} bytes for 1,000 records and {names} bytes of names"
     assert records.get(999) == given[999]
