@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipelines.serving.app import CapsuleServer
+from pipelines.serving.app import CapsuleServer, actor_options
 from pipelines.serving.memory import resident_mb
 
 TOKEN = secrets.token_urlsafe(32)
@@ -60,7 +60,7 @@ def deploy(settings: Any, manifest: Path, name: str) -> tuple[str, float]:
     from ray import serve
 
     server = serve.deployment(TimedServer, name="capsules", num_replicas=settings.num_replicas,
-                              ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
+                              ray_actor_options=actor_options(settings),
                               max_ongoing_requests=settings.max_batch_requests * 4)
     started = time.perf_counter()
     serve.run(server.bind(asdict(settings), str(manifest)), name=name, route_prefix=f"/{name}")

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.limits import Limits
-from pipelines.serving.memory import resident_mb
+from pipelines.serving.memory import REPLICA_HEAP_ENV, heap_in_force, resident_mb
 from pipelines.serving.records import Answer, ServedCapsule
 from pipelines.serving.reload import Reloader
 from pipelines.serving.routes import Catalog, Front
@@ -108,23 +108,30 @@ class CapsuleServer:
                 "model": answer.model_name, "version": answer.version}
 
     def describe(self) -> dict[str, Any]:
-        """What this replica serves: each capsule's registry model, version and digest; base model; memory."""
+        """What this replica serves: each capsule's registry model, version and digest; base model; memory and the
+        glibc heap settings it started with."""
         served = {name: self.engine.served(name) for name in self.engine.names}
         return {"base_model": self.engine.base_name, "alias": self.settings.alias,
                 "tasks": {name: {"task": c.task, "model": c.model_name, "version": c.version, "digest": c.digest}
                           for name, c in served.items()},
                 "versions": self.engine.versions(), "base_rss_mb": self.engine.base_rss_mb,
-                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": resident_mb()}
+                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": resident_mb(), "heap": heap_in_force()}
 
 
 
 def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None = None) -> serve.Application:
     """The bound Serve application for `settings` (and, for the benchmark, capsules given directly)."""
-    options = {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus}
     server = serve.deployment(CapsuleServer, name="capsules", num_replicas=settings.num_replicas,
-                              ray_actor_options=options,
+                              ray_actor_options=actor_options(settings),
                               max_ongoing_requests=settings.max_batch_requests * 4)
     return server.bind(asdict(settings), list(capsules) if capsules is not None else None)
+
+
+def actor_options(settings: ServeSettings) -> dict[str, Any]:
+    """A replica's Ray actor options: its CPUs and GPUs, and the glibc heap settings it starts with
+    (`memory.REPLICA_HEAP_ENV`)."""
+    return {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus,
+            "runtime_env": {"env_vars": dict(REPLICA_HEAP_ENV)}}
 
 
 def build(args: dict[str, Any]) -> serve.Application:

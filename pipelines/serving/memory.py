@@ -12,7 +12,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from collections.abc import Callable
+
+REPLICA_HEAP_ENV = {"MALLOC_ARENA_MAX": "1"}
+"""glibc heap settings of a serving replica (Ray runtime_env variables; glibc reads them when the process starts).
+
+Serve runs a replica's constructor, and so the reading of every capsule, in a thread of its own, which glibc gives
+an arena of its own; `malloc_trim` returns the free pages inside a thread arena but never its top, where what
+loading freed ends up. With one arena, every thread allocates from the main heap, whose top `malloc_trim` returns
+too. Measured in process, 1,000 tiny-t5 capsules read in a thread: 1.38-1.56 MB once loaded with the default
+arenas, 1.06-1.07 MB with one (as when read in the main thread)."""
 
 
 @functools.cache
@@ -32,6 +42,11 @@ def release_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def heap_in_force() -> dict[str, str]:
+    """The `REPLICA_HEAP_ENV` settings this process started with (GET /tasks shows them)."""
+    return {name: os.environ[name] for name in REPLICA_HEAP_ENV if name in os.environ}
 
 
 def resident_mb() -> float:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
-from pipelines.serving.memory import release_freed_heap
+from pipelines.serving.memory import REPLICA_HEAP_ENV, release_freed_heap
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _rss_mb() -> float:
@@ -23,3 +28,35 @@ def test_freed_heap_below_a_live_block_goes_back_to_the_system() -> None:
     assert release_freed_heap()
     assert before - _rss_mb() > 40, "the freed 80 MB stayed resident"
     assert len(above) == 2000
+
+
+_IN_A_THREAD = """
+import threading
+from pipelines.serving.memory import release_freed_heap, resident_mb
+freed = bytearray(8 << 20)
+del freed  # a large block freed (a model's load frees many): glibc raises its trim threshold
+def load():
+    blocks = [bytearray(1024) for _ in range(8_000)]  # 8 MB in small blocks, freed again, as a capsule load does
+    del blocks
+release_freed_heap()
+before = resident_mb()
+thread = threading.Thread(target=load)  # Serve runs a replica's constructor in a thread of its own
+thread.start()
+thread.join()
+release_freed_heap()
+print(resident_mb() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's arenas and malloc_trim")
+def test_with_the_replicas_heap_settings_what_a_thread_freed_goes_back_too() -> None:
+    """What a thread frees stays resident after malloc_trim with glibc's per-thread arenas (8.5 MB of 8 here), and
+    goes back with `REPLICA_HEAP_ENV` (one arena), the settings a replica starts with."""
+    def kept_mb(env: dict[str, str]) -> float:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        done = subprocess.run([sys.executable, "-c", _IN_A_THREAD], env={**clean, **env}, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True)
+        return float(done.stdout)
+
+    assert kept_mb({}) > 6, "glibc's thread arenas no longer keep what a thread freed: the setting may go"
+    assert kept_mb(REPLICA_HEAP_ENV) < 2
