@@ -16,6 +16,11 @@ from collections.abc import Iterable, Iterator
 _EMPTY = -1
 
 
+def _encoded(name: str) -> bytes:
+    # surrogatepass: any str is a name (a lone surrogate too), found again as it was given
+    return name.encode("utf-8", "surrogatepass")
+
+
 class NameTable:
     """Names in the order appended (repeats allowed); `position(name)` finds the first of equal names without a
     scan."""
@@ -36,10 +41,10 @@ class NameTable:
     def __getitem__(self, index: int) -> str:
         if not -len(self) <= index < len(self):
             raise IndexError(f"name index {index} out of range for {len(self)} names")
-        return self._bytes(index % len(self)).decode()
+        return self._bytes(index % len(self)).decode("utf-8", "surrogatepass")
 
     def __iter__(self) -> Iterator[str]:
-        return (self._bytes(index).decode() for index in range(len(self)))
+        return (self._bytes(index).decode("utf-8", "surrogatepass") for index in range(len(self)))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.position(name) is not None
@@ -49,14 +54,14 @@ class NameTable:
 
     def position(self, name: str) -> int | None:
         """The index of the first name equal to `name`, or None."""
-        encoded = name.encode()
+        encoded = _encoded(name)
         slot = self._free_or_found(encoded)
         found = self._slots[slot]
         return None if found == _EMPTY else found
 
     def append(self, name: str) -> int:
         """Add `name` at the next index; that index."""
-        encoded = name.encode()
+        encoded = _encoded(name)
         self._text += encoded
         self._ends.append(len(self._text))
         index = len(self) - 1

@@ -12,7 +12,7 @@ from capt.names import NameTable
 
 def test_it_behaves_as_a_list_of_names_with_the_first_of_equal_names_found():
     rng = random.Random(0)
-    pool = [f"task{i}" for i in range(300)] + ["rte", "", "é-naïve", "日本語", "a" * 200, "rte "]
+    pool = [f"task{i}" for i in range(300)] + ["rte", "", "é-naïve", "日本語", "a" * 200, "rte ", "\ud800"]
     names = [rng.choice(pool) for _ in range(2_000)]  # repeats, and enough to grow the index many times
     table = NameTable()
     for i, name in enumerate(names):
