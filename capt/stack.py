@@ -196,13 +196,14 @@ class CapsuleStack(nn.Module):
         firsts: dict[tuple, Capsule] = {}
         rows: dict[tuple, dict[str, RowStack]] = {}
         counts: dict[tuple, int] = {}
-        where = array.array("q")  # group, position of each capsule in turn: no Python object per capsule
+        group_of, position_of = array.array("q"), array.array("q")  # per capsule in turn: no Python object each
         for capsule in capsules:  # copied in one by one: each capsule's module can go once it is read
             key = _key(capsule)
             if key not in firsts:
                 firsts[key], counts[key] = capsule, 0
                 rows[key] = {name: RowStack() for name, _ in capsule.named_parameters()}
-            where.extend((list(firsts).index(key), counts[key]))
+            group_of.append(list(firsts).index(key))
+            position_of.append(counts[key])
             counts[key] += 1
             for name, parameter in capsule.named_parameters():
                 rows[key][name].append(parameter.detach())
@@ -210,10 +211,8 @@ class CapsuleStack(nn.Module):
             _Group(firsts[key], {name: gathered.stacked() for name, gathered in rows[key].items()}, counts[key])
             for key in firsts)
         device = next(self.groups.buffers(), torch.empty(0)).device  # the index lives beside the values
-        places = torch.frombuffer(where, dtype=torch.long).clone() if where else torch.empty(0, dtype=torch.long)
-        places = places.to(device).reshape(-1, 2)  # (N, 2): group, position
-        self.register_buffer("group", places[:, 0].contiguous(), persistent=False)
-        self.register_buffer("position", places[:, 1].contiguous(), persistent=False)
+        self.register_buffer("group", _index_tensor(group_of, device), persistent=False)
+        self.register_buffer("position", _index_tensor(position_of, device), persistent=False)
 
     def __len__(self) -> int:
         return int(self.group.numel())
@@ -280,3 +279,10 @@ class CapsuleStack(nn.Module):
                 fused = group.fuse(layer, states[chosen], mask.index_select(0, chosen), positions[chosen])
                 slots = slots.index_copy(0, chosen, fused)
         return slots
+
+
+def _index_tensor(values: array.array, device: torch.device) -> torch.Tensor:
+    """(N,) int64 on `device`, a copy of `values` (an empty array gives an empty tensor)."""
+    if not values:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(values, dtype=torch.long).clone().to(device)
