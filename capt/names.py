@@ -76,7 +76,7 @@ class NameTable:
         start = self._ends[index - 1] if index else 0
         return self._text[start:self._ends[index]]
 
-    def _free_or_found(self, encoded: bytes) -> int:
+    def _free_or_found(self, encoded: bytes | bytearray) -> int:
         """The slot holding `encoded`'s first index, or the empty slot where it would go (linear probing)."""
         mask = len(self._slots) - 1
         slot = zlib.crc32(encoded) & mask
@@ -87,6 +87,6 @@ class NameTable:
     def _rehash(self, size: int) -> None:
         self._slots = array("i", [_EMPTY]) * size
         for index in range(len(self)):
-            slot = self._free_or_found(bytes(self._bytes(index)))
+            slot = self._free_or_found(self._bytes(index))
             if self._slots[slot] == _EMPTY:
                 self._slots[slot] = index

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pipelines.services.private import RAY_LOOPBACK_ENV
@@ -27,7 +27,12 @@ SETTINGS_FOR_WORKERS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "CAP
 
 def worker_settings() -> dict[str, str]:
     """The runtime_env variables a cluster's workers get from the driver: SETTINGS_FOR_WORKERS only."""
-    return {name: os.environ[name] for name in SETTINGS_FOR_WORKERS if name in os.environ}
+    return environment_values(SETTINGS_FOR_WORKERS)
+
+
+def environment_values(names: Iterable[str]) -> dict[str, str]:
+    """The value of each of `names` that this process's environment sets (runtime_env variables it was given)."""
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 @contextlib.contextmanager

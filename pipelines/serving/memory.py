@@ -12,8 +12,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 from collections.abc import Callable
+
+from pipelines.services.ray_connect import environment_values
 
 REPLICA_HEAP_ENV = {"MALLOC_ARENA_MAX": "1"}
 """glibc heap settings of a serving replica (Ray runtime_env variables; glibc reads them when the process starts).
@@ -46,7 +47,7 @@ def release_freed_heap() -> bool:
 
 def heap_in_force() -> dict[str, str]:
     """The `REPLICA_HEAP_ENV` settings this process started with (GET /tasks shows them)."""
-    return {name: os.environ[name] for name in REPLICA_HEAP_ENV if name in os.environ}
+    return environment_values(REPLICA_HEAP_ENV)
 
 
 def resident_mb() -> float:

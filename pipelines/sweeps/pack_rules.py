@@ -10,13 +10,13 @@ other problem of the sweep (`pipelines.sweeps.config.trials`): CaPT and its abla
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 from pydantic import PositiveInt
 from pydantic.dataclasses import dataclass
 
 from pipelines.config.schema import STRICT
+from pipelines.services.ray_connect import environment_values
 
 
 @dataclass(config=STRICT)
@@ -49,7 +49,7 @@ def trial_process_env(sweep: Any) -> dict[str, str]:
 
 def heap_in_force() -> dict[str, str]:
     """The glibc heap settings this process started with (recorded in each pack member's result.json)."""
-    return {name: os.environ[name] for name in TUNED_HEAP_ENV if name in os.environ}
+    return environment_values(TUNED_HEAP_ENV)
 
 
 def pack_option_problems(sweep: Any) -> list[str]:
