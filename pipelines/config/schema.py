@@ -39,7 +39,8 @@ class ModelSection:
     """Which frozen base model to adapt."""
 
     name: str = "tiny-t5"
-    """Built-in offline model (tiny-t5, tiny-llama, tiny-qwen2, tiny-bert, minilm), a hub id or a local path."""
+    """Built-in offline model (tiny-t5, tiny-llama, tiny-qwen2, tiny-bert, minilm, smollm2-135m), a hub id or a local
+    path."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype the frozen weights are loaded in (trainable weights stay float32)."""
     max_length: PositiveInt = 256

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from capt.arch import head_parameters
+from pipelines.models import smollm2
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.models.shape import TINY_MODELS, read_model_config
 
@@ -159,6 +160,9 @@ def _local_folder(name: str) -> Path | None:
         from capt.tasks.tokenizers import minilm_model_path
 
         return Path(minilm_model_path())
+    if name == smollm2.NAME:
+        folder = smollm2.checkpoint_dir()
+        return folder if folder.is_dir() else None
     path = Path(name).expanduser()
     if path.is_dir():
         return path

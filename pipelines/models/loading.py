@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, supported_model_types
+from pipelines.models import smollm2
 from pipelines.models.shape import TINY_MODELS
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ def load_model(name: str, num_labels: int, dtype: str = "float32") -> LoadedMode
         loaded = _tiny(name, num_labels)
     elif name == "minilm":
         loaded = _minilm(num_labels)
+    elif name == smollm2.NAME:
+        loaded = _pretrained(str(smollm2.ensure_checkpoint()), num_labels)
+        loaded.model.config._name_or_path = name
     else:
         loaded = _pretrained(name, num_labels)
     loaded.model.to(torch_dtype)

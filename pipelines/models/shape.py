@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from capt.arch import ArchSpec
 
 TINY_MODELS = ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert")
-BUILTIN_MODELS = (*TINY_MODELS, "minilm")
+BUILTIN_MODELS = (*TINY_MODELS, "minilm", "smollm2-135m")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -68,8 +68,12 @@ def forget_model_shapes() -> None:
 @functools.lru_cache(maxsize=64)
 def _shape_or_problem(name: str) -> ModelShape | str:
     """Cached, failures included: a sweep validates every trial of a model, one config read (or hub call) each."""
+    from pipelines.models.smollm2 import ModelSourceError
+
     try:
         config = read_model_config(name)
+    except ModelSourceError as err:
+        return str(err)
     except ImportError as err:
         return f"model.name={name!r}: {err}"
     except (OSError, ValueError, KeyError) as err:
@@ -102,6 +106,10 @@ def read_model_config(name: str):
         from capt.tasks.tokenizers import minilm_model_path
 
         return AutoConfig.from_pretrained(minilm_model_path())
+    if name == "smollm2-135m":
+        from pipelines.models import smollm2
+
+        return AutoConfig.from_pretrained(smollm2.ensure_checkpoint())
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except OSError:

@@ -1,0 +1,289 @@
+"""The paper's decoder-only comparison on a real LLM (SmolLM2-135M), resumable over many sessions.
+
+    CAPT_DATA_DIR=DIR python -m benchmarks.learning_llm --out benchmarks/results/learning_smollm2
+    python -m benchmarks.learning_llm --out benchmarks/results/learning_smollm2 --report-only
+
+The grid is the sweep config `pipelines/configs/bench/learning_smollm2.yaml` (tasks x method rows x learning rates
+x seeds). Its trial jobs run here, in `--workers` processes on one torch thread each (on 2 CPUs two one-thread jobs
+get more steps per hour than one two-thread job, and a sweep's Ray actors would add start-up to each of 144
+trials), seed 0 of every cell first so that a stopped run leaves whole tables. Each process keeps its base model
+loaded between trials (`pipelines.models.cache.BASE_MODELS`).
+
+Resumable: every finished trial's result.json is copied to `<out>/trials/<trial>.json`, keyed by the hash of its
+resolved job config; a later run skips a trial whose record there has the same config hash and an intact
+`result_digest`, and a trial stopped midway continues from its checkpoint in `--work` (the sweep's job folders).
+Packing is not used: on the CPU a pack's members cost their full compute each; packing saves host overhead on a GPU.
+
+The report (`report.md`, `report.json`) selects on validation only: per (task, row), the learning rate whose mean
+best validation score over the seeds is highest (`pipelines.sweeps.select.chosen_labels`); the test scores shown
+are that learning rate's. The untrained row is LoRA's test score before its first step (its B starts at zero: the
+bare model on the same prompt). CaPT's per-seed paired differences against every other row follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import logging
+import math
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, machine, versions
+
+logger = logging.getLogger(__name__)
+
+CONFIG = "pipelines/configs/bench/learning_smollm2.yaml"
+OUT = "benchmarks/results/learning_smollm2"
+WORK = "outputs/bench-learning-smollm2"
+REFERENCE = "capt"
+UNTRAINED_FROM = "lora"
+"""The row whose test score before training is the bare model's (LoRA's update starts at zero)."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_llm", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=CONFIG, help=f"the sweep config of the grid (default {CONFIG})")
+    parser.add_argument("--out", default=OUT, help=f"where trial records and the report go (default {OUT})")
+    parser.add_argument("--work", default=WORK, help=f"the job folders (checkpoints, artifacts; default {WORK})")
+    parser.add_argument("--workers", type=int, default=2, help="trial processes at once, one torch thread each")
+    parser.add_argument("--limit", type=int, default=None, help="run at most this many pending trials, then report")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the records; train nothing")
+    parser.add_argument("overrides", nargs="*", help="sweep config overrides, key=value")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    out = Path(args.out)
+    problems = []
+    if not args.report_only and not os.environ.get("CAPT_DATA_DIR"):
+        problems.append("CAPT_DATA_DIR is not set: the grid needs the real task files (<dir>/<task>/{train,val}.jsonl)")
+    if args.workers < 1:
+        problems.append(f"--workers={args.workers}: give 1 or more")
+    if problems:
+        print("error: " + "; ".join(problems) + ".", file=sys.stderr)
+        return 2
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        grid = load_grid(args.config, [*args.overrides, f"storage_path={Path(args.work).resolve()}"])
+        pending = [t for t in grid if record_of(out, t) is None]
+        logger.info("%d trials in the grid, %d already recorded, %d to run", len(grid), len(grid) - len(pending),
+                    len(pending))
+        run_trials(pending[: args.limit] if args.limit is not None else pending, out, args.workers)
+        write_run_info(out, args)
+    report = build_report(load_records(out))
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def load_grid(config: str, overrides: list[str]) -> list:
+    """The sweep's trials, seed-major (every cell's seed 0 first), then task, row and learning rate."""
+    from pipelines.sweeps.config import load_sweep_config, trials
+
+    sweep = load_sweep_config(REPO / config, overrides)
+    order = {name: i for i, name in enumerate(sweep.tasks)}
+    rows = {entry.key: i for i, entry in enumerate(sweep.methods)}
+    return sorted(trials(sweep), key=lambda t: (t.seed, order[t.task], rows[t.method], json.dumps(t.select)))
+
+
+def record_path(out: Path, trial) -> Path:
+    return out / "trials" / f"{Path(trial.job['output_dir']).name}.json"
+
+
+def record_of(out: Path, trial) -> dict[str, Any] | None:
+    """The trial's record when it holds this exact config's intact result; None otherwise."""
+    from pipelines.config.load import validate_job_config
+    from pipelines.training.outputs import config_hash
+
+    path = record_path(out, trial)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if not intact(record) or record["result"].get("config_hash") != config_hash(validate_job_config(trial.job)):
+        logger.warning("%s does not hold this config's intact result: the trial runs again", path)
+        return None
+    return record
+
+
+def intact(record: dict[str, Any]) -> bool:
+    """The record's result.json still has the digest its job sealed it with."""
+    from pipelines.training.cached import RESULT_DIGEST_KEY, result_digest
+
+    result = record.get("result") or {}
+    return result.get(RESULT_DIGEST_KEY) == result_digest(result)
+
+
+def run_trials(pending: list, out: Path, workers: int) -> None:
+    """Train the pending trials in `workers` one-thread processes, recording each as it finishes."""
+    if not pending:
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+        futures = {pool.submit(_train, trial.job): trial for trial in pending}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            trial = futures[future]
+            try:
+                result, seconds = future.result()
+            except Exception as err:  # one failed trial is logged; the grid goes on and a rerun retries it
+                logger.error("[%d/%d] %s %s failed: %s", done, len(pending), trial.name, trial.select, err)
+                continue
+            record = {"trial": trial.name, "task": trial.task, "model": trial.model, "row": trial.method,
+                      "seed": trial.seed, "select": trial.select, "wall_s": round(seconds, 1), "result": result}
+            path = record_path(out, trial)
+            path.with_suffix(".tmp").write_text(json.dumps(record, indent=1, default=str) + "\n")
+            path.with_suffix(".tmp").replace(path)
+            logger.info("[%d/%d] %s %s: validation %.1f, test %.1f (%.0f s)", done, len(pending), trial.name,
+                        trial.select, result["metrics"].get("best_validation_score", math.nan),
+                        result["metrics"].get("test_score", math.nan), seconds)
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+
+
+def _train(job: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    from pipelines.config.load import validate_job_config
+    from pipelines.models.cache import BASE_MODELS
+    from pipelines.train import run
+
+    started = time.perf_counter()
+    result = run(validate_job_config(job), base_models=BASE_MODELS, progress_every_s=30.0)
+    return result, time.perf_counter() - started
+
+
+def write_run_info(out: Path, args: argparse.Namespace) -> None:
+    """What ran: the commit (and whether the tree was clean), the command, machine and versions, appended per run."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    path = out / "run.json"
+    runs = json.loads(path.read_text()) if path.is_file() else []
+    runs.append({"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": git("rev-parse", "HEAD"),
+                 "tree_clean": not git("status", "--porcelain", "--", "capt", "pipelines", "benchmarks"),
+                 "command": ["python", "-m", "benchmarks.learning_llm", *sys.argv[1:]], "config": args.config,
+                 "workers": args.workers, "machine": machine(), "versions": versions()})
+    path.write_text(json.dumps(runs, indent=2) + "\n")
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    """Every intact trial record in `<out>/trials` (a damaged one is reported and left out)."""
+    records = []
+    for path in sorted((out / "trials").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if intact(record):
+            records.append(record)
+        else:
+            logger.warning("%s: its result does not match its result_digest; left out of the report", path)
+    return records
+
+
+def _label(select: dict[str, Any]) -> str:
+    from pipelines.sweeps.select import select_label
+
+    return select_label(select)
+
+
+def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Selection on validation, test mean and std of the chosen values, the untrained row, paired differences."""
+    from pipelines.sweeps.select import chosen_labels
+
+    rows = [{"task": r["task"], "row": r["row"], "seed": r["seed"], "select": _label(r["select"]),
+             "validation": r["result"]["metrics"].get("best_validation_score"),
+             "test": r["result"]["metrics"].get("test_score"),
+             "untrained": r["result"]["metrics"].get("test_untrained_score"),
+             "majority": r["result"]["metrics"].get("test_majority_score")} for r in records]
+    chosen = chosen_labels(rows, keys=("task", "row"))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    methods = list(dict.fromkeys(r["row"] for r in rows))
+    cells: dict[str, dict[str, Any]] = {}
+    for (task, row), label in chosen.items():
+        picked = sorted((r for r in rows if (r["task"], r["row"], r["select"]) == (task, row, label)),
+                        key=lambda r: r["seed"])
+        cells[f"{task}|{row}"] = {"select": label, "seeds": [r["seed"] for r in picked],
+                                  "test": [r["test"] for r in picked],
+                                  "validation": [r["validation"] for r in picked]}
+        if row == UNTRAINED_FROM:  # the bare model: the same for every lr and seed of the split; kept per seed
+            cells[f"{task}|untrained"] = {"select": "", "seeds": [r["seed"] for r in picked],
+                                          "test": [r["untrained"] for r in picked], "validation": []}
+        if row == REFERENCE:
+            cells[f"{task}|capt-step0"] = {"select": label, "seeds": [r["seed"] for r in picked],
+                                           "test": [r["untrained"] for r in picked], "validation": []}
+    majority = {task: next(r["majority"] for r in rows if r["task"] == task) for task in tasks}
+    order = ["untrained", "capt-step0", *methods]
+    return {"tasks": tasks, "rows": [m for m in order if any(f"{t}|{m}" in cells for t in tasks)], "cells": cells,
+            "majority": majority, "paired": paired_differences(cells, tasks, methods), "trials": len(records)}
+
+
+def paired_differences(cells: dict[str, dict[str, Any]], tasks: list[str], methods: list[str]) -> dict[str, Any]:
+    """CaPT minus each row, per seed both have (each at its own chosen learning rate)."""
+    paired = {}
+    for task in tasks:
+        reference = cells.get(f"{task}|{REFERENCE}")
+        if reference is None:
+            continue
+        mine = dict(zip(reference["seeds"], reference["test"], strict=True))
+        for row in ["untrained", *methods]:
+            other = cells.get(f"{task}|{row}")
+            if row == REFERENCE or other is None:
+                continue
+            diffs = [mine[s] - v for s, v in zip(other["seeds"], other["test"], strict=True) if s in mine]
+            if diffs:
+                paired[f"{task}|{row}"] = diffs
+    return paired
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.1f} ± {std:.1f} ({len(values)})"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: test scores (mean ± std over seeds, seed count), chosen lrs, paired differences."""
+    tasks, cells = report["tasks"], report["cells"]
+    lines = ["# SmolLM2-135M learning benchmark (selection on validation, test mean ± std (seeds))", "",
+             f"{report['trials']} trials recorded. Weights: SmolLM2-135M-Instruct, the 4-bit GGUF release (Q4_1) "
+             "dequantised to float32, not the bf16 release.", "",
+             "| row | " + " | ".join(tasks) + " | average |", "|---" * (len(tasks) + 2) + "|"]
+    lines.append("| majority class | " + " | ".join(f"{report['majority'][t]:.1f}" for t in tasks) + " | |")
+    for row in report["rows"]:
+        found = [cells.get(f"{t}|{row}") for t in tasks]
+        means = [statistics.fmean(c["test"]) for c in found if c and c["test"]]
+        average = f"{statistics.fmean(means):.1f}" if len(means) == len(tasks) else "-"
+        lines.append(f"| {row} | " + " | ".join(_mean_std(c["test"]) if c else "-" for c in found)
+                     + f" | {average} |")
+    lines += ["", "Chosen learning rate (on validation):", "",
+              "| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for row in report["rows"]:
+        if row in ("untrained",):
+            continue
+        lines.append(f"| {row} | " + " | ".join(cells.get(f"{t}|{row}", {}).get("select", "-") or "-"
+                                                for t in tasks) + " |")
+    lines += ["", "CaPT minus each row, paired by seed (mean ± std (pairs)):", "",
+              "| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for row in report["rows"]:
+        if row == REFERENCE:
+            continue
+        lines.append(f"| {row} | " + " | ".join(_mean_std(report["paired"].get(f"{t}|{row}", [])) for t in tasks)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
