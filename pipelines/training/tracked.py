@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config.schema import JobConfig, model_slug
+from pipelines.models import smollm2
 from pipelines.training.outputs import claim_job_folder, config_hash
 
 Report = Callable[[dict[str, Any]], None]
@@ -143,10 +144,13 @@ def job_run_name(config: JobConfig, method_key: str | None = None) -> str:
 
 
 def job_run_tags(config: JobConfig, method_key: str | None = None) -> dict[str, str]:
-    """The tags every job's run has: task, model, base model, method, seed, real or generated data, config hash."""
+    """The tags every job's run has: task, model, base model, method, seed, real or generated data, config hash, and
+    what the base model's weights are where the name alone does not say (SmolLM2: a dequantised 4-bit release)."""
+    weights = {"base_model_weights": smollm2.WEIGHTS_NOTE} if config.model.name == smollm2.NAME else {}
     return {"task": config.task.name, "model": model_slug(config.model.name), "base_model": config.model.name,
             "method": method_key or config.method.name, "method_name": config.method.name, "seed": str(config.seed),
-            "data": "generated" if config.task.source == "generated" else "real", "config_hash": config_hash(config)}
+            "data": "generated" if config.task.source == "generated" else "real", "config_hash": config_hash(config),
+            **weights}
 
 
 def stored_digest(config: JobConfig) -> str | None:
