@@ -109,7 +109,7 @@ def read_model_config(name: str):
     if name == "smollm2-135m":
         from pipelines.models import smollm2
 
-        return AutoConfig.from_pretrained(smollm2.ensure_checkpoint())
+        return smollm2.read_config()
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except OSError:

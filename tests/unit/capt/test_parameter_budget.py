@@ -125,3 +125,17 @@ def test_xprompt_budget_on_t5_base():
     # XPrompt reports no T5-Base count (its tables use T5-Large/XL/XXL and give the pruned prompt per task). Trained:
     # the paper's 20 x 768 prompt; its masks (20 + 20 x 16) are set by pruning, not trained.
     assert sum(p.numel() for p in adapted.trainable_parameters()) == 20 * hidden == 15_360
+
+
+@pytest.mark.parametrize("name", PAPER_MODELS)
+def test_the_readme_states_each_paper_models_capsule_size(name):
+    """The README's capsule-size table row of each paper model is its count at the published shape."""
+    from pathlib import Path
+
+    model, layers, hidden = _meta_model(name)
+    total = sum(p.numel() for p in model.parameters())
+    label = {"t5-base": "T5-Base", "t5-large": "T5-Large", "llama-3.2-1b": "Llama-3.2-1B",
+             "qwen2.5-1.5b": "Qwen2.5-1.5B"}[name]
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    row = f"| {label} | {layers} x {hidden} | {layers * hidden:,} | {100 * layers * hidden / total:.4f} % |"
+    assert row in readme.splitlines()

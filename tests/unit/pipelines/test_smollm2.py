@@ -12,15 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.jobs import tiny_job
+from safetensors.torch import load_file
 
+from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.methods import model_inputs
 from pipelines.models import smollm2
 from pipelines.models.loading import load_model
 from pipelines.models.shape import forget_model_shapes, model_shape
+from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.train import run
 from pipelines.training.setup import build_job
 
 pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +74,39 @@ def test_the_conversion_is_a_verified_llama_checkpoint_that_later_loads_read(mod
     assert (shape.family, shape.capsule_layers) == ("decoder", 30)
 
 
-def test_capt_trains_on_smollm2_and_its_capsule_is_30_by_576(model_cache, tmp_path):
-    config = tiny_job(tmp_path, smollm2.NAME, "capt", task=_real_or_generated(),
+@pytest.fixture(scope="module")
+def trained(model_cache, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A CaPT job of two steps on SmolLM2 (real RTE rows where CAPT_DATA_DIR has them)."""
+    folder = tmp_path_factory.mktemp("smollm2-job")
+    config = tiny_job(folder, smollm2.NAME, "capt", task=_real_or_generated(),
                       model={"max_length": 64}, train={"batch_size": 4, "max_steps": 2, "eval_every_steps": 2})
-    result = run(config)
-    assert result["steps"] == 2 and result["trainable_parameters"] == 30 * 576
-    from safetensors.torch import load_file
+    return run(config)
 
-    tensors = load_file(str(tmp_path / "artifact" / "capsule.safetensors"))
+
+def test_capt_trains_on_smollm2_and_its_capsule_is_30_by_576(trained):
+    assert trained["steps"] == 2 and trained["trainable_parameters"] == 30 * 576
+    tensors = load_file(str(Path(trained["artifact_dir"]) / "capsule.safetensors"))
     assert sum(t.numel() for t in tensors.values()) == 30 * 576
     assert all(torch.isfinite(t).all() for t in tensors.values())
     assert any(t.abs().sum() > 0 for t in tensors.values()), "two AdamW steps moved the capsule off zero"
+
+
+def test_the_serving_engine_answers_with_the_smollm2_capsule_as_its_registry_predictor(trained):
+    served = ServedCapsule(name="rte", task="rte", model_name="capt-smollm2-135m-rte", version=1,
+                           capsule_dir=Path(trained["artifact_dir"]), result=trained)
+    engine = CapsuleEngine([served])
+    rows = example_rows("rte", 3)
+    answer = engine.answer([("rte", engine.examples("rte", rows))])[0]
+    assert answer.labels == CapsulePredictor(trained["artifact_dir"], trained).predict_rows(rows)
+    assert [len(scores) for scores in answer.scores] == [2, 2, 2]
+
+
+def test_the_readme_states_smollm2s_capsule_size(model_cache):
+    """The README's row for SmolLM2 in the capsule-size table is this model's own count."""
+    loaded = load_model(smollm2.NAME, 2)
+    total = sum(p.numel() for p in loaded.model.parameters())
+    line = next(row for row in README.read_text().splitlines() if row.startswith("| SmolLM2-135M"))
+    assert f"| 30 x 576 | {30 * 576:,} | {100 * 30 * 576 / total:.4f} % |" in line
 
 
 def test_rank_classification_and_cached_generation_see_the_same_next_token_distribution(model_cache, tmp_path):
