@@ -5,7 +5,7 @@
 
 `run(config, report=..., log=...)` is the same job as a function; the sweep calls it inside Ray Train workers.
 With `--tracking-uri URI` (or MLFLOW_TRACKING_URI) the job logs one MLflow run as a sweep's trial does
-(`pipelines.training.tracked`, `pipelines.training.job_tracking`).
+(`pipelines.tracking.jobs`, `pipelines.tracking.job_cli`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pipelines.config.schema import JobConfig
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.models.cache import BaseModelCache
+from pipelines.tracking.job_cli import TRACKING_HELP, add_tracking_flags, train_from_cli
 from pipelines.training.cached import seal_result
 from pipelines.training.checkpoint import (
     LoopState,
@@ -41,7 +42,6 @@ from pipelines.training.checkpoint import (
     trainable_state,
 )
 from pipelines.training.disk_full import no_space_reported
-from pipelines.training.job_tracking import TRACKING_HELP, add_tracking_flags, train_from_cli
 from pipelines.training.loss_curve import Log, curve_point_if_due
 from pipelines.training.outputs import claim_job_folder, finished_result
 from pipelines.training.phases import begin_phase_if_due, in_final_phase

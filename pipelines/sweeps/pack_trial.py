@@ -1,6 +1,6 @@
 """One Tune trial of a packed sweep (`pipelines.sweeps.trial.run_trial` hands it a pack's point): the members of one
 pack (`pipelines.sweeps.packs`) trained in one loop on one base model, in the Tune trial's own process
-(`pipelines.training.tracked_pack`).
+(`pipelines.tracking.packs`).
 
 Each member is what a trial is in a sweep without packing: its job config from `config.trial_job` (same config hash,
 same output folder), its own MLflow run named and tagged as a trial's (`trial_process.trial_tracking`), nested like
@@ -33,8 +33,8 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     """Tune function trainable of a packed sweep: train the pack in `params["point"]` and report every member."""
     from ray import tune
 
-    from pipelines.training.tracked import RunPlan
-    from pipelines.training.tracked_pack import tracked_pack
+    from pipelines.tracking.jobs import RunPlan
+    from pipelines.tracking.packs import tracked_pack
 
     quiet_trial_process()
     config = TypeAdapter(SweepConfig).validate_python(sweep)

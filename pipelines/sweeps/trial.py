@@ -112,12 +112,12 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 
 def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,
                 base_models=None, final_extra: Callable[[], dict[str, float]] | None = None) -> None:
-    """Run the job of `loop_config` in this process (`pipelines.training.tracked.tracked_job`: the folder claimed,
+    """Run the job of `loop_config` in this process (`pipelines.tracking.jobs.tracked_job`: the folder claimed,
     the main process tracking it): every validation goes to `report_to`, then the final result, after the tracker
     finished (so the capsule is registered when Tune sees the trial end)."""
+    from pipelines.tracking.jobs import RunPlan
+    from pipelines.tracking.jobs import tracked_job as track
     from pipelines.train import run
-    from pipelines.training.tracked import RunPlan
-    from pipelines.training.tracked import tracked_job as track
 
     config = validate_job_config(loop_config["job"])
     done = track(config, RunPlan.from_dict(loop_config["tracking"]),

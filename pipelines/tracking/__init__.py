@@ -35,20 +35,29 @@ tags), `experiment` (the sweep's description, source tags, the runs-view URL), `
 its summary), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its registration), `model_card`
 (a version's description), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync``
 command).
-`uploader` (the background metric uploader), `spool` (the on-disk operation log) and `scope` (what a sync may
-touch), which import no mlflow.
+`uploader` (the background metric uploader), `spool` (the on-disk operation log), `scope` (what a sync may
+touch), `jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`,
+`tracked_pack`) and `job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no
+mlflow until a run is tracked.
 """
 
 from __future__ import annotations
 
-from pipelines.tracking.cli import main
-from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient
-from pipelines.tracking.pyfunc import CapsulePyfunc
-from pipelines.tracking.registry import Registry, VersionInfo, experiment_runs
-from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable
-from pipelines.tracking.sync import FolderSync, SyncSummary, sync_pending
-from pipelines.tracking.tracker import TrialTracker
+import importlib
+from typing import Any
 
-__all__ = ["TRIAL_KEY_TAG", "CapsulePyfunc", "FolderSync", "Registry", "RetryPolicy",
-           "SyncSummary", "TrackingError", "TrackingUnavailable", "TrialTracker", "VersionInfo", "experiment_runs",
-           "is_transient", "main", "sync_pending"]
+# The re-exports are imported on first use (PEP 562): `pipelines.tracking.jobs`, which `python -m pipelines.train` and
+# every trial import, must not import mlflow for a job that is not tracked.
+_EXPORTS = {
+    "main": "cli", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
+    "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "registry",
+    "RetryPolicy": "spool", "TrackingUnavailable": "spool", "FolderSync": "sync", "SyncSummary": "sync",
+    "sync_pending": "sync", "TrialTracker": "tracker",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -21,7 +21,7 @@ one within float noise (relative 1e-5 in fp32: only the batch's padding and size
 What differs from a single job (`pipelines.train.run`): one process only; no loss-curve callbacks; checkpoints only
 with `PackOptions.checkpoints` (`pipelines.training.pack_checkpoint`: each member's state at its last validation,
 continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact
-in its output_dir (`pipelines.training.pack_outputs`; `pipelines.training.tracked_pack` adds result.json and MLflow
+in its output_dir (`pipelines.training.pack_outputs`; `pipelines.tracking.packs` adds result.json and MLflow
 runs); dropout masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not
 the ones it draws alone (a pack of one draws the single job's).
 """

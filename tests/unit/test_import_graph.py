@@ -112,3 +112,16 @@ def test_the_configuration_package_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(modules) >= 7 and done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_training_job_knows_no_tracker():
+    """`pipelines/training/` imports nothing from `pipelines/tracking/`: a job reports through the callbacks it is
+    handed, and tracking wraps it (`pipelines.tracking.jobs`, `pipelines.tracking.packs`). The entry point
+    `pipelines.train` wires the two together, through `pipelines.tracking.job_cli` only."""
+    graph = import_graph(ROOT, ("pipelines",))
+
+    def tracking(module: str) -> list[str]:
+        return sorted(t for t in graph[module] if t == "pipelines.tracking" or t.startswith("pipelines.tracking."))
+
+    assert {m: tracking(m) for m in graph if m.startswith("pipelines.training") and tracking(m)} == {}
+    assert tracking("pipelines.train") == ["pipelines.tracking.job_cli"]

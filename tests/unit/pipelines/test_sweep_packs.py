@@ -112,9 +112,9 @@ def test_summary_rows_list_each_member_with_its_pack(tmp_path):
 @pytest.mark.slow
 def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_path):
     from pipelines.config.load import validate_job_config
+    from pipelines.tracking.jobs import RunPlan
+    from pipelines.tracking.packs import tracked_pack
     from pipelines.training.outputs import finished_result
-    from pipelines.training.tracked import RunPlan
-    from pipelines.training.tracked_pack import tracked_pack
 
     sweep = packed(tmp_path, "pack.max_members=3", "tasks=[rte]", "job.train.max_steps=3", "job.task.generated_size=24",
                    "job.task.max_eval_examples=8", "job.train.batch_size=8")
@@ -158,9 +158,9 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     from mlflow import MlflowClient
 
     from pipelines.config.load import validate_job_config
+    from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags
+    from pipelines.tracking.packs import tracked_pack
     from pipelines.training import pack_results
-    from pipelines.training.tracked import RunPlan, job_run_name, job_run_tags
-    from pipelines.training.tracked_pack import tracked_pack
 
     monkeypatch.chdir(tmp_path)  # the SQLite store's artifacts go under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,4 +1,4 @@
-"""`pipelines.training.tracked`: the one way a job runs tracked, for `python -m pipelines.train` and a sweep's trials.
+"""`pipelines.tracking.jobs`: the one way a job runs tracked, for `python -m pipelines.train` and a sweep's trials.
 
 Real tiny jobs; MLflow here is a SQLite store in the test's folder (no server). The HTTP server cases are in
 tests/integration/test_train_tracking.py."""
@@ -12,9 +12,9 @@ import pytest
 from helpers.jobs import tiny_job
 
 from pipelines.services import ServiceError, free_port
+from pipelines.tracking.job_cli import NOT_TRACKED, job_plan, tracking_line
+from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags, tracked_job
 from pipelines.train import run
-from pipelines.training.job_tracking import NOT_TRACKED, job_plan, tracking_line
-from pipelines.training.tracked import RunPlan, job_run_name, job_run_tags, tracked_job
 
 STEPS = {"max_steps": 4, "eval_every_steps": 2, "resume": True}
 

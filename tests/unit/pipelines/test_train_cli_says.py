@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines import train
-from pipelines.training.job_tracking import NOT_TRACKED
+from pipelines.tracking.job_cli import NOT_TRACKED
 
 
 def test_help_documents_the_tracking_flags_and_the_environment_variable(capsys):

@@ -16,9 +16,7 @@ from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.services.probe import ServiceError
-from pipelines.training.folder_checks import folder_problem
-from pipelines.training.outputs import is_main_process
-from pipelines.training.tracked import (
+from pipelines.tracking.jobs import (
     JOB_EXPERIMENT,
     RUN_DESCRIPTION,
     RunPlan,
@@ -27,6 +25,8 @@ from pipelines.training.tracked import (
     job_run_tags,
     tracked_job,
 )
+from pipelines.training.folder_checks import folder_problem
+from pipelines.training.outputs import is_main_process
 
 URI_ENV = "MLFLOW_TRACKING_URI"
 ENTRY_POINT = "pipelines/train.py"

@@ -1,4 +1,4 @@
-"""A pack of jobs tracked in MLflow as single jobs are (`pipelines.training.tracked`): every member's folder claimed,
+"""A pack of jobs tracked in MLflow as single jobs are (`pipelines.tracking.jobs`): every member's folder claimed,
 its own run (params, every validation, the final metrics, result.json and the capsule, a registry version when
 asked), its result.json in its own folder.
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines.tracking.jobs import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_result
 from pipelines.training.pack_outputs import with_resume
-from pipelines.training.tracked import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
 
 logger = logging.getLogger(__name__)
 
