@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="trial processes at once, sharing the CPUs' threads")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many pending trials, then report")
     parser.add_argument("--report-only", action="store_true", help="write the report from the records; train nothing")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="also write the report into benchmarks/README.md, between its learning_smollm2 markers")
     parser.add_argument("overrides", nargs="*", help="sweep config overrides, key=value")
     return parser.parse_args(argv)
 
@@ -85,8 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(load_records(out))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
+    if args.update_readme:
+        update_readme(REPO / "benchmarks" / "README.md", markdown(report))
     print(markdown(report))
     return 0
+
+
+README_START, README_END = "<!-- learning_smollm2 report -->\n", "<!-- end learning_smollm2 report -->"
+
+
+def update_readme(readme: Path, report_text: str) -> None:
+    """Put the report, less its title line, between the README's markers."""
+    text = readme.read_text(encoding="utf-8")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(head + README_START + report_text.split("\n", 2)[2] + README_END + tail, encoding="utf-8")
 
 
 def load_grid(config: str, overrides: list[str]) -> list:
@@ -153,9 +168,16 @@ def run_trials(pending: list, out: Path, workers: int) -> None:
 
 
 def _set_threads(threads: int) -> None:
+    """A trial process's set-up: its torch threads, and its end when the runner ends (on Linux a killed runner
+    would otherwise leave its workers training, orphaned, on CPUs the next run needs)."""
+    import ctypes
+    import signal
+
     import torch
 
     torch.set_num_threads(threads)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     logging.basicConfig(level=logging.WARNING)
 
 
@@ -259,6 +281,32 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.1f} ± {std:.1f} ({len(values)})"
 
 
+ORDERINGS = (
+    ("CaPT above P-Tuning v2 (paper, Llama-3.2-1B average: 67.51 against 61.06)", None, "ptuning_v2"),
+    ("CaPT above its task-only ablation on CSQA (paper: 61.60 against 45.29)", "csqa", "capt-task-only"),
+    ("a 1-token capsule above a longer one (paper, Llama-3.2-1B: 67.51 against 59.38)", None, "capt-length4"),
+    ("CaPT above the untrained model", None, "untrained"),
+)
+"""(claim, task or None for the average over tasks, the row CaPT is compared with)."""
+
+
+def orderings(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each of the paper's orderings: holds or not here, with both means; "not measured yet" while a cell lacks."""
+    cells, verdicts = report["cells"], []
+    for claim, task, row in ORDERINGS:
+        tasks = [task] if task else report["tasks"]
+        pairs = [(cells.get(f"{t}|{REFERENCE}"), cells.get(f"{t}|{row}")) for t in tasks]
+        if not tasks or any(a is None or b is None or len(a["test"]) < 3 or len(b["test"]) < 3 for a, b in pairs):
+            verdicts.append((claim, "not measured yet (3 seeds of every cell needed)"))
+            continue
+        mine = statistics.fmean(statistics.fmean(a["test"]) for a, _ in pairs)
+        other = statistics.fmean(statistics.fmean(b["test"]) for _, b in pairs)
+        where = task or "average over " + ", ".join(tasks)
+        verdicts.append((claim, f"{'holds' if mine > other else 'does not hold'} ({where}: {mine:.1f} against "
+                                f"{other:.1f})"))
+    return verdicts
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: test scores (mean ± std over seeds, seed count), chosen lrs, paired differences."""
     tasks, cells = report["tasks"], report["cells"]
@@ -280,6 +328,9 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         lines.append(f"| {row} | " + " | ".join(cells.get(f"{t}|{row}", {}).get("select", "-") or "-"
                                                 for t in tasks) + " |")
+    lines += ["", "The paper's decoder-only orderings, here (CaPT's mean test score against the other row's; "
+              "complete cells only):", ""]
+    lines += [f"- {claim}: {verdict}" for claim, verdict in orderings(report)]
     lines += ["", "CaPT minus each row, paired by seed (mean ± std (pairs)):", "",
               "| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
     for row in report["rows"]:

@@ -75,7 +75,7 @@ def test_the_shipped_report_and_readme_table_are_what_the_records_give():
     expected = learning_llm.markdown(learning_llm.build_report(records))
     assert (SHIPPED / "report.md").read_text() == expected
     readme = (ROOT / "benchmarks" / "README.md").read_text()
-    block = re.search(r"<!-- learning_smollm2 report -->\n(.*?)<!-- end learning_smollm2 report -->", readme, re.S)
+    block = re.search(f"{learning_llm.README_START}(.*?){learning_llm.README_END}", readme, re.S)
     assert block, "benchmarks/README.md holds the SmolLM2 report between its markers"
     assert block.group(1) == expected.split("\n", 2)[2]  # the report without its title line
     assert all(len(run["commit"]) == 40 for run in json.loads((SHIPPED / "run.json").read_text()))
