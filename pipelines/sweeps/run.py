@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -143,14 +144,38 @@ class SweepInUseError(CaptError, RuntimeError):
     """Another driver runs the same sweep (same storage_path and name) now."""
 
 
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor on a submitted job's entrypoint: the job's runtime_env (its working_dir) as JSON."""
+
+
 def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
     """Why the folders a sweep writes into on this machine (its storage, a local MLflow store) cannot be used, each
     with the fix; relative paths are taken against the current directory. Checked before Ray or MLflow start."""
     folders = {} if "://" in sweep.storage_path else {"storage_path": sweep.storage_path}
     if sweep.tracking.enabled and not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
         folders["tracking.local_dir"] = sweep.tracking.local_dir
-    return [f"{problem}: give {key} another folder" for key, path in folders.items()
-            if (problem := folder_problem(key, path))]
+    problems = [f"{problem}: give {key} another folder" for key, path in folders.items()
+                if (problem := folder_problem(key, path))]
+    return problems + ray_job_folder_problems(folders)
+
+
+def ray_job_folder_problems(folders: dict[str, str]) -> list[str]:
+    """Under `ray job submit --working-dir`, the entrypoint runs in Ray's temporary copy of that folder: a relative
+    folder would put the results and the MLflow store there, out of the user's sight (and the closing links would
+    name a store the user never opens). Such a sweep is refused before anything starts, with the flags to add."""
+    try:
+        runtime_env = json.loads(os.environ.get(RAY_JOB_ENV) or "{}").get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return []
+    if not runtime_env.get("working_dir"):
+        return []
+    fixes = {"storage_path": "storage_path=/ABSOLUTE/FOLDER (on the head node, or shared storage: s3://...)",
+             "tracking.local_dir": "tracking.uri=http://HOST:PORT (your MLflow server), or tracking.local_dir="
+                                   "/ABSOLUTE/FOLDER, or MLFLOW_TRACKING_URI in the environment of `ray start`"}
+    return [f"{key}={path!r} is relative, and this sweep runs as a Ray job with a working_dir: its current folder "
+            f"{os.getcwd()} is Ray's temporary copy of that directory, so the results would be written there, not "
+            f"where you look; add {fixes[key]}"
+            for key, path in folders.items() if not Path(path).expanduser().is_absolute()]
 
 
 def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[None]:

@@ -81,12 +81,14 @@ def test_ray_job_submit_runs_a_ddp_sweep_that_registers_and_promotes(ray_head, m
 
 
 def test_a_broken_sweep_config_fails_the_job_with_the_config_error(ray_head, tmp_path):
+    # storage_path left at its relative default: under --working-dir it would land in Ray's copy of the folder
     proc = _submit(ray_head, *SMALL, "job.train.batch_size=-4", "job.method.options.fusion=glue",
-                   f"storage_path={tmp_path}", "tracking.enabled=false")
+                   "tracking.enabled=false")
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "train.batch_size=-4" in output and "fusion='glue'" in output
-    assert not (tmp_path / "smoke").exists()
+    assert "storage_path='outputs/sweeps' is relative" in output and "storage_path=/ABSOLUTE/FOLDER" in output
+    assert "Ray's temporary copy" in output
 
 
 def _job_folder(jobs: Path, trial: str) -> Path:

@@ -268,3 +268,22 @@ def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
     with pytest.raises(JobConfigError, match="set task.source='generated'"):
         load_sweep_config(path, ["task_overrides.cb.task.source=generated"])
+
+
+def test_a_ray_job_with_a_working_dir_refuses_relative_folders_with_the_flags_to_add(tmp_path, monkeypatch):
+    """`ray job submit --working-dir .` runs the sweep in Ray's temporary copy of the folder: relative folders would
+    put the results and the MLflow store there. Refused before anything starts; absolute ones (or a server) pass."""
+    import json
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_1"}}))
+    small = ["models=[tiny-t5]", "tasks=[rte]", "data_source=generated"]
+    with pytest.raises(JobConfigError) as refused:
+        load_sweep_config(CONFIGS / "smoke.yaml", small, more_checks=sweep_folder_problems)
+    message = str(refused.value)
+    assert "storage_path='outputs/sweeps' is relative" in message and "storage_path=/ABSOLUTE/FOLDER" in message
+    assert "tracking.local_dir='outputs/mlflow' is relative" in message and "tracking.uri=http://HOST:PORT" in message
+    load_sweep_config(CONFIGS / "smoke.yaml", [*small, f"storage_path={tmp_path / 's'}",
+                                               "tracking.uri=http://127.0.0.1:5000"], more_checks=sweep_folder_problems)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {}}))  # no working_dir: cwd is yours
+    load_sweep_config(CONFIGS / "smoke.yaml", small, more_checks=sweep_folder_problems)
