@@ -36,10 +36,11 @@ demo-llm: $(STAMP)
 # Browse what `make demo` (or any local sweep) tracked: open the runs URL the sweep printed,
 # http://127.0.0.1:5000/#/experiments/<id>/runs?workflowType=machine_learning (the bare experiment link opens
 # MLflow's GenAI traces page instead).
+MLFLOW_PORT ?= 5000
 mlflow-ui: $(STAMP)
-	@echo "MLflow UI at http://127.0.0.1:5000: open the runs URL the sweep printed (.../#/experiments/<id>/runs?workflowType=machine_learning)."
+	@echo "MLflow UI at http://127.0.0.1:$(MLFLOW_PORT): open the runs URL the sweep printed (.../#/experiments/<id>/runs?workflowType=machine_learning)."
 	$(BIN)/python -m mlflow server --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow/mlflow.db \
-		--serve-artifacts --artifacts-destination $(CURDIR)/outputs/mlflow/artifacts --host 127.0.0.1 --port 5000
+		--serve-artifacts --artifacts-destination $(CURDIR)/outputs/mlflow/artifacts --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 # Tests run in TEST_WORKERS pytest-xdist processes (much of a test's time is spent waiting: servers starting,
 # trials' actors, polls); --dist loadgroup keeps the tests that share a costly fixture on one worker
