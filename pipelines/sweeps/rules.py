@@ -93,3 +93,27 @@ def real_data_problems(data_source: str, trial_sources: list[tuple[str, str | No
                         "<task>/{train,val}.jsonl (the official release layout), or allow the hub; generated data "
                         "is not the paper's protocol (data_source=generated runs on it anyway, for a trial run)")
     return problems
+
+
+def local_data_problems(trial_tasks: list[tuple[str, dict]]) -> list[str]:
+    """Every local data file the trials will read, found before anything starts: a missing data folder, task folder
+    or split file is one line naming the trials it stops (a trial would otherwise fail on it, and be retried, only
+    after Ray and MLflow started).
+
+    `trial_tasks`: (trial name, its job's `task` section) for every trial.
+    """
+    from capt.tasks.errors import TaskDataError
+    from capt.tasks.loading import DATA_DIR_ENV, find_split_file
+
+    by_problem: dict[str, dict[str, None]] = {}  # a problem's text -> the trials it stops, in order
+    for name, task in trial_tasks:
+        if task.get("source") != "local":
+            continue
+        data_dir = task.get("data_dir") or os.environ.get(DATA_DIR_ENV)
+        for split in ("train", "val"):
+            try:
+                find_split_file(data_dir, task["name"], split)
+            except TaskDataError as err:
+                by_problem.setdefault(str(err), {})[name] = None
+    return [f"{len(names)} trial(s) ({', '.join(list(names)[:3])}{' and more' if len(names) > 3 else ''}) cannot "
+            f"read their data: {problem}" for problem, names in by_problem.items()]

@@ -31,6 +31,7 @@ from pipelines.sweeps.resources import (
     trial_resources,
 )
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
+from pipelines.sweeps.rules import local_data_problems
 from pipelines.tracking.spool import registered_model_name
 from pipelines.training.folder_checks import folder_problem
 
@@ -149,13 +150,19 @@ RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
-    """Why the folders a sweep writes into on this machine (its storage, a local MLflow store) cannot be used, each
-    with the fix; relative paths are taken against the current directory. Checked before Ray or MLflow start."""
+    """Why the folders a sweep writes into on this machine (its storage, a local MLflow store) or reads its trials'
+    local data from cannot be used, each with the fix; relative paths are taken against the current directory.
+    Checked before Ray or MLflow start (a config alone, e.g. checked for another machine, is not held to them)."""
     folders = {} if "://" in sweep.storage_path else {"storage_path": sweep.storage_path}
     if sweep.tracking.enabled and not (sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")):
         folders["tracking.local_dir"] = sweep.tracking.local_dir
     problems = [f"{problem}: give {key} another folder" for key, path in folders.items()
                 if (problem := folder_problem(key, path))]
+    try:
+        points = trials(sweep)
+    except JobConfigError:  # the trials' own problems are reported beside these; their data is checked once valid
+        points = []
+    problems += local_data_problems([(t.name, t.job.get("task", {})) for t in points])
     return problems + ray_job_folder_problems(folders)
 
 

@@ -287,3 +287,19 @@ def test_a_ray_job_with_a_working_dir_refuses_relative_folders_with_the_flags_to
                                                "tracking.uri=http://127.0.0.1:5000"], more_checks=sweep_folder_problems)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {}}))  # no working_dir: cwd is yours
     load_sweep_config(CONFIGS / "smoke.yaml", small, more_checks=sweep_folder_problems)
+
+
+def test_local_data_the_trials_cannot_read_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    """A missing task folder or split file: one line per distinct problem, naming the trials it stops."""
+    (tmp_path / "cb").mkdir()
+    (tmp_path / "cb" / "train.jsonl").write_text("{}\n")
+    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
+    with pytest.raises(JobConfigError) as refused:
+        load_sweep_config(CONFIGS / "smoke.yaml", ["models=[tiny-t5]", f"storage_path={tmp_path / 's'}",
+                                                   "tracking.enabled=false"], more_checks=sweep_folder_problems)
+    message = str(refused.value)
+    assert "1 trial(s) (cb-tiny-t5-capt-s0) cannot read their data: " in message and "missing file val.jsonl" in message
+    assert "1 trial(s) (rte-tiny-t5-capt-s0) cannot read their data: " in message
+    assert "missing task folder 'rte'" in message
+    load_sweep_config(CONFIGS / "smoke.yaml", ["models=[tiny-t5]", "tasks=[cb]", "data_source=generated",
+                                               f"storage_path={tmp_path / 's'}"], more_checks=sweep_folder_problems)
