@@ -116,6 +116,24 @@ def checked_root(root: str | os.PathLike[str]) -> Path:
         "levels above one, such as outputs/sweeps; never a filesystem root or the home folder. Nothing was synced.")
 
 
+CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+"""The variables MLflow's client sends to every server it calls (HTTP Basic or a bearer token)."""
+
+
+def credentials_refusal(uri: str, server: scope.ServerScope) -> str | None:
+    """Why a folder whose operations go to `uri` is left alone: the operator's MLflow credentials are set and `uri`
+    is a server only the folder's own records name (not --tracking-uri, not MLFLOW_TRACKING_URI). A file must never
+    decide where the operator's credentials go; None when nothing would leak."""
+    held = [name for name in CREDENTIAL_ENV if os.environ.get(name)]
+    named = [u for u in (server.target, os.environ.get("MLFLOW_TRACKING_URI")) if u]
+    if not held or any(scope.same_server(uri, given) for given in named):
+        return None
+    return (f"its operations are recorded for {uri}, a server that only the folder's records name, and "
+            f"{', '.join(held)} {'is' if len(held) == 1 else 'are'} set: your credentials are never sent to a server "
+            f"you did not name. Sync it with --tracking-uri {uri} (your credentials then go there), or without "
+            "those variables")
+
+
 def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryPolicy,
                  unreachable: dict[str, str]) -> FolderSync:
     """Replay one folder's spool (unless it is not for `server`, or its server already failed to answer) and count
@@ -124,8 +142,8 @@ def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryP
     pending = spool.Spool(state_dir / spool.PENDING_FILE)
     with dir_lock(state_dir):
         ops = pending.read()
-        folder.skipped = server.refusal(ops)
         uri = server.destination(ops[0]) if ops else None
+        folder.skipped = server.refusal(ops) or (credentials_refusal(uri, server) if uri else None)
         if folder.skipped:
             logger.warning("%s skipped: %s", state_dir, folder.skipped)
         elif uri is not None and uri in unreachable:

@@ -156,3 +156,50 @@ def test_torn_lines_and_operations_without_a_run_are_set_aside_without_a_traceba
     out, err = capsys.readouterr()
     assert "dead-lettered 2" in out and "Traceback" not in out + err + caplog.text
     assert "has no MLflow run record: cannot apply a 'metrics' operation" in caplog.text
+
+
+def test_credentials_never_go_to_a_server_named_only_by_a_planted_spool(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job folder whose spool names a listener: `sync` without --tracking-uri skips it (saying how to send it)
+    while MLflow credentials are set, and the listener hears nothing; named on the command line, it gets them."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    heard: list[dict[str, str]] = []
+
+    class Listener(BaseHTTPRequestHandler):
+        def _record(self) -> None:
+            heard.append(dict(self.headers))
+            self.send_response(503)
+            self.end_headers()
+
+        do_GET = do_POST = _record
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    listener = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        (tmp_path / "job").mkdir()
+        (tmp_path / "job" / CLAIM_FILE).write_text("{}")
+        planted = _spool(tmp_path / "job", listener)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "canary-password-1234")
+        assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1
+        out = capsys.readouterr().out
+        assert heard == [] and (tmp_path / "job" / PENDING_FILE).read_bytes() == planted
+        assert f"--tracking-uri {listener}" in out and "never sent to a server you did not name" in out
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+        sync_pending(tmp_path, retry=NOW)  # no credentials set: the recorded server is tried, with nothing to leak
+        assert heard and not any("Authorization" in h for h in heard)
+        heard.clear()
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "canary-password-1234")
+        sync_pending(tmp_path, listener, NOW)  # the operator named it: it is tried, with their credentials
+        assert heard and all("Authorization" in h for h in heard)
+    finally:
+        server.shutdown()
