@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,10 @@ def given_token(token_file: str | None) -> Token | None:
         except (OSError, UnicodeDecodeError) as err:
             raise ServeError(f"--token-file {token_file!r}: cannot read it ({err}); give a readable text file "
                              "holding the token, or leave the option out to generate one.") from err
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ServeError(f"--token-file {token_file!r} can be read or written by other users (mode {mode:o}): "
+                             f"anyone on this machine could use the token. Run chmod 600 {path}, then start again.")
         return Token(digest(_checked(text, f"--token-file {token_file!r}")), f"in {path}")
     if os.environ.get(TOKEN_ENV):
         return Token(digest(_checked(os.environ[TOKEN_ENV].strip(), TOKEN_ENV)), f"in ${TOKEN_ENV}")

@@ -193,6 +193,10 @@ def test_the_token_comes_from_a_file_the_environment_or_a_new_private_file(tmp_p
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     assert find_token(None, tmp_path, 1).sha256 == digest(TOKEN)
     (tmp_path / "given").write_text(TOKEN + "\n")
+    os.chmod(tmp_path / "given", 0o644)
+    with pytest.raises(ServeError, match=r"can be read or written by other users \(mode 644\).*chmod 600"):
+        find_token(str(tmp_path / "given"), tmp_path, 1)
+    os.chmod(tmp_path / "given", 0o600)
     assert find_token(str(tmp_path / "given"), tmp_path, 1).sha256 == digest(TOKEN)
     monkeypatch.setenv(TOKEN_ENV, "short")
     with pytest.raises(ServeError, match="at least 16 characters"):
