@@ -44,7 +44,8 @@ LOCAL_UI = "http://127.0.0.1:5000"
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (also the `ray job submit` entrypoint): exit 0 when every trial is done and tracked, 1 when a
-    trial failed, 2 on bad input, 3 when every trial is done but tracking operations wait for `tracking sync`,
+    trial failed, 2 on bad input (a trial refused by its own input, not retried, included), 3 when every trial is
+    done but tracking operations wait for `tracking sync`,
     130 or 143 when SIGINT or SIGTERM stopped it (`--resume` finishes it)."""
     parser = argparse.ArgumentParser(prog="python pipelines/sweep.py", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="sweep YAML (default: the smoke sweep)")
@@ -95,6 +96,10 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
     leftover = leftover_lines(sweep, uri, endpoint.local_server is not None)
     print("\n".join(["", table, *uploaded, *leftover, ""]))
     _print_where_to_look(sweep, uri, champions, experiment_id, parent.run_id)
+    if any(r["status"] == "error" for r in rows):
+        return 1
+    if any(r["status"].startswith("refused") for r in rows):
+        return 2  # refused by their own input: the closing table says why; nothing to retry
     if not all(r["status"] == "done" for r in rows):
         return 1
     return EXIT_NOT_FULLY_TRACKED if leftover else 0

@@ -17,6 +17,7 @@ from pipelines.config.schema import model_slug
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.packs import member_points
 from pipelines.sweeps.select import chosen_labels, select_label
+from pipelines.sweeps.trial_process import REFUSED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ def result_rows(grid: Iterable, kinds: Mapping[tuple[str, str, str], str] | None
                    "seed": point["seed"], "select": select_label(point.get("select", {}))}
             row["data"] = (kinds or {}).get(tuple(row[k] for k in _KEYS), "")
             row.update({column: metrics.get(metric) for column, metric in SCORE_COLUMNS.items()})
-            row["status"] = "error" if result.error else "done"
+            refused = metrics.get(REFUSED_KEY)
+            row["status"] = f"refused: {refused}" if refused else "error" if result.error else "done"
             row["reused"] = bool(metrics.get("reused")) and not result.error  # its job's finished result, not trained
             if pack:
                 row["pack"] = pack

@@ -28,7 +28,14 @@ from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.pack_trial import run_pack_trial
 from pipelines.sweeps.packs import is_pack_point
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
-from pipelines.sweeps.trial_process import CLAIM_WAIT_S, final_report, prepare_trial_process, trial_tracking
+from pipelines.sweeps.trial_process import (
+    CLAIM_WAIT_S,
+    final_report,
+    is_refusal,
+    prepare_trial_process,
+    refusal_report,
+    trial_tracking,
+)
 
 logger = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0
@@ -73,9 +80,15 @@ def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
     from pipelines.models.cache import BASE_MODELS
 
     prepare_trial_process(cpus)
-    tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
-                final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
-                                     "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
+    try:
+        tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
+                    final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
+                                         "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
+    except Exception as err:
+        if not is_refusal(err):
+            raise  # Tune retries what the machine may not do again (a killed process, a lost server)
+        logger.error("Trial refused by its own input, not retried: %s", err)
+        tune.report(refusal_report(err))
 
 
 def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None:

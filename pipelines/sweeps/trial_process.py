@@ -60,6 +60,29 @@ def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched:
     }
 
 
+REFUSED_KEY = "refused"
+"""The last report of a trial refused by its own input: the reason, one line (`refusal_report`)."""
+
+
+def is_refusal(err: BaseException) -> bool:
+    """An error the trial's own input causes (its config, data, a cached result or artifact failing its check, the
+    model's files): the same on every attempt, so not retried. A held job folder (a previous attempt still ending)
+    and a full disk are the machine's state, and are retried."""
+    from capt.errors import CaptError
+    from pipelines.training.disk_full import NoSpaceError
+    from pipelines.training.outputs import JobFolderError
+
+    return isinstance(err, CaptError) and not isinstance(err, JobFolderError | NoSpaceError)
+
+
+def refusal_report(err: BaseException) -> dict[str, Any]:
+    """What a refused trial reports last (Tune then ends it without a retry): the reason on one line, and the worst
+    validation score (Tune requires its metric in every result; a scheduler ranks the trial last)."""
+    reason = " ".join(str(err).split())
+    return {REFUSED_KEY: f"{type(err).__name__}: {reason[:300]}{'...' if len(reason) > 300 else ''}",
+            "validation_score": float("-inf")}
+
+
 def final_report(result: dict[str, Any], reused: bool,
                  final_extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
     """The trial's last report: the final scores, the steps, `final_extra`'s figures and ``reused``: 1 when the job

@@ -239,3 +239,23 @@ def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_s
     [row] = [line for line in text.splitlines() if line.startswith("| capt |")]
     assert f"{statistics.mean(tests):.2f} ± {statistics.stdev(tests):.2f} [optim.lr={best}]" in row
     assert "Selection on the validation split" in text
+
+
+def test_a_trial_refused_by_its_own_data_is_not_retried_and_the_table_says_why(ray_head, tmp_path):
+    """A bad label in CB's train file (found only when the trial reads its rows): the trial is refused once, not
+    retried, its row names the file, line and field, and the sweep exits 2."""
+    data = tmp_path / "data" / "cb"
+    data.mkdir(parents=True)
+    rows = [json.dumps({"premise": f"p{i}", "hypothesis": f"h{i}", "label": ["entailment", "contradiction"][i % 2],
+                        "idx": i}) for i in range(12)]
+    rows[3] = rows[3].replace('"contradiction"', '"maybe"')
+    (data / "train.jsonl").write_text("\n".join(rows) + "\n")
+    (data / "val.jsonl").write_text("\n".join(rows[4:8]) + "\n")
+    command = [sys.executable, "pipelines/sweep.py", *SMALL[:-1], "tasks=[cb]", "name=it-refused",
+               f"storage_path={tmp_path / 'sweeps'}", "tracking.enabled=false", "failure.trial_max_failures=2"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=_env(ray_head, RAY_ADDRESS=ray_head.address, CAPT_DATA_DIR=str(tmp_path / "data")))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "refused: TaskDataError:" in proc.stdout and "train.jsonl: line 4: field 'label'" in proc.stdout
+    assert output.count("Trial refused by its own input, not retried") == 1, "refused once, never retried"

@@ -75,3 +75,26 @@ def test_a_rerun_that_reused_every_trial_says_so_in_one_line(tmp_path):
     assert reuse_line(sweep, some) == f"1 of 2 trials reused from {jobs}; 1 trained or failed now."
     _, none = results_table(_grid(), data_kinds(sweep))
     assert reuse_line(sweep, none) is None and write_summary(sweep, none).startswith("Summary: ")
+
+
+def test_a_refusal_is_the_trials_own_input_and_its_row_says_why():
+    """Errors of the trial's own input are refused (not retried); a held folder or a full disk is the machine's
+    state and is retried. The refused trial's row carries the reason instead of scores."""
+    from types import SimpleNamespace
+
+    from capt.tasks import TaskDataError
+    from pipelines.sweeps.summary import result_rows
+    from pipelines.sweeps.trial_process import is_refusal, refusal_report
+    from pipelines.training.cached import CachedResultError
+    from pipelines.training.disk_full import NoSpaceError
+    from pipelines.training.outputs import JobFolderError
+
+    assert is_refusal(TaskDataError("bad label")) and is_refusal(CachedResultError("edited"))
+    assert not any(is_refusal(e) for e in (JobFolderError("held"), NoSpaceError("full"), RuntimeError("lost")))
+    report = refusal_report(TaskDataError("train.jsonl: line 4:\n field 'label'  " + "x" * 400))
+    assert report["refused"].startswith("TaskDataError: train.jsonl: line 4: field 'label' x")
+    assert report["refused"].endswith("...") and len(report["refused"]) < 330
+    assert report["validation_score"] == float("-inf")
+    point = {"task": "cb", "model": "tiny-t5", "method": "capt", "seed": 0}
+    [row] = result_rows([SimpleNamespace(config={"point": point}, metrics=report, error=None)])
+    assert row["status"] == f"refused: {report['refused']}" and row["test"] is None
