@@ -154,10 +154,20 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
                   f"list them. Its report.png puts the scores side by side: {own_run}")
     else:
         print(f"MLflow experiment: {sweep.experiment_name()}  ({ui})")
-    uri = ui
     for name in champions:
-        print(f"Registry: {name}@champion   (MLFLOW_TRACKING_URI={uri}; "
-              f"mlflow.pyfunc.load_model('models:/{name}@champion').predict(rows))")
+        print(registry_line(name, ui, stopped=ui != uri))
+
+
+def registry_line(name: str, uri: str, stopped: bool) -> str:
+    """How to load a champion: the server it needs (the sweep's own has stopped: `make mlflow-ui` serves the store
+    again) and a row of its task's fields, so that the line runs as printed."""
+    from pipelines.capsule_predictor import example_rows
+
+    task = name.rsplit("-", 1)[-1]
+    row = repr(example_rows(task, 1))  # Python's quotes, inside the shell's double quotes
+    needs = "with `make mlflow-ui` running (the sweep's server has stopped), " if stopped else ""
+    return (f"Registry: {name}@champion   ({needs}rows are the task's fields: MLFLOW_TRACKING_URI={uri} python -c "
+            f"\"import mlflow; print(mlflow.pyfunc.load_model('models:/{name}@champion').predict({row}))\")")
 
 
 if __name__ == "__main__":
