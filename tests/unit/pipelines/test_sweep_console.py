@@ -85,3 +85,19 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
         hf_logging.enable_progress_bar()
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_the_registry_line_is_a_command_with_a_row_of_the_tasks_fields():
+    import ast
+    import shlex
+
+    from pipelines.sweep import registry_line
+
+    line = registry_line("capt-minilm-cb", "http://127.0.0.1:5000", stopped=True)
+    assert "with `make mlflow-ui` running" in line
+    assert "make mlflow-ui" not in registry_line("capt-minilm-cb", "http://mlflow:5000", stopped=False)
+    words = shlex.split(line.split("rows are the task's fields: ", 1)[1].rstrip(")"))
+    assert words[:3] == ["MLFLOW_TRACKING_URI=http://127.0.0.1:5000", "python", "-c"]
+    code = ast.parse(words[3])  # the Python the shell hands over is valid, and its row has CB's fields
+    [row] = ast.literal_eval(code.body[1].value.args[0].args[0])
+    assert set(row) == {"premise", "hypothesis"}
