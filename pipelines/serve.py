@@ -206,14 +206,23 @@ def main(argv: list[str] | None = None) -> int:
 def _serve_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services import port_is_free
     from pipelines.services.private import private_temp_dir
-    from pipelines.services.ray_connect import ray_cluster
-    from pipelines.services.tracking_store import tracking_store
-    from pipelines.serving.preflight import check_capsules
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
                          "pick another port.")
     token = None if args.no_auth else find_token(args.token_file, private_temp_dir("capt-serve"), args.port)
+    try:
+        return _serve_with_token(args, token)
+    finally:
+        if token is not None:
+            token.forget()  # a generated token lives as long as this serve, a refused start included
+
+
+def _serve_with_token(args: argparse.Namespace, token) -> int:
+    from pipelines.services.ray_connect import ray_cluster
+    from pipelines.services.tracking_store import tracking_store
+    from pipelines.serving.preflight import check_capsules
+
     with tracking_store(args.tracking_uri, check=True) as store:
         uri = store.uri
         print(f"Tracking store: {store.origin}", file=sys.stderr)

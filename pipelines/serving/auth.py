@@ -34,6 +34,13 @@ class Token:
     """SHA-256 (hex) of the token: all that the replicas receive."""
     where: str
     """Where the token is, in words ("in /tmp/.../serve-8000.token (mode 600, generated now)")."""
+    generated: Path | None = None
+    """The file of a token generated for this start: removed when serve stops (`forget`)."""
+
+    def forget(self) -> None:
+        """Remove the generated token's file (a given token's file or variable is the user's, left alone)."""
+        if self.generated is not None:
+            self.generated.unlink(missing_ok=True)
 
 
 def digest(token: str) -> str:
@@ -81,7 +88,7 @@ def new_token(directory: Path, port: int) -> Token:
     token = secrets.token_urlsafe(32)
     with os.fdopen(handle, "w", encoding="utf-8") as sink:
         sink.write(token + "\n")
-    return Token(digest(token), f"in {path} (mode 600, generated now)")
+    return Token(digest(token), f"in {path} (mode 600, generated now)", generated=path)
 
 
 def _checked(token: str, where: str) -> str:

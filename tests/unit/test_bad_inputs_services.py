@@ -152,3 +152,21 @@ def test_a_run_in_this_process_leaves_the_process_as_it_was(closed_uri: str, tmp
     proc = call_entry("train", ["--config", str(tmp_path / "list.yaml")], env, tmp_path, capsys)
     assert proc.returncode == 2 and "must be a mapping of sections" in proc.stderr
     assert (dict(os.environ), os.getcwd(), root.handlers, root.level) == before
+
+
+@pytest.mark.slow
+def test_a_refused_serve_start_leaves_no_generated_token(places: Places, tmp_path: Path) -> None:
+    """serve generates its bearer token before it checks the store; refused (exit 2), it removes the token's file."""
+    import subprocess
+    import sys
+
+    from pipelines.services import free_port
+    from pipelines.services.private import private_temp_dir
+
+    port = free_port()
+    token = private_temp_dir("capt-serve") / f"serve-{port}.token"
+    proc = subprocess.run([sys.executable, "-m", "pipelines.serve", "--model", "tiny-t5", "--tasks", "cb",
+                           "--port", str(port), "--tracking-uri", places.closed_uri],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=entry_env())
+    assert proc.returncode == 2 and "Cannot reach the MLflow tracking server" in proc.stderr, proc.stderr[-2000:]
+    assert not token.exists(), "the generated token outlived the refused start"
