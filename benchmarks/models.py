@@ -27,11 +27,15 @@ ARCHS: dict[str, dict[str, Any]] = {
     "llama-3.2-1b": {"kind": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
                      "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-5},
+    "smollm2-135m": {"kind": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                     "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5},
     "qwen2.5-1.5b": {"kind": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                      "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
                      "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
 }
-"""Published shapes: T5 v1.0 Small/Base/Large, Llama-3.2-1B, Qwen2.5-1.5B."""
+"""Published shapes: T5 v1.0 Small/Base/Large, Llama-3.2-1B, SmolLM2-135M (the shape of `model.name=smollm2-135m`,
+checked against its converted checkpoint by tests/unit/pipelines/test_smollm2.py), Qwen2.5-1.5B."""
 
 
 def config_for(arch: str, **changes: Any):

@@ -45,12 +45,14 @@ BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
                                                       packing)}
 
 
-def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None
-                  ) -> BenchResult:
+def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None,
+                  step_cost_archs: list[str] | None = None) -> BenchResult:
     """Run one benchmark module; a failure is recorded in the result, not raised."""
     config = module.settings(quick)
     if module is learning and learning_overrides:
         config["overrides"] = [*config["overrides"], *learning_overrides]
+    if module is step_cost and step_cost_archs:
+        config["archs"] = [a for a in config["archs"] if a["arch"] in step_cost_archs]
     started, start = now_iso(), time.perf_counter()
     logger.info("=== %s (%s mode) ===", module.NAME, "quick" if quick else "full")
     try:
@@ -94,8 +96,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--learning-rows", nargs="+", default=[], metavar="ROW",
                         help="run only these rows of the learning grid, by label (e.g. capt head-only+anchor lora): "
                              "one piece of a grid run in pieces")
+    parser.add_argument("--step-cost-archs", nargs="+", default=[], metavar="ARCH",
+                        help="run step_cost on these of its architectures only (e.g. smollm2-135m)")
     args = parser.parse_args(argv)
     problems = [problem] if (problem := folder_problem("--out", args.out)) else []
+    known = [a["arch"] for a in step_cost.settings(args.quick)["archs"]]
+    if unknown := [a for a in args.step_cost_archs if a not in known]:
+        problems.append(f"--step-cost-archs: unknown {', '.join(unknown)} (step_cost's: {', '.join(known)})")
     if args.learning_rows:
         try:
             args.learning_override.append(learning.rows_override(args.learning_rows))
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     start_info, start = run_info(argv, 0.0), time.perf_counter()
     texts, failed = [], False
     for name in args.only or list(BENCHMARKS):
-        result = run_benchmark(BENCHMARKS[name], args.quick, args.out, args.learning_override)
+        result = run_benchmark(BENCHMARKS[name], args.quick, args.out, args.learning_override, args.step_cost_archs)
         failed |= result.error is not None
         texts.append(render(result))
         print(texts[-1], flush=True)

@@ -152,3 +152,23 @@ def test_merge_of_nothing_usable_is_exit_2_with_one_line(tmp_path, capsys, broke
     err = capsys.readouterr().err
     assert err.startswith("error: cannot merge") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_smollm2_step_cost_table_is_the_shipped_runs():
+    """benchmarks/README.md's SmolLM2 step-cost rows are the shipped step_cost_smollm2 run's, rounded as shown."""
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "benchmarks/results/step_cost_smollm2/step_cost.json").read_text())
+    rows = {r["method"]: r for r in result["tables"][0]["rows"]}
+    readme = (root / "benchmarks/README.md").read_text()
+    section = readme.split("### Step cost at SmolLM2's shape", 1)[1].split("Target CaPT", 1)[0]
+    labels = {"floor": "floor", "CaPT": "capt", "P-Tuning v2 (20)": "ptuning_v2-20", "LoRA r=8": "lora-r8",
+              "prompt tuning (100)": "prompt_tuning-100", "full fine-tuning": "full_finetune"}
+    shown = re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \|$", section, re.M)
+    assert len(shown) == len(labels)
+    for label, step, ratio, spread, cpu, flops in shown:
+        row = rows[labels[label]]
+        assert (step, ratio, spread, cpu, flops) == (f"{row['median_step_s']:.3f}", f"{row['ratio_to_floor']:.3f}",
+                                                      row["ratio_range"], f"{row['cpu_ratio_to_floor']:.3f}",
+                                                      f"{row['flop_ratio_to_floor']:.3f}"), label
+    [target] = [t for t in result["targets"] if t["name"] == "CaPT step / floor (smollm2-135m)"]
+    assert not target["met"] and f"({target['measured']:.3f})" in readme

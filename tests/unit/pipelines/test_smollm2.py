@@ -176,3 +176,13 @@ def test_a_run_on_smollm2_says_what_its_weights_are(model_cache, tmp_path):
     assert job_run_tags(tiny_job(tmp_path / "smol", smollm2.NAME))["base_model_weights"] == smollm2.WEIGHTS_NOTE
     assert "dequantised to float32" in smollm2.WEIGHTS_NOTE and "not the original bf16" in smollm2.WEIGHTS_NOTE
     assert "base_model_weights" not in job_run_tags(tiny_job(tmp_path / "t5", "tiny-t5"))
+
+
+def test_the_benchmarks_smollm2_shape_is_the_converted_models(model_cache):
+    """benchmarks.models' "smollm2-135m" (step_cost's random-weight row) has the real checkpoint's shape."""
+    from benchmarks.models import ARCHS, config_for
+
+    real, built = smollm2.read_config(), config_for("smollm2-135m")
+    for field in set(ARCHS["smollm2-135m"]) - {"kind", "rope_theta"}:
+        assert getattr(built, field) == pytest.approx(getattr(real, field), rel=1e-6), field  # GGUF stores float32
+    assert built.rope_parameters["rope_theta"] == real.rope_parameters["rope_theta"]
