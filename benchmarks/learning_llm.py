@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         pending = [t for t in grid if record_of(out, t) is None]
         logger.info("%d trials in the grid, %d already recorded, %d to run", len(grid), len(grid) - len(pending),
                     len(pending))
+        write_run_info(out, args)  # before training: a run stopped midway still says what it ran at
         run_trials(pending[: args.limit] if args.limit is not None else pending, out, args.workers)
-        write_run_info(out, args)
     report = build_report(load_records(out))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
