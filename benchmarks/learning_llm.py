@@ -234,7 +234,7 @@ def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
              "majority": r["result"]["metrics"].get("test_majority_score")} for r in records]
     chosen = chosen_labels(rows, keys=("task", "row"))
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    methods = list(dict.fromkeys(r["row"] for r in rows))
+    methods = sorted({r["row"] for r in rows}, key=lambda m: (m != REFERENCE, not m.startswith(REFERENCE), m))
     cells: dict[str, dict[str, Any]] = {}
     for (task, row), label in chosen.items():
         picked = sorted((r for r in rows if (r["task"], r["row"], r["select"]) == (task, row, label)),
