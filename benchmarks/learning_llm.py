@@ -34,11 +34,10 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine, versions
+from benchmarks.common import REPO, machine, now_iso, versions
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +197,7 @@ def write_run_info(out: Path, args: argparse.Namespace) -> None:
 
     path = out / "run.json"
     runs = json.loads(path.read_text()) if path.is_file() else []
-    runs.append({"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": git("rev-parse", "HEAD"),
+    runs.append({"date": now_iso(), "commit": git("rev-parse", "HEAD"),
                  "tree_clean": not git("status", "--porcelain", "--", "capt", "pipelines", "benchmarks"),
                  "command": ["python", "-m", "benchmarks.learning_llm", *sys.argv[1:]], "config": args.config,
                  "workers": args.workers, "machine": machine(), "versions": versions()})
@@ -217,17 +216,11 @@ def load_records(out: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _label(select: dict[str, Any]) -> str:
-    from pipelines.sweeps.select import select_label
-
-    return select_label(select)
-
-
 def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Selection on validation, test mean and std of the chosen values, the untrained row, paired differences."""
-    from pipelines.sweeps.select import chosen_labels
+    from pipelines.sweeps.select import chosen_labels, select_label
 
-    rows = [{"task": r["task"], "row": r["row"], "seed": r["seed"], "select": _label(r["select"]),
+    rows = [{"task": r["task"], "row": r["row"], "seed": r["seed"], "select": select_label(r["select"]),
              "validation": r["result"]["metrics"].get("best_validation_score"),
              "test": r["result"]["metrics"].get("test_score"),
              "untrained": r["result"]["metrics"].get("test_untrained_score"),

