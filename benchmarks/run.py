@@ -4,6 +4,8 @@
     python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
     python -m benchmarks.run --only step_cost inference
     python -m benchmarks.run --only packing     # packed training: capsules per hour (#34)
+    python -m benchmarks.run --only time_to_result --time-to-result-model smollm2-135m --out ...  # on the real LLM
+    python -m benchmarks.run --only serving --serving-model smollm2-135m --out ...
     CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
     CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" \\
         --learning-rows capt lora
@@ -46,13 +48,18 @@ BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
 
 
 def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None,
-                  step_cost_archs: list[str] | None = None) -> BenchResult:
+                  step_cost_archs: list[str] | None = None, time_to_result_model: str | None = None,
+                  serving_model: str | None = None) -> BenchResult:
     """Run one benchmark module; a failure is recorded in the result, not raised."""
     config = module.settings(quick)
     if module is learning and learning_overrides:
         config["overrides"] = [*config["overrides"], *learning_overrides]
     if module is step_cost and step_cost_archs:
         config["archs"] = [a for a in config["archs"] if a["arch"] in step_cost_archs]
+    if module is time_to_result and time_to_result_model:
+        config = time_to_result.for_model(config, time_to_result_model)
+    if module is serving and serving_model:
+        config = serving.for_model(config, serving_model)
     started, start = now_iso(), time.perf_counter()
     logger.info("=== %s (%s mode) ===", module.NAME, "quick" if quick else "full")
     try:
@@ -98,6 +105,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                              "one piece of a grid run in pieces")
     parser.add_argument("--step-cost-archs", nargs="+", default=[], metavar="ARCH",
                         help="run step_cost on these of its architectures only (e.g. smollm2-135m)")
+    parser.add_argument("--time-to-result-model", choices=time_to_result.MODELS, metavar="MODEL",
+                        help=f"run time_to_result on this model ({', '.join(time_to_result.MODELS)})")
+    parser.add_argument("--serving-model", choices=serving.MODELS, metavar="MODEL",
+                        help=f"run serving on this model only ({', '.join(serving.MODELS)})")
     args = parser.parse_args(argv)
     problems = [problem] if (problem := folder_problem("--out", args.out)) else []
     known = [a["arch"] for a in step_cost.settings(args.quick)["archs"]]
@@ -128,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     start_info, start = run_info(argv, 0.0), time.perf_counter()
     texts, failed = [], False
     for name in args.only or list(BENCHMARKS):
-        result = run_benchmark(BENCHMARKS[name], args.quick, args.out, args.learning_override, args.step_cost_archs)
+        result = run_benchmark(BENCHMARKS[name], args.quick, args.out, args.learning_override, args.step_cost_archs,
+                               args.time_to_result_model, args.serving_model)
         failed |= result.error is not None
         texts.append(render(result))
         print(texts[-1], flush=True)

@@ -261,3 +261,21 @@ def test_a_bad_out_folder_and_bad_learning_overrides_are_refused_together_before
     for problem in ("--out='/proc/capt-bench' is on a kernel file system", "unknown row(s) dora",
                     "nope=1: Unexpected keyword argument", "train.max_steps=-2"):
         assert problem in message, problem
+
+
+def test_time_to_result_and_serving_run_on_a_named_model_and_refuse_an_unknown_one(capsys):
+    from benchmarks import serving
+    from benchmarks.run import parse
+
+    args = parse(["--only", "time_to_result", "serving", "--time-to-result-model", "smollm2-135m",
+                  "--serving-model", "smollm2-135m"])
+    ttr = time_to_result.for_model(time_to_result.settings(False), args.time_to_result_model)
+    assert (ttr["model"], ttr["steps"], ttr["lengths"]) == ("smollm2-135m", 10, [1, 5, 10, 20, 50, 100])
+    assert time_to_result.for_model(time_to_result.settings(False), "minilm") == time_to_result.settings(False)
+    served = serving.for_model(serving.settings(False), args.serving_model)
+    assert served["models"] == ["smollm2-135m"] and served["task_counts"] == {"rte": [1, 1000]}
+    assert set(served["requests"]) == {"smollm2-135m"} and served["tasks"] == ["rte"]
+    for option in ("--time-to-result-model", "--serving-model"):
+        with pytest.raises(SystemExit) as exit_info:
+            parse([option, "llama-7b"])
+        assert exit_info.value.code == 2 and "smollm2-135m" in capsys.readouterr().err
