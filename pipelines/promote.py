@@ -12,10 +12,13 @@ only metrics whose direction is known (`pipelines.promotion_rules.METRIC_DIRECTI
 `--lower-is-better` / `--higher-is-better`; choosing on a test metric is allowed but logged as a warning. A previous
 champion that loses the alias becomes ``challenger``. The champion gets ``validation_status=approved``,
 ``promoted_at`` and the metric's value as tags, for display only (when it becomes champion, or is chosen by another
-metric than before). The command prints each change it made (alias moved from which version to which, tags, stage),
-or that it changed nothing. ``--min`` refuses (exit 1, nothing changed) when the best is worse than it (below it, or
-above it for a lower-is-better metric); it must be a finite number (NaN or infinity: exit 2). ``--stage`` also moves
-the legacy stage (deprecated in MLflow since 2.9).
+metric than before). Every other version's ``validation_status`` (``pending`` when registered) then says what this
+promotion decided, with the reason in ``validation_reason``: ``challenger`` (the version holding that alias) or
+``not_promoted`` (evaluated, not the best), or ``not_evaluated`` (skipped: no finite value of the metric). A refused
+promotion (``--min``, a version failing its check) changes no tag. The command prints each change it made (alias moved
+from which version to which, tags, stage), or that it changed nothing. ``--min`` refuses (exit 1, nothing changed) when
+the best is worse than it (below it, or above it for a lower-is-better metric); it must be a finite number (NaN or
+infinity: exit 2). ``--stage`` also moves the legacy stage (deprecated in MLflow since 2.9).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from pipelines.tracking.spool import registered_model_name
 logger = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+STATUS_TAG, REASON_TAG = "validation_status", "validation_reason"
+NOT_PROMOTED, NOT_EVALUATED = "not_promoted", "not_evaluated"
 STAGES = ("Staging", "Production", "Archived", "None")
 class PromotionRefused(PromotionError):
     """The best version is below the required minimum (`--min`)."""
@@ -156,6 +161,8 @@ def promote(model: str, task: str, metric: str = SELECTION_METRIC, min_value: fl
     changed = previous is None or previous.version != best.version
     changes = _move_aliases(registry, name, versions, best, previous)
     changes += _tag_champion(registry, name, best, metric, value, changed)
+    holder = previous if changed else next((v for v in versions if CHALLENGER in v.aliases), None)
+    changes += _tag_others(registry, name, versions, best, metric, value, holder)
     if stage:
         changes += _set_stage(registry, name, best, stage)
     return Promotion(name, best.version, value, metric, previous.version if previous and changed else None, changed,
@@ -200,12 +207,39 @@ def _move_aliases(registry: Registry, name: str, versions: list[VersionInfo], be
 def _tag_champion(registry: Registry, name: str, best: VersionInfo, metric: str, value: float,
                   changed: bool) -> list[str]:
     """The champion's approval tags, set when it became champion or was chosen by another metric than before."""
-    tags = {"validation_status": "approved", "promoted_metric": metric, "promoted_value": str(value)}
+    tags = {STATUS_TAG: "approved", "promoted_metric": metric, "promoted_value": str(value)}
     if not changed and all(best.tags.get(key) == text for key, text in tags.items()):
         return []
     tags["promoted_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     registry.set_tags(name, best.version, tags)
     return [f"tags of version {best.version} set: " + ", ".join(f"{key}={text}" for key, text in tags.items())]
+
+
+def _tag_others(registry: Registry, name: str, versions: list[VersionInfo], best: VersionInfo, metric: str,
+                value: float, challenger: VersionInfo | None) -> list[str]:
+    """Every version but the champion tagged with what this promotion decided of it (module docstring); only tags
+    that change are written, so that a repeated promotion changes nothing."""
+    changes = []
+    for version in versions:
+        if version.version == best.version:
+            if REASON_TAG in version.tags:  # a reason why it was not chosen, from an earlier promotion
+                registry.delete_tag(name, version.version, REASON_TAG)
+                changes.append(f"tag {REASON_TAG} removed from version {version.version} (it is the {CHAMPION})")
+            continue
+        score = metric_value(version, metric)
+        if score is None:
+            tags = {STATUS_TAG: NOT_EVALUATED, REASON_TAG: f"not a candidate: {unscored_reason(version, metric)}"}
+        else:
+            held = challenger is not None and challenger.version == version.version
+            tags = {STATUS_TAG: CHALLENGER if held else NOT_PROMOTED,
+                    REASON_TAG: f"{metric}={score:.4g}, not better than {CHAMPION} version {best.version} "
+                                f"({value:.4g})"}
+        new = {key: text for key, text in tags.items() if version.tags.get(key) != text}
+        if new:
+            registry.set_tags(name, version.version, new)
+            changes.append(f"tags of version {version.version} set: "
+                           + ", ".join(f"{key}={text}" for key, text in new.items()))
+    return changes
 
 
 def _set_stage(registry: Registry, name: str, best: VersionInfo, stage: str) -> list[str]:

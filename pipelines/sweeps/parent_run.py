@@ -1,6 +1,8 @@
 """The sweep as one MLflow run: opened before the first trial (every trial's run is nested under it) and closed
 with the sweep's outcome, holding the resolved sweep config, `summary.md`, `summary.csv`, the folder's README and
-the report (`pipelines.report`: tables and picture of the sweep's runs)."""
+the report (`pipelines.report`: tables and picture of the sweep's runs). Its description (what the MLflow UI shows
+first on the run's page) is the results table of `summary.md` with links to the report's artifacts, so the results
+are there without opening Artifacts."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.sweeps.config import SweepConfig
-from pipelines.sweeps.summary import README, SUMMARY_CSV, SUMMARY_MD
+from pipelines.sweeps.summary import README, SUMMARY_CSV, SUMMARY_MD, summary_markdown
 
 logger = logging.getLogger("pipelines.sweep")
 REPORT_DIR = "report"
 """In the sweep folder: report.md and report.png of the finished sweep."""
+DESCRIPTION_LIMIT = 7500
+"""Characters of the run's description: MLflow keeps at most 8,000 in a tag, so a long table is cut (summary.md in
+Artifacts has every row)."""
+CUT_NOTE = "\n\n(Cut here to fit MLflow's description: `summary.md` in Artifacts has every row.)"
 
 
 class SweepRun:
@@ -22,11 +28,14 @@ class SweepRun:
     when the sweep started)."""
 
     def __init__(self, sweep: SweepConfig, uri: str | None, experiment_id: str | None, tags: dict[str, str]):
-        self.sweep, self.uri, self.run_id = sweep, uri, None
+        self.sweep, self.uri, self.experiment_id, self.run_id = sweep, uri, experiment_id, None
         if uri and experiment_id and "://" not in sweep.storage_path:  # the record lives in a local sweep folder
-            from pipelines.tracking.sweep_run import open_sweep_run
+            from pipelines.tracking.sweep_run import DESCRIPTION_TAG, open_sweep_run
 
-            self.run_id = open_sweep_run(uri, experiment_id, self.folder, sweep.name, tags, sweep.tracking.retry_s)
+            running = (f"Sweep `{sweep.name}` has not ended yet: its results table and report appear here when it "
+                       "does; meanwhile its trials' runs are nested under this one (+ in the runs table).")
+            self.run_id = open_sweep_run(uri, experiment_id, self.folder, sweep.name,
+                                         {**tags, DESCRIPTION_TAG: running}, sweep.tracking.retry_s)
 
     @property
     def folder(self) -> Path:
@@ -45,21 +54,36 @@ class SweepRun:
         if self.run_id is None:
             return
         done = sum(r["status"] == "done" for r in rows)
-        files = [self.folder / name for name in (SUMMARY_MD, SUMMARY_CSV, README)] + self._report()
-        self._close(files, {"done": done, "failed": len(rows) - done}, "FINISHED" if done == len(rows) else "FAILED")
+        report, why = self._report()
+        files = [self.folder / name for name in (SUMMARY_MD, SUMMARY_CSV, README)] + report
+        self._close(files, {"done": done, "failed": len(rows) - done}, "FINISHED" if done == len(rows) else "FAILED",
+                    self.description(rows, [path.name for path in report], why))
+
+    def description(self, rows: list[dict], report: list[str], why: str = "") -> str:
+        """The run's description: links to the report's files (or why there is none), then summary.md's text."""
+        links = ", ".join(f"[{name}]({self._artifact_link(name)})" for name in [*report, SUMMARY_CSV])
+        head = (f"**Report** of the sweep's runs (tables and picture, also in Artifacts): {links}." if report else
+                f"**No report** ({why or 'nothing to report'}); every trial: {links}.")
+        return fit_description(f"{head}\n\n{summary_markdown(self.sweep, rows)}")
+
+    def _artifact_link(self, name: str) -> str:
+        # A link within the UI (its hash route selects the artifact): it holds wherever the store is served again.
+        return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{name}"
 
     def stop(self) -> None:
         """End the run KILLED: the sweep was stopped (`--resume` reopens it)."""
         if self.run_id is not None:
             self._close([], {}, "KILLED")
 
-    def _close(self, files: list[Path], counts: dict[str, int], status: str) -> None:
+    def _close(self, files: list[Path], counts: dict[str, int], status: str, description: str | None = None) -> None:
         from pipelines.tracking.sweep_run import close_sweep_run
 
-        close_sweep_run(self.uri, self.run_id, files, asdict(self.sweep), counts, status, self.sweep.tracking.retry_s)
+        close_sweep_run(self.uri, self.run_id, files, asdict(self.sweep), counts, status, self.sweep.tracking.retry_s,
+                        description)
 
-    def _report(self) -> list[Path]:
-        """report.md and report.png of the sweep's finished runs; none (logged) when there is nothing to report."""
+    def _report(self) -> tuple[list[Path], str]:
+        """report.md and report.png of the sweep's finished runs; none and why (logged) when there is nothing to
+        report."""
         from pipelines.report import ReportError, build_report
 
         try:
@@ -67,5 +91,15 @@ class SweepRun:
                                                 sweep=self.sweep.name)
         except ReportError as err:
             logger.info("No report for the sweep's parent run: %s", err)
-            return []
-        return [markdown, picture]
+            return [], str(err)
+        return [markdown, picture], ""
+
+
+def fit_description(text: str, limit: int = DESCRIPTION_LIMIT) -> str:
+    """`text`, or its first lines and `CUT_NOTE` when it is longer than `limit` characters."""
+    if len(text) <= limit:
+        return text
+    lines = text.splitlines()
+    while lines and len("\n".join(lines)) + len(CUT_NOTE) > limit:
+        lines.pop()
+    return "\n".join(lines) + CUT_NOTE

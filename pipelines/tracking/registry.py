@@ -102,6 +102,11 @@ class Registry:
         for key, value in tags.items():
             self.client.set_model_version_tag(name, str(version), key, str(value))
 
+    def delete_tag(self, name: str, version: int, key: str) -> None:
+        """Remove the version tag `key` (no-op when unset)."""
+        with contextlib.suppress(RestException):
+            self.client.delete_model_version_tag(name, str(version), key)
+
     def transition_stage(self, name: str, version: int, stage: str, archive_existing: bool = False) -> None:
         """Legacy stage transition (deprecated in MLflow since 2.9; aliases replace it)."""
         with warnings.catch_warnings():

@@ -24,6 +24,8 @@ SWEEP_RUN_FILE = "mlflow_sweep_run.json"
 """In the sweep folder: the parent run's id and the server it lives on."""
 PARENT_TAG = "mlflow.parentRunId"
 """The tag by which the MLflow UI nests a run under its parent."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The tag MLflow shows as the run's description."""
 RUN_KIND_TAG = "run_kind"
 """`sweep` on the parent run (a trial's run carries its task, model, method and seed instead)."""
 
@@ -76,13 +78,16 @@ def _recorded_run(client: Any, record: Path, experiment_id: str) -> str | None:
 
 
 def close_sweep_run(uri: str, run_id: str, files: Iterable[Path], config: Mapping[str, Any],
-                    counts: Mapping[str, int], status: str, retry_s: float) -> bool:
-    """Log the sweep's resolved config, its `files` (summary, report, ...) and trial counts to the parent run and
-    end it with `status`; False (logged) when the server did not take them within `retry_s` seconds."""
+                    counts: Mapping[str, int], status: str, retry_s: float, description: str | None = None) -> bool:
+    """Log the sweep's resolved config, its `files` (summary, report, ...), trial counts and `description` (the
+    run's Markdown description, when given) to the parent run and end it with `status`; False (logged) when the
+    server did not take them within `retry_s` seconds."""
     client = mlflow_client(uri)
 
     def close() -> None:
         client.log_dict(run_id, dict(config), "sweep_config.json")
+        if description is not None:
+            client.set_tag(run_id, DESCRIPTION_TAG, description)
         for path in files:
             if path.is_file():
                 client.log_artifact(run_id, str(path))

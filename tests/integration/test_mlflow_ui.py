@@ -51,6 +51,11 @@ def test_the_sweep_is_a_parent_run_holding_its_config_summary_and_report(smoke_s
     listed = _rest(uri, "GET", "artifacts/list", params={"run_id": parent["info"]["run_id"]})["files"]
     assert {"sweep_config.json", "summary.md", "summary.csv", "README.md", "report.md", "report.png"} <= {
         f["path"] for f in listed}, listed
+    description = _pairs(parent["data"]["tags"])["mlflow.note.content"]  # what the run's page shows first
+    link = f"#/experiments/{smoke_sweep['experiment_id']}/runs/{parent['info']['run_id']}/artifacts/report.md"
+    assert description.startswith("**Report**") and f"[report.md]({link})" in description, description
+    rows = [line for line in description.splitlines() if line.split(" | ")[0] in ("| cb", "| rte")]
+    assert f"# Sweep `{SWEEP}`: results" in description and len(rows) == 4, description
 
 
 def _pairs(items: list[dict[str, str]] | None) -> dict[str, str]:

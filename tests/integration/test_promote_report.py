@@ -84,8 +84,13 @@ def test_promotion_lifecycle_and_the_champion_pyfunc(
                          "  - tags of version 2 set: validation_status=approved, promoted_metric=test_score, "
                          f"promoted_value={second['metrics']['test_score']}, promoted_at="
                          f"{client.get_model_version(NAME, '2').tags['promoted_at']}"]
-    assert said[4:] == ["  - stage of version 2 moved from None to Production"]
+    reason = (f"test_score={first['metrics']['test_score']:.4g}, not better than champion version 2 "
+              f"({second['metrics']['test_score']:.4g})")
+    assert said[4:] == [f"  - tags of version 1 set: validation_status=challenger, validation_reason={reason}",
+                        "  - stage of version 2 moved from None to Production"]
     assert _aliases(client) == {"champion": "2", "challenger": "1"}
+    assert {k: client.get_model_version(NAME, "1").tags[k] for k in ("validation_status", "validation_reason")} == {
+        "validation_status": "challenger", "validation_reason": reason}, "what promote decided, not pending"
     assert client.get_model_version(NAME, "2").current_stage == "Production"
     tags = client.get_model_version(NAME, "2").tags
     assert promote.main(promote_by_test) == 0  # idempotent, and says so in one line
@@ -129,10 +134,16 @@ def test_the_default_champion_is_the_best_on_validation_not_on_test(
     client = MlflowClient(uri)
     champion = client.get_model_version_by_alias(f"capt-{SELECTION_SLUG}-rte", "champion")
     assert champion.version == "1" and champion.tags["promoted_metric"] == "best_validation_score"
+    other = client.get_model_version(f"capt-{SELECTION_SLUG}-rte", "2").tags
+    assert (other["validation_status"], other["validation_reason"]) == (
+        "not_promoted", "best_validation_score=60, not better than champion version 1 (80)")
     done = promote.promote(SELECTION_SLUG, "rte", tracking_uri=uri)
     assert (done.champion, done.metric, done.value, done.changed) == (1, "best_validation_score", 80.0, False)
     by_test = promote.promote(SELECTION_SLUG, "rte", metric="test_score", tracking_uri=uri)
     assert (by_test.champion, by_test.value, by_test.previous) == (2, 70.0, 1)
+    tags = {v: client.get_model_version(f"capt-{SELECTION_SLUG}-rte", v).tags for v in ("1", "2")}
+    assert [tags[v]["validation_status"] for v in ("1", "2")] == ["challenger", "approved"]
+    assert "validation_reason" not in tags["2"], "the champion keeps no reason why it was not chosen"
 
 
 def test_a_forged_version_tag_moves_nothing_and_a_version_without_its_run_is_skipped(
@@ -156,6 +167,9 @@ def test_a_forged_version_tag_moves_nothing_and_a_version_without_its_run_is_ski
     moved = promote.promote(slug, "rte", tracking_uri=uri)
     assert (moved.champion, moved.value, moved.previous) == (2, 60.0, 1)
     assert f"version 1: its source run {runs[0]} was deleted" in caplog.text
+    skipped = client.get_model_version(name, "1").tags
+    assert (skipped["validation_status"], skipped["validation_reason"]) == (
+        "not_evaluated", f"not a candidate: its source run {runs[0]} was deleted")
     client.delete_run(runs[1])
     with pytest.raises(promote.PromotionError, match="No version's source run logged a numeric 'best_validation_sc"):
         promote.promote(slug, "rte", tracking_uri=uri)
