@@ -103,9 +103,7 @@ class CapsuleServer:
 
     async def answer(self, name: str, examples: list[Any]) -> dict[str, Any]:
         """The answer to one checked request, batched with the requests of other tasks."""
-        answer: Answer = await self.answer_batch((name, examples))
-        return {"task": name, "labels": answer.labels, "scores": answer.scores, "label_names": answer.label_names,
-                "model": answer.model_name, "version": answer.version}
+        return answer_body(name, await self.answer_batch((name, examples)))
 
     def describe(self) -> dict[str, Any]:
         """What this replica serves: each capsule's registry model, version and digest; base model; memory and the
@@ -152,3 +150,9 @@ def build(args: dict[str, Any]) -> serve.Application:
                              "false to serve without one.")
         args["token_sha256"] = token.sha256
     return deployment(ServeSettings.from_args({**({"tracking_uri": uri} if uri else {}), **args}))
+
+
+def answer_body(name: str, answer: Answer) -> dict[str, Any]:
+    """The JSON body of one request's answer: labels, their scores, the label names and the version that answered."""
+    return {"task": name, "labels": answer.labels, "scores": answer.scores, "label_names": answer.label_names,
+            "model": answer.model_name, "version": answer.version}

@@ -4,6 +4,7 @@ the MiniLM rows. When the demo's numbers change, the failure shows the rows to p
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -46,3 +47,30 @@ def test_the_readme_prose_quotes_the_demo_table() -> None:
         task, column = key.split("_")
         row = table[(task, "minilm")]
         assert row[column] == value, f"the prose says {key} {value}; the table's row: {row}"
+
+
+def _serving_example(readme: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The README's serving example: the request body its curl line sends and the answer it shows."""
+    block = readme.split("## Serving", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    body = re.search(r"-d '(\{.*\})'", block)
+    shown = re.search(r"^# (\{\"task\".*\})$", block, re.M)
+    assert body and shown, "the README's serving example no longer has a curl body and an answer line"
+    return json.loads(body.group(1)), json.loads(shown.group(1))
+
+
+def test_the_readme_serving_example_is_what_the_demos_champion_answers(smoke_sweep: dict[str, Any],
+                                                                       tmp_path: Path) -> None:
+    """The answer the README shows for its curl line is the serving engine's for the demo's tiny-t5 RTE champion
+    (the replica's engine, fed from the registry as `python -m pipelines.serve` feeds it), scores as rounded there."""
+    from pipelines.serving.app import answer_body
+    from pipelines.serving.engine import CapsuleEngine
+    from pipelines.serving.source import RegistrySource
+
+    request, shown = _serving_example(README.read_text())
+    source = RegistrySource(smoke_sweep["uri"], "tiny-t5", "champion", tmp_path)
+    [version] = source.check([request["task"]]).values()
+    engine = CapsuleEngine([source.fetch(request["task"], version)])
+    [answer] = engine.answer([(request["task"], engine.examples(request["task"], request["inputs"]))])
+    answered = answer_body(request["task"], answer)
+    answered["scores"] = [[round(s, 2) for s in row] for row in answered["scores"]]
+    assert shown == answered, f"README.md's serving answer differs; paste:\n# {json.dumps(answered)}"
