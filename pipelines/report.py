@@ -13,8 +13,9 @@ table, the title and the picture. Runs count when
 FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
 reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
 the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
-are tabulated; when several runs still share (model, task, method, seed), e.g. a Tune search, the one with
-the best validation score is kept.
+are tabulated; when several runs still share (model, task, method, seed), e.g. single jobs differing in lr or
+a Tune search, the one with the best validation score is kept, and a note under the table names it, the runs left
+out and their scores.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ METHOD_ORDER = ("full_finetune", "adapter", "lora", "prompt_tuning", "ptuning_v2
                 "smop", "superpos_prompt", "vfpt", "dept", "ept", "capt")
 """Row order of the CaPT paper's main table: full fine-tuning, the twelve baselines, CaPT last; other rows (labelled
 ablations) follow, sorted."""
+KEPT_NOTE = (f"Several runs share one cell's seed (e.g. jobs differing in lr, or a Tune search): each keeps the run "
+             f"with the best `{SELECTION_METRIC}` (validation, never test); the others are left out of the table:")
 
 
 class ReportError(CaptError, RuntimeError):
@@ -74,7 +77,8 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
 
     Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
     Columns `majority`, `chance` and `untrained` hold the run's reference levels when `metric` is the test score
-    (`pipelines.reporting.levels`), `data` its run tag ``data`` ("generated" or "real").
+    (`pipelines.reporting.levels`), `data` its run tag ``data`` ("generated" or "real"), `kept` which run was kept
+    over which when several share the row's (model, task, method, seed) (`_kept_notes`; empty otherwise).
     """
     rows = []
     for run in runs:
@@ -86,14 +90,31 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
         levels = {column: float(metrics.get(name, math.nan)) if metric == LEVELS_METRIC else math.nan
                   for column, name in LEVEL_METRICS.items()}
         rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
-                     "select": tags.get(SELECT_TAG, ""), "selection": float(metrics.get(SELECTION_METRIC, -math.inf)),
-                     "data": tags.get("data", ""), **levels})
-    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "select", "selection", "data", *LEVEL_METRICS])
+                     "run_name": run.get("run_name") or run.get("run_id") or "", "select": tags.get(SELECT_TAG, ""),
+                     "selection": float(metrics.get(SELECTION_METRIC, -math.inf)), "data": tags.get("data", ""),
+                     **levels})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "run_name", "select", "selection", "data",
+                                        *LEVEL_METRICS])
     chosen = chosen_labels(frame.rename(columns={"selection": "validation"}).to_dict("records"))
     keep = pd.Series([chosen.get((r.model, r.task, r.method), r.select) == r.select for r in frame.itertuples()],
                      index=frame.index, dtype=bool)  # a group with no validation score at all chooses nothing
-    frame = frame[keep].sort_values("selection", kind="stable").drop_duplicates(list(_KEYS), keep="last")
+    frame = frame[keep].sort_values(["selection", "run_name"], kind="stable")  # a tie keeps the name sorting last
+    frame = frame.assign(kept=_kept_notes(frame)).drop_duplicates(list(_KEYS), keep="last")
     return frame.reset_index(drop=True)
+
+
+def _kept_notes(frame: pd.DataFrame) -> pd.Series:
+    """On the run kept (the last of its (model, task, method, seed) in `frame`, sorted by validation score) where
+    others share its cell and seed: which run it is and which it was kept over, with their validation scores."""
+    notes = pd.Series("", index=frame.index, dtype=object)
+    for (_, task, method, seed), group in frame.groupby(list(_KEYS), sort=True):
+        if len(group) > 1:
+            kept, others = group.iloc[-1], group.iloc[:-1]
+            left_out = ", ".join(f"`{r.run_name}` ({r.selection:.2f})" for r in others.itertuples())
+            tie = " (a tie: the name sorting last)" if kept.selection == others["selection"].max() else ""
+            notes[group.index[-1]] = (f"{task} / {method} / seed {seed}: kept `{kept.run_name}` ({SELECTION_METRIC} "
+                                      f"{kept.selection:.2f}) over {left_out}{tie}")
+    return notes
 
 
 def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
@@ -105,9 +126,11 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
     select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it. Reference
     rows (majority class, chance, untrained) come with the methods (`pipelines.reporting.levels`); the frame's
-    ``attrs["generated"]`` lists its tasks on generated data."""
+    ``attrs["generated"]`` lists its tasks on generated data, ``attrs["kept"]`` which run each cell and seed kept when
+    several shared them."""
     tables = {}
     for model, part in frame.groupby("model", sort=True):
+        kept = sorted(note for note in part.get("kept", pd.Series(dtype=object)) if isinstance(note, str) and note)
         part = with_reference_rows(part if "select" in part else part.assign(select=""))
         stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
         table = stats.unstack("task").swaplevel(axis=1)
@@ -125,7 +148,7 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
                  *(t for t in tasks if t not in SUPERGLUE_TASKS)]
         tables[str(model)] = table[order]
-        tables[str(model)].attrs.update(generated=generated_tasks(part), labels=_average_label(tasks))
+        tables[str(model)].attrs.update(generated=generated_tasks(part), labels=_average_label(tasks), kept=kept)
     return tables
 
 
@@ -164,6 +187,8 @@ def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str
             lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
         seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
         lines += ["", f"Seeds per cell: {_span(int(seeds.min()), int(seeds.max()))}.", ""]
+        if table.attrs.get("kept"):
+            lines += [KEPT_NOTE, "", *(f"- {note}" for note in table.attrs["kept"]), ""]
     return "\n".join(lines)
 
 

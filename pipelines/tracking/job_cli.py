@@ -21,8 +21,8 @@ from pipelines.tracking.jobs import (
     RUN_DESCRIPTION,
     RunPlan,
     TrackedResult,
-    job_run_name,
     job_run_tags,
+    single_job_run_name,
     tracked_job,
 )
 from pipelines.training.folder_checks import folder_problem
@@ -69,7 +69,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
                              f"seed {config.seed} (a single job, python -m pipelines.train)"}
     if config_file:
         tags["config_file"] = config_file
-    return RunPlan(uri, args.experiment, job_run_name(config), tags,
+    return RunPlan(uri, args.experiment, single_job_run_name(config), tags,
                    register=args.register and registers_model(config.method.name))
 
 

@@ -143,6 +143,13 @@ def job_run_name(config: JobConfig, method_key: str | None = None) -> str:
     return f"{config.task.name}/{model_slug(config.model.name)}/{method_key or config.method.name}/s{config.seed}"
 
 
+def single_job_run_name(config: JobConfig) -> str:
+    """A single job's run name: `job_run_name` and the resolved lr (``cb/minilm/capt/s0 lr=0.05``), so that jobs
+    differing only in it are told apart in the runs table (a sweep's trials add their searched values instead)."""
+    lr = config.optim.lr  # filled in by pipelines.config.load; None only in a config built past it
+    return job_run_name(config) if lr is None else f"{job_run_name(config)} lr={lr:g}"
+
+
 def job_run_tags(config: JobConfig, method_key: str | None = None) -> dict[str, str]:
     """The tags every job's run has: task, model, base model, method, seed, real or generated data, config hash, and
     what the base model's weights are where the name alone does not say (SmolLM2: a dequantised 4-bit release)."""

@@ -229,6 +229,8 @@ def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_s
 
     runs = experiment_runs("capt-it-select", mlflow_server.uri)
     assert len(runs) == 6 and {r["tags"]["select"] for r in runs} == {f"optim.lr={lr}" for lr in by_lr}
+    assert sorted(r["run_name"] for r in runs) == sorted(  # the runs table tells the values apart by name too
+        f"rte/tiny-t5/capt/s{seed}/optim.lr={lr}" for lr in by_lr for seed in (0, 1))
     frame = run_frame(runs, "test_score")
     chosen_runs = {r["run_id"] for r in runs if r["tags"]["select"] == f"optim.lr={best}"}
     assert set(frame["run_id"]) == chosen_runs and len(chosen_runs) == 2

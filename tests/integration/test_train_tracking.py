@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
+from pipelines import report
 from pipelines.services import LocalMlflowServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,8 @@ def test_a_tracked_job_logs_one_finished_run_like_a_trial(mlflow_server: LocalMl
     [run] = _runs(client, tracked_job["experiment"])
     url = RUN_URL.search(tracked_job["done"].stderr)
     assert url and url.group(1).startswith(mlflow_server.uri) and url.group(3) == run.info.run_id, "its URL is printed"
-    assert run.info.status == "FINISHED" and run.info.run_name == "cb/tiny-t5/capt/s7"
+    lr = result["config"]["optim"]["lr"]
+    assert run.info.status == "FINISHED" and run.info.run_name == f"cb/tiny-t5/capt/s7 lr={lr:g}"
     assert {k: run.data.tags[k] for k in ("task", "model", "method", "seed", "run_kind")} == {
         "task": "cb", "model": "tiny-t5", "method": "capt", "seed": "7", "run_kind": "job"}
     assert run.data.tags["config_hash"] == result["config_hash"]
@@ -90,6 +92,33 @@ def test_the_same_job_again_reuses_its_result_and_adds_no_run(mlflow_server: Loc
     [after] = _runs(client, tracked_job["experiment"])
     assert after.info.run_id == before.info.run_id and after.info.end_time == before.info.end_time
     assert len(client.get_metric_history(after.info.run_id, "validation/score")) == 2
+
+
+def test_jobs_differing_only_in_lr_have_distinct_run_names_and_the_report_says_which_it_kept(
+        mlflow_server: LocalMlflowServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two single jobs, the same but for optim.lr, in one experiment: their runs are told apart by name, and the
+    report, which tabulates one run per (task, model, method, seed), names the run it kept (best validation) and the
+    one it left out."""
+    experiment, validation = f"test-train-lr-{uuid.uuid4().hex[:8]}", {}
+    for lr in ("0.05", "0.3"):
+        done = _train(*JOB, f"optim.lr={lr}", f"output_dir={tmp_path / lr}", "--tracking-uri", mlflow_server.uri,
+                      "--experiment", experiment)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert f"run 'cb/tiny-t5/capt/s7 lr={lr}'" in done.stderr, "the run's name is said before it trains"
+        result = json.loads((tmp_path / lr / "result.json").read_text())
+        validation[f"cb/tiny-t5/capt/s7 lr={lr}"] = result["metrics"]["best_validation_score"]
+    runs = _runs(MlflowClient(mlflow_server.uri), experiment)
+    assert sorted(run.info.run_name for run in runs) == sorted(validation)
+
+    capsys.readouterr()
+    assert report.main(["--experiment", experiment, "--tracking-uri", mlflow_server.uri, "--out",
+                        str(tmp_path / "report")]) == 0
+    text = capsys.readouterr().out
+    kept, left_out = sorted(validation, key=lambda name: (validation[name], name), reverse=True)
+    tie = " (a tie: the name sorting last)" if validation[kept] == validation[left_out] else ""
+    assert report.KEPT_NOTE in text, text
+    assert (f"- cb / capt / seed 7: kept `{kept}` (best_validation_score {validation[kept]:.2f}) over `{left_out}` "
+            f"({validation[left_out]:.2f}){tie}") in text.splitlines(), text
 
 
 def test_an_unreachable_server_stops_the_job_before_it_writes_anything(tmp_path: Path) -> None:
