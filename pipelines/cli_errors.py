@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -28,6 +29,23 @@ which the pre-flight checks raise for an impossible combination of settings."""
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """The log line of every entry point."""
+QUIET_LOGGERS = ("accelerate.checkpointing", "accelerate.accelerator")
+"""Loggers kept at WARNING: Accelerate says at INFO where each file of every checkpoint goes (five lines per save,
+dozens in a short job); its warnings and errors still show."""
+
+
+def configure_logging() -> None:
+    """The logging of every entry point: INFO on stderr in `LOG_FORMAT`, `QUIET_LOGGERS` at WARNING."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    quiet_accelerate()
+
+
+def quiet_accelerate() -> None:
+    """`QUIET_LOGGERS` at WARNING, unless the user asked for Accelerate's level with ACCELERATE_LOG_LEVEL."""
+    if os.environ.get("ACCELERATE_LOG_LEVEL"):  # accelerate's own switch: the user wants its lines
+        return
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def cli_main(parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], int],
@@ -40,7 +58,7 @@ def cli_main(parser: argparse.ArgumentParser, argv: list[str] | None, body: Call
     """
     add_debug_flag(debug_on or parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()
     return run_cli(lambda: body(args), args.debug, expected)
 
 

@@ -16,10 +16,11 @@ without a restart, with ``--all`` a task given the alias later is added, a delet
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
-unless ``--host`` says otherwise; the start-up line lists every port the driver and its local Ray listen on,
-with its guard (`pipelines.serving.exposure`: the replicas' gRPC servers listen on every interface, behind Ray's
-token). Under ``ray job submit`` the same command deploys onto the cluster;
-infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctrl-C shuts Serve down.
+unless ``--host`` says otherwise; ``--debug`` logs every port the driver and its local Ray listen on, with its
+guard (`pipelines.serving.exposure`: the replicas' gRPC servers listen on every interface, behind Ray's token), and
+a port beyond loopback that nothing guards is always a warning. Under ``ray job submit`` the same command deploys
+onto the cluster; infra/serve.yaml deploys it with ``serve deploy`` instead (infra/README.md). Ctrl-C shuts Serve
+down.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from capt.tasks.registry import TASK_NAMES
-from pipelines.cli_errors import add_debug_flag, run_cli
+from pipelines.cli_errors import add_debug_flag, configure_logging, run_cli
 from pipelines.serving.auth import Token, find_token
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("pipelines.serve")  # the same name when run with -m (`--debug` lowers "pipelines")
 
 def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list[str]:
     """--tasks as a list, or with --all every task of the model whose registered model has the alias."""
@@ -84,25 +85,35 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: To
             reason = [line for line in str(err).splitlines() if line.strip()][-1].strip()
             raise ServeError(f"The Serve application did not start: its replica failed with {reason} (--debug "
                              "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
-        guard = (f"bearer token required on POST / and GET /tasks, token {token.where}" if token else
-                 "AUTHENTICATION OFF (--no-auth): anyone who reaches this address can run inference")
-        follows = ", tasks given the alias later are added" if settings.all_tasks else ""
-        print(f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
-              f"{settings.poll_s:g} s{follows}) at http://{host}:{port}/ ; {guard}; "
-              f"{_listening(port, token is not None)}; Ctrl-C stops.", flush=True)
+        _log_listeners(port, token is not None)
+        print(startup_line(settings, host, port, token), flush=True)
         stop.wait()
     finally:
         serve.shutdown()
 
 
-def _listening(port: int, serve_token: bool) -> str:
-    """Every port the driver and its local Ray listen on now that the replicas are up, with what guards it
-    (`pipelines.serving.exposure`): the replicas' gRPC servers listen on every interface."""
+def startup_line(settings: ServeSettings, host: str, port: int, token: Token | None) -> str:
+    """The one line a user needs once the app answers: the tasks, the URL, where the token is, how to stop."""
+    guard = (f"bearer token required on POST / and GET /tasks, token {token.where}" if token else
+             "AUTHENTICATION OFF (--no-auth): anyone who reaches this address can run inference")
+    follows = ", tasks given the alias later are added" if settings.all_tasks else ""
+    return (f"Serving {', '.join(settings.tasks)} of {settings.model} (alias {settings.alias}, re-read every "
+            f"{settings.poll_s:g} s{follows}) at http://{host}:{port}/ ; {guard}; Ctrl-C stops.")
+
+
+def _log_listeners(port: int, serve_token: bool) -> None:
+    """Every port the driver and its local Ray listen on, with its guard (`pipelines.serving.exposure`), at debug
+    level (``--debug``): a dozen Ray ports would bury the start-up line. A port beyond loopback that nothing guards
+    is a warning, since anyone on the network reaches it."""
     import os
 
-    from pipelines.serving.exposure import describe, serving_listeners
+    from pipelines.serving.exposure import OPEN, describe, serving_listeners
 
-    return describe(serving_listeners(port, serve_token), remote_cluster=bool(os.environ.get("RAY_ADDRESS")))
+    listeners = serving_listeners(port, serve_token)
+    logger.debug("%s", describe(listeners, remote_cluster=bool(os.environ.get("RAY_ADDRESS"))))
+    if open_ports := [str(item) for item in listeners if item.guard == OPEN]:
+        logger.warning("%d port(s) listen beyond loopback with nothing guarding them: %s (set RAY_AUTH_MODE=token "
+                       "for Ray's)", len(open_ports), ", ".join(open_ports))
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
@@ -196,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if problems := command_line_problems(args):
         p.error("; ".join(problems))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
+    if args.debug:  # the ports the start-up line leaves out (`_log_listeners`)
+        logging.getLogger("pipelines").setLevel(logging.DEBUG)
     from pipelines.services.reaper import reap_on_death
 
     with reap_on_death():  # a killed serve takes its MLflow server and its local Ray with it

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.services.reaper import reap_on_death  # noqa: E402
-from pipelines.sweeps.config import SweepConfig, load_sweep_config, trials  # noqa: E402
+from pipelines.sweeps.config import SweepConfig, ignored_data_dir_note, load_sweep_config, trials  # noqa: E402
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, upload_spooled  # noqa: E402
 from pipelines.sweeps.pack_rules import trial_process_env  # noqa: E402
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides, more_checks=sweep_folder_problems)  # folders checked too
     logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
+    if note := ignored_data_dir_note(sweep):
+        logger.warning(note)
     try:
         with reap_on_death(), stop_on_signals() as stop:
             return _run_and_report(sweep, args, stop)

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
 from pipelines.cli_errors import cli_main
+from pipelines.config.checks import ignored_data_dir_note
 from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig
 from pipelines.evaluation import evaluate, per_example_nll
@@ -43,7 +44,7 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.disk_full import no_space_reported
 from pipelines.training.loss_curve import Log, curve_point_if_due
-from pipelines.training.outputs import claim_job_folder, finished_result
+from pipelines.training.outputs import claim_job_folder, finished_result, is_main_process
 from pipelines.training.phases import begin_phase_if_due, in_final_phase
 from pipelines.training.result import ranks_in_sync, result_record
 from pipelines.training.setup import Job, build_job, num_labels
@@ -260,7 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="job YAML (see pipelines/configs/job/)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=20")
     add_tracking_flags(parser)
-    return cli_main(parser, argv, lambda args: train_from_cli(args, run), expected=(TrainingDivergedError,))
+    return cli_main(parser, argv, lambda args: train_from_cli(args, _run_once_noted),
+                    expected=(TrainingDivergedError,))
+
+
+def _run_once_noted(config: JobConfig, report: Report | None = None, log: Log | None = None) -> dict[str, Any]:
+    """`run` for the command line: first says (once, main process) that CAPT_DATA_DIR is ignored when the job does
+    not read it; not in `run`, which every trial of a sweep calls too."""
+    note = ignored_data_dir_note(config.task.source, config.task.data_dir, "this job reads",
+                                 "run it with task.source=local" if config.task.source != "local"
+                                 else "leave task.data_dir unset")
+    if note and is_main_process():
+        logger.warning(note)
+    return run(config, report, log=log)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ formats the model does not support."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from capt.methods import METHODS, get_method
+from capt.tasks.config import DATA_DIR_ENV
 from pipelines.config.readout import readout_problems
 from pipelines.config.schema import raw_value
 from pipelines.models.shape import ModelShape, model_name_problems, model_shape
@@ -82,6 +84,21 @@ def cross_field_problems(raw: dict[str, Any]) -> list[str]:
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
                         "or use task.source=generated (or hub)")
     return problems
+
+
+def ignored_data_dir_note(source: str | None, data_dir: str | None, reader: str, fix: str) -> str | None:
+    """One line when CAPT_DATA_DIR is set but jobs of task `source` and `data_dir` (`reader`, with its verb: "this
+    job reads") will not read it, saying how they would (`fix`); None when it is unset or read. A user who set it
+    expects it to be used: silence would let a run on generated data pass for one on real data."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if not env or (source == "local" and (not data_dir or _same_folder(data_dir, env))):
+        return None
+    reads = f"task.data_dir={data_dir}" if source == "local" else f"{source} data (task.source={source})"
+    return f"{DATA_DIR_ENV}={env} is ignored: {reader} {reads}; to train on the files in {env}, {fix}."
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:

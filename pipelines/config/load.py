@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,7 +49,7 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
     try:
         config = TypeAdapter(JobConfig).validate_python(raw)
     except ValidationError as err:
-        problems += _pydantic_problems(err)
+        problems += pydantic_problems(err)
     problems += cross_field_problems(raw)
     if not problems:
         try:
@@ -83,26 +84,41 @@ def require_resolved(config: Any, where: str) -> ResolvedJobConfig:
                     "validate_job_config(config.to_dict())).")
 
 
-def _pydantic_problems(err: ValidationError) -> list[str]:
+def pydantic_problems(err: ValidationError, root: type = JobConfig) -> list[str]:
+    """One line per problem of `err` (raised validating `root`); an unknown key names the allowed keys of its
+    section, since a typo is the usual cause and the list shows the spelling."""
     problems = []
     for item in err.errors(include_url=False):
         key = ".".join(str(part) for part in item["loc"])
         if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            allowed = ", ".join(_section_keys(item["loc"][:-1]))
+            allowed = ", ".join(section_keys(root, item["loc"][:-1]))
             problems.append(f"{key}: unknown key (value {item['input']!r}; allowed keys: {allowed})")
         else:
-            problems.append(f"{key}={item['input']!r}: {item['msg']}")
+            problems.append(f"{key}={item['input']!r}: {item['msg'].removeprefix('Value error, ')}")
     return problems
 
 
-def _section_keys(path: tuple) -> list[str]:
-    """Field names of the config section at `path` (e.g. ("train",)), read off the schema's type hints."""
-    section: Any = JobConfig
+def section_keys(root: type, path: tuple) -> list[str]:
+    """Field names of the config section at `path` (e.g. ("train",), or ("methods", 0) for a list's item) of the
+    dataclass `root`, read off the schema's type hints; none where `path` leads to no dataclass."""
+    section: Any = root
     for part in path:
-        section = typing.get_type_hints(section).get(part)
-        if section is None or not dataclasses.is_dataclass(section):
+        if isinstance(part, int):  # an item of a list section: its element type
+            section = next(iter(typing.get_args(section)), None)
+        else:
+            section = typing.get_type_hints(section).get(part) if dataclasses.is_dataclass(section) else None
+        section = _dataclass_in(section)
+        if section is None:
             return []
-    return [f.name for f in dataclasses.fields(section)]
+    return [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
+
+
+def _dataclass_in(hint: Any) -> Any:
+    """`hint` without an optional `| None` (e.g. `PackSection | None` -> `PackSection`)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return members[0] if len(members) == 1 else None
+    return hint
 
 
 def _format_problems(problems: list[str]) -> str:

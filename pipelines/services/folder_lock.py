@@ -2,8 +2,8 @@
 
 Used for a job's output folder, a sweep's storage folder and a local MLflow store (two servers migrating one
 SQLite file break it). The kernel releases the lock when the holding process dies, so a killed holder never
-leaves the folder locked; the holder's pid, host and start time are written into the lock file so that a
-refusal can name them.
+leaves the folder locked; the holder's pid, host, start time and command line are written into the lock file so
+that a refusal can name them (the command says which of the user's commands it is: a sweep, a serve, a job).
 """
 
 from __future__ import annotations
@@ -12,13 +12,17 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 RETRY_INTERVAL_S = 0.5
 """How often a waiting claim tries the lock again."""
+COMMAND_CHARS = 240
+"""Most characters of the holder's command line kept in the lock file (a sweep's overrides can be many)."""
 
 
 class FolderInUse(Exception):
@@ -46,7 +50,8 @@ def held_folder(lock_file: Path, wait_s: float = 0.0,
                 holder = lock_holder(lock_file)
                 raise (refusal or FolderInUse)(holder) from None
             time.sleep(RETRY_INTERVAL_S)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": own_command()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         yield
@@ -79,9 +84,27 @@ def _try_lock(fd: int) -> bool:
 
 
 def lock_holder(lock_file: Path) -> str:
-    """Who holds `lock_file`, as its holder wrote it down."""
+    """Who holds `lock_file`, as its holder wrote it down: "pid 12 on host-a, since 2026-12-02 16:09:43, running
+    `python pipelines/sweep.py --config ...`"."""
     try:
         holder = json.loads(lock_file.read_text())
-        return f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
+        said = f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "its holder did not say who it is"
+    command = holder.get("command")
+    return said + (f", running `{command}`" if isinstance(command, str) and command else "")
+
+
+def own_command(limit: int = COMMAND_CHARS) -> str:
+    """This process's command line as a user would type it (`python -m pipelines.serve ...`), cut to `limit`
+    characters: a pid alone does not tell a user which of their commands holds a folder, nor whether to stop it."""
+    import psutil
+
+    try:
+        words = psutil.Process().cmdline()
+    except psutil.Error:
+        words = [sys.executable, *sys.argv]
+    if words:
+        words[0] = Path(words[0]).name  # "python", not the virtualenv's path
+    text = shlex.join(words)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -179,11 +179,13 @@ class LocalMlflowServer(ManagedService):
 
     def _store_in_use(self, holder: str) -> ServiceError:
         at = (recorded_addresses(self.root_dir) or ["http://127.0.0.1:PORT"])[-1]  # the holder's, recorded last
+        # `holder` is the process that started that server and holds the store (a sweep driver, a serve), not the
+        # server itself: naming it as the server would invite killing a pid that is a running sweep
         return ServiceError(
-            f"The MLflow store {self.root_dir} is in use by another local MLflow server ({holder}, at {at}), started "
-            "by a sweep or a command such as `pipelines.serve`; two servers on one SQLite file corrupt its "
-            f"migrations. Wait for that process to end, point this one at the running server (tracking.uri={at}), "
-            "or give it another folder (tracking.local_dir)."
+            f"The MLflow store {self.root_dir} is in use: another command serves it with its own local MLflow server "
+            f"(at {at}) and holds it ({holder}); stopping that command stops its server. Two servers on one SQLite "
+            f"file corrupt its migrations. Wait for that command to end, point this one at the running server "
+            f"(tracking.uri={at}), or give it another folder (tracking.local_dir)."
         )
 
 

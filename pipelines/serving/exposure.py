@@ -1,13 +1,14 @@
-"""What listens while the Serve app serves, and what protects each port: the start-up line's list.
+"""What listens while the Serve app serves, and what protects each port: the list `pipelines.serve` logs at start
+(at debug level, ``--debug``; a port beyond loopback that nothing guards is a warning).
 
 A local Ray started by the driver keeps its daemons on 127.0.0.1 (`pipelines.services.private`), but not every
 port: Ray Serve 2.60 starts each replica's inter-deployment gRPC server on ``[::]:<random port>`` (hard-coded in
 ``ray/serve/_private/replica.py``), plaintext. With Ray's token auth (``RAY_AUTH_MODE=token``, what the local Ray
 runs with) that server's authentication interceptor answers a call without the token UNAUTHENTICATED; without it
-the port is open. So the start-up line lists every listening socket of the processes serving (the driver, and
+the port is open. So the list names every listening socket of the processes serving (the driver, and
 below it the local Ray's daemons and workers: the replicas, Serve's proxy and controller) instead of promising
 that nothing listens beyond loopback. Processes of a remote cluster (RAY_ADDRESS) are not on this machine: the
-line says so, and infra/serve.yaml documents what listens where there.
+list says so, and infra/serve.yaml documents what listens where there.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _process_labels(root_pid: int) -> dict[int, tuple[str, bool]]:
 
 def process_label(name: str, command: list[str]) -> str:
     """``ray::ServeReplica:capt:capsules`` for a Ray worker (its title, without the ``.method`` a busy actor's title
-    ends with, so that one process reads the same whenever the start-up line is written), ``python dashboard.py``
+    ends with, so that one process reads the same whenever the list is written), ``python dashboard.py``
     for a script."""
     if command and command[0].startswith("ray::"):
         title = command[0].split()[0]
@@ -105,7 +106,7 @@ def process_label(name: str, command: list[str]) -> str:
 
 
 def describe(listeners: list[Listener], remote_cluster: bool) -> str:
-    """The start-up line's part: every port, those beyond loopback first, each with its guard."""
+    """The logged list: every port, those beyond loopback first, each with its guard."""
     beyond = [item for item in listeners if not is_loopback(item.ip)]
     local = [item for item in listeners if is_loopback(item.ip)]
     parts = [f"beyond loopback: {', '.join(map(str, beyond)) if beyond else 'none'}",

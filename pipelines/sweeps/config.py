@@ -22,8 +22,9 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from pipelines.config.checks import ignored_data_dir_note as job_data_dir_note
 from pipelines.config.kinds import other_kind_hint
-from pipelines.config.load import validate_job_config
+from pipelines.config.load import pydantic_problems, validate_job_config
 from pipelines.config.schema import STRICT, Seed, model_slug
 from pipelines.config.sources import JobConfigError, merge_sources
 from pipelines.config.tracking import TrackingSection
@@ -171,8 +172,7 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
     except ValidationError as err:
         if hint := other_kind_hint(raw, "sweep"):  # its keys would all be unknown: name the command instead
             raise JobConfigError(f"Invalid sweep config {path or ''}: {hint}.") from None
-        problems = [f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg'].removeprefix('Value error, ')}"
-                    for e in err.errors(include_url=False)]
+        problems = pydantic_problems(err, SweepConfig)
         problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)
         raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
                              + ".") from None
@@ -283,6 +283,23 @@ def _data_source(sweep: SweepConfig) -> dict[str, Any]:
     if source in ("auto", "real"):
         source = "local" if data_dir else ("generated" if source == "auto" else "hub")
     return {"source": source, **({"data_dir": data_dir} if source == "local" and data_dir else {})}
+
+
+def ignored_data_dir_note(sweep: SweepConfig) -> str | None:
+    """One line, for the driver to say once, when CAPT_DATA_DIR is set but trials of `sweep` (its data source
+    resolved by `absolute_paths`) will not read it; None otherwise."""
+    points = trials(sweep)
+    ignoring = [t for t in points if job_data_dir_note(t.job["task"].get("source"), t.job["task"].get("data_dir"),
+                                                       "", "")]
+    if not ignoring:
+        return None
+    names = ", ".join(t.name for t in ignoring[:3]) + (", ..." if len(ignoring) > 3 else "")
+    reader = ("every trial reads" if len(ignoring) == len(points) else
+              f"{len(ignoring)} of {len(points)} trials ({names}) read")
+    fix = ("set data_source=local (or leave it at auto)" if sweep.data_source != "local"
+           else "drop their task.source / task.data_dir override")
+    first = ignoring[0].job["task"]
+    return job_data_dir_note(first.get("source"), first.get("data_dir"), reader, fix)
 
 
 def _search_problems(search: dict[str, dict[str, list[Any]]]) -> list[str]:

@@ -95,15 +95,17 @@ def quiet_trial_process() -> None:
     """In a trial process: no "LOAD REPORT" table per model load (for MiniLM it lists the classifier head that every
     classification job adds, a known and expected difference; a load that is wrong still raises), no
     weight-loading progress bar (transformers' other warnings stay), and MLflow's routine output off
-    (`pipelines.tracking.quiet`).
+    (`pipelines.tracking.quiet`), Accelerate's checkpoint chatter at WARNING (`pipelines.cli_errors.quiet_accelerate`).
 
     A filter, not a level: transformers checks the level of its loading logger itself, and at WARNING or above
     it verifies a tensor-parallel plan no job here uses, and warns about every layer it did not shard."""
     from transformers.utils import logging as hf_logging
 
+    from pipelines.cli_errors import quiet_accelerate
     from pipelines.tracking.quiet import quiet_mlflow
 
     quiet_mlflow()
+    quiet_accelerate()
     loading = logging.getLogger("transformers.modeling_utils")
     if not any(isinstance(f, _NoLoadReport) for f in loading.filters):
         loading.addFilter(_NoLoadReport())

@@ -4,9 +4,9 @@ the generated token file (mode 600) and requests need that token, and the entry 
 with one paragraph. It follows the registry without a restart: a moved alias is served after a poll, a task
 registered with the alias after the start is served (its answers name its version), a capsule that fails the
 start-up checks is skipped while the rest keep answering, a deleted registered model's task answers 400 and leaves
-GET /tasks. And what listens: the start-up line lists every port of the driver and its local Ray with its guard, and
-a replica's gRPC port, on every interface, refuses a call without Ray's token from the machine's non-loopback
-address."""
+GET /tasks. And what listens: the start-up line is one short line, --debug logs every port of the driver and its local
+Ray with its guard, and a replica's gRPC port, on every interface, refuses a call without Ray's token from the
+machine's non-loopback address."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def server(registry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     command = [sys.executable, "-m", "pipelines.serve", "--model", MODEL, "--all", "--tracking-uri",
                registry["uri"], "--port", str(port), "--poll-s", str(POLL_S), "--max-rows", str(MAX_ROWS),
-               "--num-cpus", "2"]
+               "--num-cpus", "2", "--debug"]  # --debug: the listening ports, logged at debug level
     env = {k: v for k, v in entry_env().items() if k != "CAPT_SERVE_TOKEN"}
     url = f"http://{LOCALHOST}:{port}/"
     with serve_entry_point(command, env, log) as (proc, line):
@@ -276,8 +276,17 @@ def _non_loopback_address() -> str | None:
     return None
 
 
+def test_the_start_up_line_is_short_and_the_ports_are_at_debug_level(server: Server) -> None:
+    assert len(server.line) < 400 and "listening" not in server.line and "ray::" not in server.line, server.line
+    assert f"at {server.url} ;" in server.line and "rte" in server.line and "token in " in server.line, server.line
+    assert re.search(r"^.* DEBUG pipelines\.serve: listening \(this driver and its local Ray\): ",
+                     server.log.read_text(errors="replace"), re.M), server.log.read_text()[-3000:]
+
+
 def test_the_replicas_grpc_port_is_listed_and_refuses_a_call_without_the_ray_token(server: Server) -> None:
-    line = server.line
+    found = re.search(r"^.* DEBUG pipelines\.serve: (listening .*)$", server.log.read_text(errors="replace"), re.M)
+    assert found, server.log.read_text()[-3000:]
+    line = found.group(1)
     assert "beyond loopback: none" not in line, line
     # the replica's process title ends with the method it runs at that moment (e.g. `.push_proxy_handle`)
     listed = re.findall(r"\[::\]:(\d+) ray::ServeReplica:capt:capsules\S* \(Ray token\)", line)

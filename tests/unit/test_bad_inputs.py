@@ -57,6 +57,7 @@ def _make_inputs(inputs: Path) -> None:
         "sweep.yaml": b"name: bad-inputs\ntracking:\n  enabled: false\n",
         "tracked.yaml": b"name: bad-inputs\n",
         "unknown.yaml": b"name: bad-inputs\nschedule: fifo\n",
+        "seed-typo.yaml": b"name: bad-inputs\ntracking:\n  enabled: false\nseed: [0]\n",
         "binary.yaml": b"model:\n  name: tiny-t5\noutput_dir: !!binary aGVsbG8=\n",
         "deep.yaml": b"name: bad-inputs\ntags: " + b"[" * 20_000 + b"]" * 20_000 + b"\n",
     }
@@ -105,7 +106,8 @@ CASES = [
     Case("sweep-given-a-job-config", "sweep", lambda p: ["--config", SMOKE_JOB],
          "this is a job config, not a sweep config (it has model, task, method, train): run it with "
          "python -m pipelines.train --config FILE."),
-    Case("train-unknown-key", "train", lambda p: _job(p, "train.epochs=3"), "train.epochs: unknown key"),
+    Case("train-unknown-key", "train", lambda p: _job(p, "train.epochs=3"),
+         "train.epochs: unknown key (value 3; allowed keys: batch_size, eval_batch_size, grad_accum_steps, "),
     Case("train-malformed-override", "train", lambda p: _job(p, "train.max_steps"), "is not key.sub=value"),
     Case("train-yaml-binary-tag", "train", lambda p: ["--config", str(p.inputs / "binary.yaml")],
          "line 3: the tag '!!binary' builds a value that is not plain YAML"),
@@ -170,7 +172,12 @@ CASES = [
     Case("sweep-yaml-not-utf8", "sweep", _sweep("latin1.yaml"), "is not UTF-8 text: byte 0xe9 at line 1, column 10"),
     Case("sweep-config-is-a-folder", "sweep", _sweep("folder.yaml"), "is a folder; --config takes a YAML file"),
     Case("sweep-config-missing", "sweep", _sweep("nope.yaml"), "does not exist"),
-    Case("sweep-unknown-top-key", "sweep", _sweep("unknown.yaml"), "schedule='fifo': Unexpected keyword argument"),
+    Case("sweep-unknown-top-key", "sweep", _sweep("unknown.yaml"),
+         "schedule: unknown key (value 'fifo'; allowed keys: name, tasks, models, methods, seeds, data_source,"),
+    Case("sweep-key-typo-seed", "sweep", _sweep("seed-typo.yaml"),
+         "seed: unknown key (value [0]; allowed keys: name, tasks, models, methods, seeds, data_source, job,"),
+    Case("sweep-section-key-typo", "sweep", _sweep("sweep.yaml", "methods=[{name: capt, labl: x}]"),
+         "methods.0.labl: unknown key (value 'x'; allowed keys: name, label, options, overrides, models, select)"),
     Case("sweep-bad-override-value", "sweep", _sweep("sweep.yaml", "seeds=[0,"),
          "'seeds=[0,' has a value that is not valid YAML"),
     Case("sweep-unknown-hub-id", "sweep", _sweep("sweep.yaml", "models=[nobody/no-such-model]"),
@@ -209,7 +216,8 @@ def places(tmp_path_factory: pytest.TempPathFactory, closed_uri: str, http_uri: 
     return Places(earlier_outputs(tmp_path_factory.getbasetemp()), inputs, inputs, closed_uri, http_uri)
 
 
-REAL_COMMANDS = [case for case in CASES if case.name in ("train-data-bad-json", "sweep-unreachable-ray")]
+REAL_COMMANDS = [case for case in CASES
+                 if case.name in ("train-data-bad-json", "sweep-unreachable-ray", "sweep-key-typo-seed")]
 """The cases also run as the real command (`python -m pipelines.train`, `python pipelines/sweep.py`)."""
 
 

@@ -1,5 +1,5 @@
 """One writer per folder: a sweep's folder, a local MLflow store and a job's folder each refuse a second
-holder at once, naming the first (pid, host, start time); a killed holder leaves nothing locked."""
+holder at once, naming the first (pid, host, start time, command line); a killed holder leaves nothing locked."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from helpers.bad_inputs import ROOT, call_entry
 
 from pipelines.services import LocalMlflowServer
-from pipelines.services.folder_lock import FolderInUse, held_folder
+from pipelines.services.folder_lock import FolderInUse, current_holder, held_folder
 from pipelines.services.mlflow_server import STORE_LOCK_FILE
 from pipelines.services.probe import ServiceError
 from pipelines.sweeps.run import SWEEP_LOCK_FILE
@@ -46,6 +46,9 @@ def test_a_killed_holder_leaves_the_folder_free(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(FolderInUse, match=f"pid {holder.pid} on "), held_folder(lock):
             pass
+        named = current_holder(lock)
+        assert named.startswith(f"pid {holder.pid} on ") and ", running `python" in named, named
+        assert " -c 'import sys, time;" in named, named  # the holder's own command line, not this test's
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
@@ -57,7 +60,9 @@ def test_a_local_mlflow_store_in_use_is_refused_before_a_server_starts(tmp_path)
     server = LocalMlflowServer(tmp_path)
     with held_folder(tmp_path / STORE_LOCK_FILE), pytest.raises(ServiceError) as err:
         server.start()
-    assert f"The MLflow store {tmp_path} is in use by another local MLflow server ({HOLDER}" in str(err.value)
+    # the holder is the command that started the server (here: this test), named by pid and command line
+    assert f"The MLflow store {tmp_path} is in use: another command serves it" in str(err.value)
+    assert f"and holds it ({HOLDER}" in str(err.value) and ", running `python" in str(err.value), str(err.value)
     assert "tracking.local_dir" in str(err.value) and not server.running and not (tmp_path / "mlflow.db").exists()
     server.stop()  # nothing to stop, and the refused claim holds nothing
     with held_folder(tmp_path / STORE_LOCK_FILE):
