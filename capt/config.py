@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from capt.errors import CapsuleConfigError, Problems
-from capt.optim_defaults import OUTLIER, PROMPT_T5, SMALL_STATES, OptimDefault, measured
+from capt.optim_defaults import OUTLIER, PROMPT_T5, SMALL_STATES, OptimDefault, Setting, measured
 
 LAYER_PRESETS = ("all", "first_half", "odd")
 FUSIONS = ("add", "project", "prepend", "conv")
@@ -26,6 +26,14 @@ class CapsuleConfig:
         "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.03, 0.1, 0.3", "COPA and RTE chose 0.3 and 0.1. "
                                                         "AdamW rather than T5's Adafactor: " + OUTLIER)),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("capsule layers, fusion, length", ("method.options.layers", "method.options.fusion",
+                                                    "method.options.length"),
+                "the CaPT paper: one vector in every layer, added to the instance mean; its ablations are other "
+                "values here (`pipelines/configs/ablations.yaml`)"),
+        Setting("capsule init", ("method.options.init", "method.options.init_std"),
+                "ours: zeros, so step 0 is the pure instance mean; the paper does not state its init"),
+    )
     """Optimiser and lr per model family when a job gives none (`capt.optim_defaults`)."""
 
     layers: str | tuple[int, ...] = "all"

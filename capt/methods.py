@@ -33,7 +33,7 @@ from capt.baselines.vfpt.config import VfptConfig
 from capt.baselines.xprompt.config import XPromptConfig
 from capt.config import CapsuleConfig
 from capt.errors import UnknownConfigError, UnknownMethodError
-from capt.optim_defaults import FAMILIES, OptimDefault
+from capt.optim_defaults import FAMILIES, OptimDefault, Setting
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -124,6 +124,10 @@ class Method:
         if unknown or not all(isinstance(d, OptimDefault) for d in declared.values()):
             raise ValueError(f"{self.config_class.__name__}.optim_defaults={declared!r}: expected OptimDefault "
                              f"entries keyed by model family ({', '.join(FAMILIES)}); unknown keys: {unknown}")
+        stated = {key for row in self.provenance for key in row.keys}
+        if unsourced := sorted(set(self.training_defaults) - stated):
+            raise ValueError(f"{self.config_class.__name__}.training_defaults: {', '.join(unsourced)} without a "
+                             "provenance row saying where the value comes from")
 
     @property
     def declared_optim_defaults(self) -> Mapping[str, OptimDefault]:
@@ -131,6 +135,18 @@ class Method:
         entries do not count: a method built on another's config (DePT on prompt tuning) trains differently, so a
         method that declares nothing has no defaults rather than borrowed ones."""
         return vars(self.config_class).get("optim_defaults", {})
+
+    @property
+    def provenance(self) -> tuple[Setting, ...]:
+        """The rows of the baseline-settings table the config class itself declares (`provenance`)."""
+        return vars(self.config_class).get("provenance", ())
+
+    @property
+    def training_defaults(self) -> Mapping[str, Any]:
+        """Job-config keys outside the method's options (``optim.weight_decay``, ``train.batch_size``) with the
+        values its authors train with, which a job that sets none of them gets (`training_defaults` of the config
+        class itself; every key has a `provenance` row saying where the value comes from)."""
+        return vars(self.config_class).get("training_defaults", {})
 
     def optim_default(self, family: str) -> OptimDefault | None:
         """The optimiser and lr the method declares for model family `family`; None when it declares none."""

@@ -28,6 +28,22 @@ class OptimDefault:
     """The paper, the baseline's paper, or the measurement these values come from."""
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One row of the baseline-settings table: a setting of a method, the resolved job-config keys that hold its value
+    (``method.options.num_tokens``, ``optim.weight_decay``, ``train.batch_size``), and where the value comes from: the
+    paper (section or table), the official code (repository and file), or "ours" with the reason. The table's values
+    are read from resolved jobs (`pipelines.config.provenance`), never written here, so it cannot say what jobs do
+    not get."""
+
+    name: str
+    """The setting as the table names it ("prompt length, init")."""
+    keys: tuple[str, ...]
+    """Dotted keys of the resolved job config that hold its value."""
+    source: str
+    """Where the value comes from; a value a paper preset sets otherwise says why there."""
+
+
 PROMPT_T5 = ("Lester et al. 2021 (prompt tuning on T5): Adafactor at lr 0.3; the CaPT paper trains prompt methods "
              "with Adafactor and takes lr 0.3 from earlier work (SMoP's code)")
 OUTLIER = ("Adafactor's fixed-lr first step moves every element by +-lr, so the T5 value 0.3 makes the capsule an "

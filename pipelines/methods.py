@@ -29,8 +29,12 @@ def build_method_config(name: str, options: dict[str, Any]):
     return get_method(name).build_config(options)
 
 
-def adapt(model: nn.Module, method: str, options: dict[str, Any]) -> MethodModel:
-    """Wrap the frozen `model` with `method`; encoder classifier heads are trainable for every method."""
+def adapt(model: nn.Module, method: str, options: dict[str, Any], tokenizer: Any = None) -> MethodModel:
+    """Wrap the frozen `model` with `method`; encoder classifier heads are trainable for every method. A text
+    initialisation (DePT's ``init: text``) takes its token ids from the job's `tokenizer`, the one its inputs use
+    (a model alone names no tokenizer to load: the tiny and converted ones)."""
+    if options.get("init") == "text" and not options.get("init_text_ids") and tokenizer is not None:
+        options = {**options, "init_text_ids": list(tokenizer(options["init_text"])["input_ids"])}
     adapted = apply_method(model, build_method_config(method, options))
     for param in head_parameters(model):
         param.requires_grad_(True)

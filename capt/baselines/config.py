@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from capt.errors import Problems
-from capt.optim_defaults import PROMPT_T5, SMALL_STATES, UNMEASURED, OptimDefault, measured
+from capt.optim_defaults import PROMPT_T5, SMALL_STATES, UNMEASURED, OptimDefault, Setting, measured
 
 _PTUNING = ("P-Tuning v2 (Liu et al. 2022) tunes lr in 5e-3..1e-2; the paper presets use 1e-2 with the "
             "CaPT paper's optimiser for prompt methods (Adafactor)")
@@ -73,6 +73,16 @@ class PromptTuningConfig(BaselineConfig):
         "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
         "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA and RTE chose it too")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompt length", ("method.options.num_tokens",),
+                "Lester et al. 2021 (T5, Adafactor); the CaPT paper's baseline"),
+        Setting("prompt init", ("method.options.init", "method.options.init_std"),
+                "ours: Lester et al. report sampled-vocabulary and class-label inits above random ones "
+                "(`init: vocab` samples vocabulary rows)"),
+        Setting("schedule, warm-up", ("optim.schedule", "optim.warmup_ratio"),
+                "Lester et al. 2021, Section 3: a constant learning rate (0.3 with Adafactor on T5), no decay"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"optim.schedule": "constant", "optim.warmup_ratio": 0.0}
 
     inits: ClassVar[tuple[str, ...]] = ("normal", "vocab")
     """Values `init` may take (a method with more initialisations widens it)."""
@@ -109,6 +119,12 @@ class PTuningV2Config(BaselineConfig):
                                                         "above P-Tuning v2's own 5e-3..1e-2 (Liu et al. 2022) at "
                                                         "this short budget")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prefix length, init", ("method.options.num_tokens", "method.options.init_std"),
+                "ours: P-Tuning v2 (Liu et al. 2022) chooses the length per task"),
+        Setting("reparameterisation, prefix dropout", ("method.options.reparameterize", "method.options.dropout"),
+                "ours: Liu et al. 2022 find the reparameterisation helps on some tasks and hurts on others"),
+    )
 
     num_tokens: int = 20
     """Prefix length (keys/values added to every self-attention layer)."""
@@ -150,6 +166,12 @@ class LoraConfig(BaselineConfig):
         "encoder": OptimDefault("adamw", 1e-4, measured(1e-4, "1e-4, 5e-4, 2e-3", "COPA chose it too, RTE 2e-3; "
                                                         + _LORA)),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("r, alpha, targets", ("method.options.r", "method.options.alpha", "method.options.target_modules"),
+                "targets: Hu et al. 2021 (Wq, Wv; none given: each family's query and value projections); r and "
+                "alpha ours"),
+        Setting("dropout", ("method.options.dropout",), "ours (not determined from Hu et al. 2021)"),
+    )
 
     r: int = 8
     """Rank of the update."""

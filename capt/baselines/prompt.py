@@ -55,6 +55,14 @@ class PromptTuningModel(AdaptedModel):
         """The virtual tokens: the soft prompt plus the optional instance token."""
         return config.num_tokens + int(config.instance_token)
 
+    def train(self, mode: bool = True) -> PromptTuningModel:
+        """Set training mode; a method whose config has ``base_dropout: false`` (SuperPos-Prompt, VFPT) keeps the
+        frozen base model in eval mode, without dropout, as its authors train it."""
+        super().train(mode)
+        if not getattr(self.adapter_config, "base_dropout", True):
+            self.base.eval()
+        return self
+
     def _build_prompt(self, config: PromptTuningConfig) -> None:
         """Create the parameters that produce the soft prompt (here the prompt itself; subclasses reparameterise)."""
         self.prompt = nn.Parameter(self._initial_prompt(config))

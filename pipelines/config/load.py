@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from capt.methods import get_method
 from pipelines.config.checks import cross_field_problems
 from pipelines.config.kinds import other_kind_hint
-from pipelines.config.optim_defaults import resolve_optim
+from pipelines.config.optim_defaults import resolve_optim, resolve_training
 from pipelines.config.readout import resolve_readout
 from pipelines.config.schema import JobConfig, ResolvedJobConfig
 from pipelines.config.sources import JobConfigError, merge_sources
@@ -53,15 +53,16 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
     problems += cross_field_problems(raw)
     if not problems:
         try:
-            return _resolve(config)
+            return _resolve(config, raw)
         except ValueError as err:
             problems.append(str(err))
     raise JobConfigError(_format_problems(problems))
 
 
-def _resolve(config: JobConfig) -> ResolvedJobConfig:
-    """`config` with its method options, optimiser and readout defaults filled in, as the one resolved type."""
-    resolved = resolve_readout(resolve_optim(_with_method_defaults(config)))
+def _resolve(config: JobConfig, raw: dict[str, Any]) -> ResolvedJobConfig:
+    """`config` (validated from `raw`) with its method options, its authors' training values where `raw` sets none,
+    and the optimiser and readout defaults filled in, as the one resolved type."""
+    resolved = resolve_readout(resolve_optim(resolve_training(_with_method_defaults(config), raw)))
     return ResolvedJobConfig(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)})
 
 

@@ -5,19 +5,23 @@ A job's config is resolved before anything trains (`resolve_optim`): `optim.name
 filled in from the entry its method's config class declares for the model's family (`optim_defaults`; where the
 values come from: `capt.optim_defaults`), so result.json, the MLflow params and the config hash all hold the
 values actually used, never `None`. `OPTIM_DEFAULTS` shows every registered method's entries as one table.
+`resolve_training` first gives a job the rest of its method's authors' training values (`training_defaults`:
+weight decay, schedule, clipping, batch, epochs) where its config sets none.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from capt.methods import METHODS
 from capt.optim_defaults import FAMILIES, OptimDefault
 from pipelines.config.schema import JobConfig
 from pipelines.models.shape import model_shape
 
-__all__ = ["FAMILIES", "OPTIM_DEFAULTS", "OptimDefault", "model_family", "optim_default", "resolve_optim"]
+__all__ = ["FAMILIES", "OPTIM_DEFAULTS", "OptimDefault", "model_family", "optim_default", "resolve_optim",
+           "resolve_training"]
 
 
 class DeclaredDefaults(Mapping[tuple[str, str], OptimDefault]):
@@ -57,6 +61,25 @@ def optim_default(method: str, family: str) -> OptimDefault:
 def model_family(model_name: str) -> str:
     """The family of base model `model_name`, read from its config alone (no weights loaded)."""
     return model_shape(model_name).family
+
+
+def resolve_training(config: JobConfig, given: Mapping[str, Any]) -> JobConfig:
+    """`config` with its method's authors' training values (`Method.training_defaults`: weight decay, schedule,
+    clipping, batch, epochs) in every key that `given`, the job's merged sources, leaves unset; a key the job's
+    config sets keeps its value."""
+    changes: dict[str, dict[str, Any]] = {}
+    given_options = (given.get("method") or {}).get("options") or {}
+    for key, value in METHODS[config.method.name].training_defaults.items():
+        section, _, field = key.rpartition(".")
+        if section == "method.options":
+            if field not in given_options:
+                options = {**config.method.options, field: value}
+                config = dataclasses.replace(config, method=dataclasses.replace(config.method, options=options))
+        elif field not in (given.get(section) or {}):
+            changes.setdefault(section, {})[field] = value
+    for section, fields in changes.items():
+        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)})
+    return config
 
 
 def resolve_optim(config: JobConfig) -> JobConfig:

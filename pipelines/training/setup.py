@@ -119,7 +119,7 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     splits = load_data(config)
     if loaded is None:
         loaded = load_model(config.model.name, num_labels(config), config.model.dtype)
-    model = adapt(loaded.model, config.method.name, config.method.options)
+    model = adapt(loaded.model, config.method.name, config.method.options, loaded.tokenizer)
     install_job_readout(model, loaded.model, config.model.readout)
     collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
                               capsule_slots=sequence_overhead(config.method.name, config.method.options),

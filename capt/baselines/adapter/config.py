@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int, _is_real
 from capt.errors import Problems
-from capt.optim_defaults import UNMEASURED, OptimDefault, measured
+from capt.optim_defaults import UNMEASURED, OptimDefault, Setting, measured
 
 _ADAPTER = "Houlsby et al. 2019 (adapters on BERT GLUE): Adam, lr swept over {3e-5, 3e-4, 3e-3}; 3e-4, the middle"
 _ADAPTER_OTHER = _ADAPTER + "; " + UNMEASURED
@@ -34,6 +34,28 @@ class AdapterConfig(BaselineConfig):
                                                         "points of mean validation over 3e-3 (a tie on 26 rows; test "
                                                         "61.19 against 61.22). " + _ADAPTER)),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("optimiser, lr", ("optim.name", "optim.lr"),
+                "AdamW: google-research/adapter-bert `optimization.py`; lr 3e-4 on T5 and decoders: the authors' "
+                "README example (`run_classifier.py --learning_rate=3e-4`), the middle of Houlsby et al. 2019's "
+                "sweep {3e-5, 3e-4, 3e-3}; encoders: measured (`capt/baselines/adapter/config.py`)"),
+        Setting("bottleneck m", ("method.options.bottleneck",),
+                "ours: the T5-Base adapter rows of Mahabadi et al. 2021 / Asai et al. 2022 that T5 comparisons quote "
+                "(1.9M on T5-Base); Houlsby et al. 2019 sweep {8, 64, 256}, their code defaults to 64"),
+        Setting("activation", ("method.options.activation",),
+                "google-research/adapter-bert `modeling.py` (`feedforward_adapter`, BERT's `gelu`)"),
+        Setting("placement", ("method.options.placement",),
+                "after the sub-layer's residual dropout, before the residual add: google-research/adapter-bert "
+                "`modeling.py` (`transformer_model`); Houlsby et al. 2019, Fig. 2"),
+        Setting("init", ("method.options.init_std", "method.options.up_init"),
+                "google-research/adapter-bert `modeling.py` (`init_scale=1e-3`, truncated normal; biases zero)"),
+        Setting("sub-layers, layer norms", ("method.options.sublayers", "method.options.train_layer_norms"),
+                "Houlsby et al. 2019, Section 2.1 and Fig. 2; T5 cross-attention adapters are opt-in (ours)"),
+        Setting("weight decay, warm-up", ("optim.weight_decay", "optim.warmup_ratio"),
+                "google-research/adapter-bert `optimization.py` (AdamW, weight decay 0.01) and `run_classifier.py` "
+                "(warm-up over 10 % of the steps, then linear decay)"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"optim.weight_decay": 0.01, "optim.warmup_ratio": 0.1}
 
     bottleneck: int = 24
     """Width m of the bottleneck (24 = d/32 on T5-Base, the size behind the 1.9M adapter rows of T5 papers)."""

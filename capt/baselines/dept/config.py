@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
-from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+from capt.optim_defaults import SMALL_STATES, OptimDefault, Setting, measured
 
 DEPT_T5 = ("DePT (Shi & Lipani 2024), the authors' train.py and README (T5-Base): AdamW without weight decay, linear "
            "schedule, 500 warm-up steps, batch 32; soft-prompt lr searched in {3e-1, 4e-1}; the low-rank matrices "
@@ -26,6 +26,22 @@ class DeptConfig(PromptTuningConfig):
         "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too. The soft "
                                                         "prompt's lr (the offset's is method.options.embedding_lr)")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompt length m, rank r, length s",
+                ("method.options.num_tokens", "method.options.rank", "method.options.max_length"),
+                "Shi & Lipani 2024, Section 4 (prompt tuning's budget on T5-Base); ZhengxiangShi/DePT `README.md` "
+                "also runs m = 40, r = 45"),
+        Setting("prompt init", ("method.options.init",),
+                "ZhengxiangShi/DePT `train.py` (`text_init`: the tokens of \"Classify this text is postive or not:\" "
+                "repeated to m); a plain job gets it from the model's tokenizer"),
+        Setting("offset lr, scaling", ("method.options.embedding_lr", "method.options.alpha"),
+                "ZhengxiangShi/DePT `train.py` (AdamW, two groups; A and B at 5e-4 of the grid {5e-3, 3e-1, 5e-4}) "
+                "and `peft/tuners/prompt_tuning_lora.py` (scaling alpha / sqrt(r))"),
+        Setting("schedule, warm-up", ("optim.schedule", "optim.warmup_ratio"),
+                "ZhengxiangShi/DePT `train.py` and `README.md`: linear, 500 warm-up steps of 40,000; the ratio "
+                "(500 / 40,000) is ours, a job config has no step count"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"method.options.init": "text", "optim.warmup_ratio": 0.0125}
 
     inits: ClassVar[tuple[str, ...]] = ("normal", "vocab", "text")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import _is_int
 from capt.baselines.dept.config import DEPT_T5, DeptConfig
 from capt.errors import Problems
-from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+from capt.optim_defaults import SMALL_STATES, OptimDefault, Setting, measured
 
 _EPT_T5 = ("not tuned: EPT's (Lan et al. 2025) learning rates could not be read; DePT's T5-Base values, whose "
            "decomposition EPT builds on: " + DEPT_T5)
@@ -25,6 +25,16 @@ class EPTConfig(DeptConfig):
         "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too. The soft "
                                                         "prompt's lr, as for DePT")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("sizes", ("method.options.num_tokens", "method.options.rank", "method.options.num_spaces",
+                          "method.options.space_rank"),
+                "not determined: EPT's (Lan et al. 2025) own sizes could not be read here; DePT's m, r plus 4 gated "
+                "subspaces of rank 4"),
+        Setting("prompt init", ("method.options.init",), "DePT's text init, which EPT builds on (ours)"),
+        Setting("schedule, warm-up", ("optim.schedule", "optim.warmup_ratio"),
+                "DePT's (500 / 40,000 steps of warm-up), which EPT builds on (ours)"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"method.options.init": "text", "optim.warmup_ratio": 0.0125}
 
     num_spaces: int = 4
     """Number of subspaces the fused prompt is projected into (multi-space projection)."""

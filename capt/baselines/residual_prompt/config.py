@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int
 from capt.errors import Problems
-from capt.optim_defaults import REPARAM_OTHER, OptimDefault, measured
+from capt.optim_defaults import REPARAM_OTHER, OptimDefault, Setting, measured
 
 _RESPROMPT_T5 = ("Residual Prompt Tuning (Razdaibiedina et al. 2023), the authors' code: AdamW at lr 0.3 (weight "
                  "decay 1e-5) for the prompt and the MLP on T5")
@@ -23,6 +23,23 @@ class ResidualPromptConfig(PromptTuningConfig):
         "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
         "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompt length, init", ("method.options.num_tokens", "method.options.init"),
+                "Razdaibiedina et al. 2023 (main setting); arazd/ResidualPrompts (code)"),
+        Setting("bottleneck", ("method.options.bottleneck",),
+                "400 ours: DPT (Xiao et al. 2023) reports 925K parameters for the method on T5-Large, which 400 gives; "
+                "the presets' 800 is the default of the authors' training script (arazd/ResidualPrompts)"),
+        Setting("weight decay, schedule, warm-up, clipping",
+                ("optim.weight_decay", "optim.schedule", "optim.warmup_ratio", "optim.max_grad_norm"),
+                "arazd/ResidualPrompts `prompt_tuner2.py`: AdamW with weight decay 1e-5 at a constant rate, no "
+                "warm-up, no gradient clipping"),
+        Setting("batch, epochs", ("train.batch_size", "train.max_epochs"),
+                "arazd/ResidualPrompts `README.md`: batch 8, 20 epochs; the presets keep the CaPT paper's batch 32 "
+                "and 50 epochs, which every row of its table shares"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {
+        "optim.weight_decay": 1e-5, "optim.schedule": "constant", "optim.warmup_ratio": 0.0,
+        "optim.max_grad_norm": None, "train.batch_size": 8, "train.max_epochs": 20}
 
     num_tokens: int = 10
     """Number of soft-prompt vectors (the paper's main setting is 10; it also reports 100)."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import PromptTuningConfig, _is_int, _is_real
 from capt.errors import Problems
-from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+from capt.optim_defaults import SMALL_STATES, OptimDefault, Setting, measured
 
 ROUTINGS = ("per_input", "batch_broadcast")
 """SMoP routing variants: the paper's per-input prompt, or the released code's batch-wide sum."""
@@ -25,6 +25,19 @@ class SMoPConfig(PromptTuningConfig):
         "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES),
         "encoder": OptimDefault("adamw", 3e-3, measured(3e-3, "0.003, 0.01, 0.03", "COPA chose it too")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompts x length", ("method.options.num_prompts", "method.options.num_tokens"),
+                "Choi et al. 2023; jyjohnchoi/SMoP `README.md` command"),
+        Setting("prompt init", ("method.options.init", "method.options.init_std"),
+                "jyjohnchoi/SMoP `peft_models/tuners/prompt_routing.py` (`nn.Embedding` default, N(0, 1))"),
+        Setting("router noise, routing", ("method.options.router_noise", "method.options.routing"),
+                "noise: Choi et al. 2023, Section 2.3 (`GaussianNoise`, relative to the logits, training only); "
+                "per-input routing: the paper's equations (a prediction must not depend on its batch), where the "
+                "released code sums the batch's chosen prompts (`routing: batch_broadcast`)"),
+        Setting("weight decay, clipping", ("optim.weight_decay", "optim.max_grad_norm"),
+                "jyjohnchoi/SMoP `scripts/train.py`: weight decay 1e-5, no gradient clipping"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"optim.weight_decay": 1e-5, "optim.max_grad_norm": None}
 
     num_tokens: int = 5
     """Length of each soft prompt (the positions every input gains)."""

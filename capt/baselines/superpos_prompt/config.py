@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int
 from capt.errors import Problems
-from capt.optim_defaults import REPARAM_OTHER, OptimDefault, measured
+from capt.optim_defaults import REPARAM_OTHER, OptimDefault, Setting, measured
 
 _SUPERPOS_T5 = ("not tuned: SuperPos-Prompt (Sadraei Javaheri et al. 2024) gives no lr we could confirm; the "
                 "prompt-tuning T5 value (Lester et al. 2021: Adafactor at lr 0.3)")
@@ -24,6 +24,14 @@ class SuperPosPromptConfig(BaselineConfig):
         "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "with issue 33's per-token "
                                                         "dE_i; COPA chose 0.003 under the old defaults")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompt length, sampled embeddings", ("method.options.num_tokens", "method.options.num_sampled"),
+                "Sadraei Javaheri et al. 2024 (its ablation over m plateaus at 128)"),
+        Setting("parameterisation", ("method.options.train_embeddings", "method.options.shared_embeddings"),
+                "Sadraei Javaheri et al. 2024: p_i = w_i (E + dE_i), each token its own change dE_i"),
+        Setting("base dropout", ("method.options.base_dropout",),
+                "Sadraei Javaheri et al. 2024: the frozen model's dropout off"),
+    )
 
     num_tokens: int = 10
     """Number of soft-prompt vectors (the paper uses 10)."""

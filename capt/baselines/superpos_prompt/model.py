@@ -105,10 +105,3 @@ class SuperPosPromptModel(PromptTuningModel):
             raise MethodError(f"adapter token_ids fall outside the vocabulary of {self.embed.weight.shape[0]} ids")
         super().load_adapter_state_dict(state)
         self.token_ids.copy_(ids.to(self.token_ids.device))
-
-    def train(self, mode: bool = True) -> SuperPosPromptModel:
-        """Set training mode; without ``base_dropout`` the frozen base model stays in eval mode (no dropout)."""
-        super().train(mode)
-        if not self.adapter_config.base_dropout:
-            self.base.eval()
-        return self

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capt.baselines.config import BaselineConfig, _is_int, _is_real
 from capt.errors import Problems
-from capt.optim_defaults import SMALL_STATES, OptimDefault, measured
+from capt.optim_defaults import SMALL_STATES, OptimDefault, Setting, measured
 
 _XPROMPT_T5 = ("XPrompt (Ma et al. 2022) trains its prompt as prompt tuning does (Lester et al. 2021: Adafactor, "
                "lr 0.3) in every stage")
@@ -26,6 +26,25 @@ class XPromptConfig(BaselineConfig):
                                                         "60.70 against 58.13); COPA chose 0.03 under the old "
                                                         "defaults. XPrompt reports T5 only")),
     }
+    provenance: ClassVar[tuple[Setting, ...]] = (
+        Setting("prompt length, init", ("method.options.num_tokens", "method.options.init"),
+                "Ma et al. 2022: 20 tokens (paper text; no released code); sampled vocabulary embeddings, their "
+                "Table 6's best init"),
+        Setting("pieces per token", ("method.options.pieces",), "Ma et al. 2022"),
+        Setting("token and piece pruning ratios",
+                ("method.options.token_prune_fraction", "method.options.piece_prune_fraction"),
+                "range: Ma et al. 2022 (10-90 %, per task, which the presets search on validation); the 0.2 / 0.2 "
+                "of a plain job (no search) is ours"),
+        Setting("stages", ("method.options.pruning_at", "method.options.score_batches",
+                           "method.options.restart_schedule"),
+                "ours: the paper runs each stage as its own training run; one job prunes once, rewinds and "
+                "re-trains, restarting optimiser and schedule as the paper restarts its learning strategy"),
+        Setting("weight decay, batch, epochs", ("optim.weight_decay", "train.batch_size", "train.max_epochs"),
+                "Ma et al. 2022, Section 5.3: Adafactor, weight decay 1e-5, batch 16, 100 epochs; the presets keep "
+                "the CaPT paper's batch 32 and 50 epochs, which every row of its table shares"),
+    )
+    training_defaults: ClassVar[dict[str, Any]] = {"optim.weight_decay": 1e-5, "train.batch_size": 16,
+                                                   "train.max_epochs": 100}
     instance_token: ClassVar[bool] = False
     """XPrompt adds no instance token (the prompt-tuning model it extends reads this)."""
 
