@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,19 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """The errnos of a write that found no room."""
 NO_SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large", "file write failed")
 """What the libraries that raise without an errno say instead."""
+SERIALISER_TEXTS = ("basic_ios::clear", "enforce fail at inline_container.cc")
+"""What torch's serialiser says when a write fails for any cause: a full disk only where the device is nearly full."""
+NEARLY_FULL_BYTES = 1 << 20
+"""Free bytes under which a failed serialiser write is taken for a full disk (the failures seen: 16-56 KB free)."""
 
 
 class NoSpaceError(CaptError, OSError):
     """The output folder's device is full; the message says what was kept and how to go on."""
 
 
-def is_no_space(err: BaseException | None) -> bool:
-    """Whether `err`, or an error it was raised from, is a write that found no room."""
+def is_no_space(err: BaseException | None, folder: Path | None = None) -> bool:
+    """Whether `err`, or an error it was raised from, is a write that found no room; with `folder`, also a failed
+    serialiser write (a C++ stream error naming no cause) while the folder's device is nearly full."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -34,8 +40,19 @@ def is_no_space(err: BaseException | None) -> bool:
             return True
         if any(text in str(err) for text in NO_SPACE_TEXTS):
             return True
+        if folder is not None and any(text in str(err) for text in SERIALISER_TEXTS) and _nearly_full(folder):
+            return True
         err = err.__cause__ or err.__context__
     return False
+
+
+def _nearly_full(folder: Path) -> bool:
+    """Whether the device holding `folder` (or its nearest existing parent) has under `NEARLY_FULL_BYTES` free."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    try:
+        return existing is not None and shutil.disk_usage(existing).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -44,7 +61,7 @@ def no_space_reported(folder: Path) -> Iterator[None]:
     try:
         yield
     except Exception as err:
-        if isinstance(err, NoSpaceError) or not is_no_space(err):
+        if isinstance(err, NoSpaceError) or not is_no_space(err, folder):
             raise
         latest = folder / "checkpoints" / "latest"
         kept = (f"the last complete checkpoint, {latest}, is kept" if (latest / "loop_state.json").is_file()

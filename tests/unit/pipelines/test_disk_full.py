@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -84,3 +85,17 @@ def test_what_counts_as_a_full_disk(error, full):
         raise RuntimeError("while saving") from error
     except RuntimeError as wrapped:
         assert is_no_space(wrapped) is full
+
+
+def test_a_serialiser_stream_error_is_a_full_disk_only_on_a_nearly_full_device(tmp_path, monkeypatch):
+    """torch's writer reports a full disk at a few KB free as a bare C++ stream error; the same text with room left
+    is some other failure and keeps its own traceback."""
+    from pipelines.training import disk_full
+
+    stream = RuntimeError("basic_ios::clear: iostream error")
+    assert not is_no_space(stream) and not is_no_space(stream, tmp_path), "this folder's device has room"
+    monkeypatch.setattr(disk_full, "NEARLY_FULL_BYTES", shutil.disk_usage(tmp_path).free + 1)
+    assert is_no_space(stream, tmp_path / "not" / "yet" / "made") and not is_no_space(ValueError("x"), tmp_path)
+    with pytest.raises(disk_full.NoSpaceError, match="No space left on the device of output_dir="):
+        with disk_full.no_space_reported(tmp_path):
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
