@@ -96,6 +96,6 @@ def test_a_serialiser_stream_error_is_a_full_disk_only_on_a_nearly_full_device(t
     assert not is_no_space(stream) and not is_no_space(stream, tmp_path), "this folder's device has room"
     monkeypatch.setattr(disk_full, "NEARLY_FULL_BYTES", shutil.disk_usage(tmp_path).free + 1)
     assert is_no_space(stream, tmp_path / "not" / "yet" / "made") and not is_no_space(ValueError("x"), tmp_path)
-    with pytest.raises(disk_full.NoSpaceError, match="No space left on the device of output_dir="):
-        with disk_full.no_space_reported(tmp_path):
-            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
+    with (pytest.raises(disk_full.NoSpaceError, match="No space left on the device of output_dir="),
+          disk_full.no_space_reported(tmp_path)):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
