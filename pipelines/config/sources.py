@@ -45,6 +45,9 @@ def read_yaml_config(path: str | os.PathLike) -> DictConfig:
     try:
         loaded = OmegaConf.load(io.StringIO(text))  # OmegaConf's loader: typed floats, duplicate keys refused
     except yaml.YAMLError as err:
+        if NODE_LIMIT_TEXT in str(err):
+            raise JobConfigError(f"The config {path} holds more values than one config may: {TOO_MANY_NODES}.") \
+                from None
         raise JobConfigError(f"The config {path} is not valid YAML: {yaml_problem(err)}. Fix the file there "
                              "(YAML indents with spaces, one `key: value` per line, each key once).") from None
     except OSError:  # what OmegaConf raises for a single value at the top level
@@ -75,6 +78,12 @@ def _config_text(path: Path) -> str:
         raise JobConfigError(f"Cannot read the config {path}: {err.strerror or err}.") from None
 
 
+NODE_LIMIT_TEXT = "node expansion exceeds the configured limit"
+"""OmegaConf's words when a YAML text expands to more nodes than it allows (its guard against alias bombs)."""
+TOO_MANY_NODES = ("OmegaConf reads at most 10,000 YAML values per text, a guard against alias bombs; the text is "
+                  "valid YAML, but a grid of this size is not something a sweep runs: give fewer values")
+
+
 def parse_overrides(overrides: Sequence[str]) -> list[DictConfig]:
     """`key.sub=value` strings as OmegaConf mappings; raises once naming every malformed one."""
     parsed, problems = [], []
@@ -90,7 +99,10 @@ def parse_overrides(overrides: Sequence[str]) -> list[DictConfig]:
             parsed.append(OmegaConf.from_dotlist([text]))
         except (yaml.YAMLError, OmegaConfBaseException) as err:
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            problems.append(f"{_shown(text)} has a value that is not valid YAML ({problem}; quote it)")
+            if NODE_LIMIT_TEXT in problem:
+                problems.append(f"{_shown(text)} holds more values than one config may ({TOO_MANY_NODES})")
+            else:
+                problems.append(f"{_shown(text)} has a value that is not valid YAML ({problem}; quote it)")
     if problems:
         raise JobConfigError("Invalid overrides: " + "; ".join(problems) + " (e.g. train.max_steps=20).")
     return parsed

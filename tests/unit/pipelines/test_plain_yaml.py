@@ -46,3 +46,18 @@ def test_a_huge_override_is_refused_without_echoing_all_of_it():
         load_job_config(None, [override])
     assert "nest more than 32 levels deep" in str(err.value) and "(40016 characters)" in str(err.value)
     assert len(str(err.value)) < 400
+
+
+def test_a_grid_beyond_omegaconfs_node_limit_is_called_too_large_not_invalid(tmp_path):
+    """10,000 seeds are valid YAML: the refusal says the text holds more values than a config may, not "quote it"."""
+    from pipelines.sweeps.config import load_sweep_config
+
+    seeds = "[" + ",".join(map(str, range(10_001))) + "]"
+    path = tmp_path / "big.yaml"
+    path.write_text(f"tasks: [rte]\nmodels: [tiny-t5]\nseeds: {seeds}\n")
+    for refused in (lambda: load_sweep_config(None, [f"seeds={seeds}"]), lambda: load_sweep_config(path)):
+        with pytest.raises(JobConfigError) as caught:
+            refused()
+        message = str(caught.value)
+        assert "more values than one config may" in message and "at most 10,000" in message, message[-500:]
+        assert "quote it" not in message and "not valid YAML" not in message
