@@ -81,7 +81,12 @@ def scan(data: bytes, limits: Limits) -> None:
     quotes = np.flatnonzero(raw == _QUOTE)
     if len(quotes) % 2:
         return  # an unterminated string: json.loads names the position
-    if len(quotes) and int((quotes[1::2] - quotes[0::2]).max()) - 1 > _MAX_ESCAPED_BYTES_PER_CHAR * limits.max_chars:
+    lengths = quotes[1::2] - quotes[0::2] - 1
+    if len(quotes) and int(lengths.max()) > _MAX_ESCAPED_BYTES_PER_CHAR * limits.max_chars:
+        after = data[int(quotes[1::2][int(lengths.argmax())]) + 1:].lstrip()[:1]
+        if after == b":":  # a key: no field of the request is to blame
+            raise ClientError(f"A key of the body is longer than {limits.max_chars} characters; the fields are "
+                              "'task' and 'inputs'.", "body", "max_chars")
         raise ClientError(f"A string of the body is longer than {limits.max_chars} characters; shorten it.",
                           "inputs", "max_chars")
     outside = (np.cumsum(raw == _QUOTE, dtype=np.int32) % 2 == 0) & (raw != _QUOTE)

@@ -229,3 +229,12 @@ def test_bad_cli_values_exit_2_in_one_paragraph_before_any_service(args: list[st
     assert done.value.code == 2 and err.startswith("error: ") and phrase in err, err
     assert "Traceback" not in err and err.count("\n") == 1
 
+
+def test_an_over_long_key_is_not_blamed_on_inputs() -> None:
+    """The byte scan tells a key (followed by ':') from a value: a 200,000-character unknown key is the body's."""
+    wide = Limits(max_body_bytes=2**21, max_rows=64, max_depth=16, max_chars=4096)
+    for body, field in [(b'{"task": "rte", "' + b"k" * 200_000 + b'" : 1, "inputs": [{}]}', "body"),
+                        (b'{"task": "rte", "inputs": [{"premise": "' + b"v" * 200_000 + b'"}]}', "inputs")]:
+        with pytest.raises(ClientError) as err:
+            parse(body, wide)
+        assert (err.value.field, err.value.rule) == (field, "max_chars")
