@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Sequence
@@ -46,9 +47,14 @@ class CapsuleServer:
         if capsules is None:  # the registry's versions, each fetched as the bank reads it; capsules given are served
             self.source = RegistrySource(self.settings.tracking_uri, self.settings.model, self.settings.alias,
                                          tempfile.mkdtemp(prefix="capt-serve-"))
-            versions = self.source.check(self.settings.tasks)
-            capsules = (self.source.fetch(task, version) for task, version in versions.items())
-        self.engine = CapsuleEngine(capsules)
+        try:
+            if self.source is not None:
+                versions = self.source.check(self.settings.tasks)
+                capsules = (self.source.fetch(task, version) for task, version in versions.items())
+            self.engine = CapsuleEngine(capsules)
+        except BaseException:
+            self._forget_downloads()  # a refused start leaves no download folder (tampered copies included)
+            raise
         self.loaded_rss_mb = resident_mb()
         """Resident memory once the base model and every capsule are loaded, before any request."""
         self._catalog: tuple[int, Catalog] | None = None
@@ -67,6 +73,12 @@ class CapsuleServer:
 
     def __del__(self) -> None:
         self._stop.set()
+        self._forget_downloads()
+
+    def _forget_downloads(self) -> None:
+        """Remove the folder the registry's versions were downloaded into (the bank holds their values)."""
+        if getattr(self, "source", None) is not None:
+            shutil.rmtree(self.source.root, ignore_errors=True)
 
     async def __call__(self, request: Request) -> JSONResponse:
         return await self.front.respond(request)

@@ -102,3 +102,23 @@ def test_the_route_checks_follow_a_hot_add_a_swap_and_a_drop(jobs: dict[str, dic
     status, body = _post(server, rte)
     assert (status, body["field"]) == (400, "task") and body["error"].endswith("tasks served: cb."), body
     assert server.catalog().limits.max_chars == server.max_chars("cb") == before
+
+
+def test_a_refused_start_and_a_stopped_replica_leave_no_download_folder(jobs: dict[str, dict[str, Any]],
+                                                                        tmp_path: Path, monkeypatch) -> None:
+    """The replica downloads registry versions into a folder of its own: removed when its start is refused (no such
+    capsule registered) and when Serve stops it (`__del__`)."""
+    import tempfile
+
+    from pipelines.serving.source import ServeError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = {"model": "tiny-t5", "tasks": ["rte"], "tracking_uri": f"sqlite:///{tmp_path / 'empty.db'}",
+                "auth": False}
+    with pytest.raises(ServeError, match="no capsule of this base model is registered"):
+        CapsuleServer(settings)
+    assert not list(tmp_path.glob("capt-serve-*"))
+    server = CapsuleServer({**settings, "tracking_uri": "unused"}, [_served(jobs["rte"])])
+    server.source = type("Source", (), {"root": tempfile.mkdtemp(prefix="capt-serve-")})()
+    server.__del__()
+    assert not list(tmp_path.glob("capt-serve-*"))
