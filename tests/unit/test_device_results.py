@@ -172,3 +172,16 @@ def test_the_smollm2_step_cost_table_is_the_shipped_runs():
                                                       f"{row['flop_ratio_to_floor']:.3f}"), label
     [target] = [t for t in result["targets"] if t["name"] == "CaPT step / floor (smollm2-135m)"]
     assert not target["met"] and f"({target['measured']:.3f})" in readme
+
+
+def test_the_smollm2_time_to_result_table_is_the_shipped_run():
+    """benchmarks/README.md's SmolLM2 time-to-result rows are the shipped time_to_result_smollm2 run's summary."""
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "benchmarks/results/time_to_result_smollm2/time_to_result.json").read_text())
+    assert result["settings"]["model"] == "smollm2-135m" and result["settings"]["capt_runs"] == 3
+    summary = next(t for t in result["tables"] if t["title"].startswith("Time to a result"))["rows"]
+    readme = (root / "benchmarks/README.md").read_text()
+    block = readme.split("<!-- time_to_result_smollm2 -->", 1)[1].split("<!-- end time_to_result_smollm2 -->")[0]
+    shown = re.findall(r"^\| [^|]+ \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", block, re.M)
+    assert shown == [(str(row["runs"]), f"{row['total_s']:.1f}", f"{row['ratio']:.2f}", f"{row['paper']:g}")
+                     for row in summary]
