@@ -172,6 +172,15 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def commit_info() -> dict[str, Any]:
+    """The commit the code ran at, and whether its code folders (capt, pipelines, benchmarks) matched it."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "tree_clean": not git("status", "--porcelain", "--", "capt", "pipelines", "benchmarks")}
+
+
 def versions() -> dict[str, str]:
     """Installed versions of the packages the numbers depend on."""
     found = {}

@@ -139,8 +139,16 @@ def trial_results(sweep) -> list[dict[str, Any]]:
                      "lr": (result.get("optimizer") or {}).get("lr"),
                      "head_lr": (result.get("optimizer") or {}).get("head_lr"),
                      "train_loss_curve": _loss_curve(result["history"]),
-                     "fit_s": result["wall_time_s"]})
+                     "fit_s": result["wall_time_s"], "config_hash": result.get("config_hash"),
+                     "settings": trained_settings(result.get("config") or {})})
     return rows
+
+
+def trained_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """What a trial trained with (its resolved config): optimiser and schedule, batch and epochs, method options."""
+    optim, train = config.get("optim") or {}, config.get("train") or {}
+    return {"optim": optim, "batch_size": train.get("batch_size"), "max_epochs": train.get("max_epochs"),
+            "max_steps": train.get("max_steps"), "method": config.get("method")}
 
 
 REFERENCE_LEVELS = ("majority", "chance")
@@ -250,7 +258,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
                                                "test_accuracy",
                                                "best_validation_score", *REFERENCE_LEVELS,
                                                "steps", "trainable", "lr", "head_lr",
-                                               "train_loss_curve", "fit_s"], rows))
+                                               "train_loss_curve", "fit_s", "config_hash", "settings"], rows))
     result.plots.append("learning/report.png")
     result.notes += notes + [
         f"Route: {config['route']}; config {config['config']}; overrides {config['overrides'] or 'none'}.",

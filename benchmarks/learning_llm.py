@@ -31,13 +31,12 @@ import math
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine, now_iso, versions
+from benchmarks.common import REPO, commit_info, machine, now_iso, versions
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +191,9 @@ def _train(job: dict[str, Any]) -> tuple[dict[str, Any], float]:
 
 def write_run_info(out: Path, args: argparse.Namespace) -> None:
     """What ran: the commit (and whether the tree was clean), the command, machine and versions, appended per run."""
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
     path = out / "run.json"
     runs = json.loads(path.read_text()) if path.is_file() else []
-    runs.append({"date": now_iso(), "commit": git("rev-parse", "HEAD"),
-                 "tree_clean": not git("status", "--porcelain", "--", "capt", "pipelines", "benchmarks"),
+    runs.append({"date": now_iso(), **commit_info(),
                  "command": ["python", "-m", "benchmarks.learning_llm", *sys.argv[1:]], "config": args.config,
                  "workers": args.workers, "machine": machine(), "versions": versions()})
     path.write_text(json.dumps(runs, indent=2) + "\n")

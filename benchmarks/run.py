@@ -30,6 +30,7 @@ from benchmarks.common import (
     OFFLINE_ENV,
     RESULTS,
     BenchResult,
+    commit_info,
     load_results,
     machine,
     markdown_table,
@@ -86,8 +87,9 @@ def render(result: BenchResult) -> str:
 
 
 def run_info(argv: list[str], total_s: float) -> dict:
-    """Date, command, machine and versions for the report header."""
-    return {"date": now_iso(), "command": "python -m benchmarks.run " + " ".join(argv), "machine": machine(),
+    """Date, commit, command, machine and versions for the report header."""
+    return {"date": now_iso(), **commit_info(), "command": "python -m benchmarks.run " + " ".join(argv),
+            "machine": machine(),
             "versions": versions(), "total_s": total_s}
 
 

@@ -166,6 +166,10 @@ def test_the_quick_learning_route_tabulates_the_trials_it_ran(tmp_path):
     assert [(row["method"], row["task"], row["steps"]) for row in trials] == [("head-only+anchor", "cb", 1)]
     assert trials[0]["test_score"] is not None and trials[0]["head_lr"] == 0.01, "the first combination ran"
     assert trials[0]["majority"] > 0 and trials[0]["chance"] > 0, "the job's reference levels, for the merge"
+    settings = trials[0]["settings"]  # what produced the cell: its resolved config's hash and training values
+    assert isinstance(trials[0]["config_hash"], str) and len(trials[0]["config_hash"]) >= 8
+    assert settings["optim"]["head_lr"] == 0.01 and settings["optim"]["schedule"] and settings["max_steps"] == 1
+    assert settings["method"]["options"]["task_vector"] is False
     assert "head-only+anchor" in (tmp_path / "learning" / "report.md").read_text()
 
 
@@ -279,3 +283,11 @@ def test_time_to_result_and_serving_run_on_a_named_model_and_refuse_an_unknown_o
         with pytest.raises(SystemExit) as exit_info:
             parse([option, "llama-7b"])
         assert exit_info.value.code == 2 and "smollm2-135m" in capsys.readouterr().err
+
+
+def test_a_run_records_the_commit_it_ran_at():
+    from benchmarks.run import run_info
+
+    info = run_info(["--quick"], 1.0)
+    assert len(info["commit"]) == 40 and isinstance(info["tree_clean"], bool)
+    assert info["commit"] == common.commit_info()["commit"]

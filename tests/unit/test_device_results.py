@@ -185,3 +185,18 @@ def test_the_smollm2_time_to_result_table_is_the_shipped_run():
     shown = re.findall(r"^\| [^|]+ \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", block, re.M)
     assert shown == [(str(row["runs"]), f"{row['total_s']:.1f}", f"{row['ratio']:.2f}", f"{row['paper']:g}")
                      for row in summary]
+
+
+def test_the_smollm2_serving_table_is_the_shipped_run():
+    """benchmarks/README.md's SmolLM2 serving rows and targets are the shipped serving_smollm2 run's."""
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "benchmarks/results/serving_smollm2/serving.json").read_text())
+    assert result["settings"]["models"] == ["smollm2-135m"] and result["error"] is None
+    rows = result["tables"][0]["rows"]
+    readme = (root / "benchmarks/README.md").read_text()
+    block = readme.split("<!-- serving_smollm2 -->", 1)[1].split("<!-- end serving_smollm2 -->")[0]
+    shown = re.findall(r"^\| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \|$", block, re.M)
+    assert shown == [(f"{row['tasks']:,}", f"{row['rows_per_s']:.2f}", f"{row['vs_base_min']:.3f}",
+                      f"{row['p50_ms']:.0f}", f"{row['p99_ms']:.0f}", f"{row['loaded_rss_mb']:.0f}",
+                      f"{row['capsule_bytes'] / 2**20:.2f}") for row in rows]
+    assert all(target["met"] for target in result["targets"]) and len(result["targets"]) == 2
