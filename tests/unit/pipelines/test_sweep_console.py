@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -97,7 +98,27 @@ def test_the_registry_line_is_a_command_with_a_row_of_the_tasks_fields():
     assert "with `make mlflow-ui` running" in line
     assert "make mlflow-ui" not in registry_line("capt-minilm-cb", "http://mlflow:5000", stopped=False)
     words = shlex.split(line.split("rows are the task's fields: ", 1)[1].rstrip(")"))
-    assert words[:3] == ["MLFLOW_TRACKING_URI=http://127.0.0.1:5000", "python", "-c"]
-    code = ast.parse(words[3])  # the Python the shell hands over is valid, and its row has CB's fields
+    assert words[:5] == ["MLFLOW_TRACKING_URI=http://127.0.0.1:5000", "MLFLOW_HTTP_REQUEST_MAX_RETRIES=0",
+                         "MLFLOW_HTTP_REQUEST_TIMEOUT=10", "python", "-c"]
+    code = ast.parse(words[5])  # the Python the shell hands over is valid, and its row has CB's fields
     [row] = ast.literal_eval(code.body[1].value.args[0].args[0])
     assert set(row) == {"premise", "hypothesis"}
+
+
+@pytest.mark.slow
+def test_the_registry_line_fails_within_seconds_when_no_server_answers():
+    """Run as printed with nothing listening at its URI: it ends in seconds (MLflow's retries would take minutes)."""
+    import shlex
+    import subprocess
+    import time
+
+    from pipelines.services import LOCALHOST, free_port
+    from pipelines.sweep import registry_line
+
+    line = registry_line("capt-minilm-cb", f"http://{LOCALHOST}:{free_port(LOCALHOST)}", stopped=True)
+    words = shlex.split(line.split("rows are the task's fields: ", 1)[1].rstrip(")"))
+    env = {**os.environ, **dict(word.split("=", 1) for word in words[:3])}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, *words[4:]], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and time.monotonic() - started < 60, done.stderr[-2000:]
+    assert "Connection refused" in done.stderr or "Max retries exceeded" in done.stderr, done.stderr[-2000:]
