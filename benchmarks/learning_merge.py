@@ -13,7 +13,9 @@ column; then the same trials' test accuracy), so the merged table is the one `py
 would print for one sweep over the union.
 
 The pieces must share the sweep config and every override but `tasks` and `methods`, and no (task, method,
-seed, combination) may appear in two of them; every problem is reported at once and nothing is written.
+seed, combination) may appear in two of them; every problem is reported at once and nothing is written. Cells whose
+trials recorded other training settings than their method's newest piece (a default changed between pieces) are a
+row of their own, marked "†", never averaged with the newer ones.
 """
 
 from __future__ import annotations
@@ -98,8 +100,38 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
                          "select": combination(row), "value": float(row["test_score"]),
                          "accuracy": row.get("test_accuracy"),
                          "validation": row.get("best_validation_score"), "piece": str(folder),
+                         "started": result.get("started") or "", "settings": _settings_key(row.get("settings")),
                          **{level: _number(row.get(level)) for level in REFERENCE_LEVELS}})
     return rows, problems
+
+
+def _settings_key(settings: dict[str, Any] | None) -> str | None:
+    """A trial's recorded training settings without the learning rates (which `select:` varies), as one comparable
+    text; None for rows written before trials recorded them."""
+    if not settings:
+        return None
+    optim = {k: v for k, v in (settings.get("optim") or {}).items() if k not in ("lr", "head_lr")}
+    return json.dumps({**settings, "optim": optim}, sort_keys=True)
+
+
+OTHER_SETTINGS = " †"
+"""Appended to a method's label for cells trained under other settings than its newest piece's."""
+
+
+def mark_other_settings(rows: list[dict[str, Any]]) -> list[str]:
+    """Label each row whose settings differ from those of its method's newest piece that records them (or that
+    records none while that piece does) as its own method row (`OTHER_SETTINGS`); the methods so marked."""
+    newest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["settings"] is not None and row["started"] >= newest.get(row["method"], {}).get("started", ""):
+            newest[row["method"]] = row
+    marked = set()
+    for row in rows:
+        reference = newest.get(row["method"])
+        if reference is not None and row["settings"] != reference["settings"]:
+            marked.add(row["method"])
+            row["method"] += OTHER_SETTINGS
+    return sorted(marked)
 
 
 def _number(value: Any) -> float:
@@ -177,6 +209,7 @@ def merge(folders: list[Path], out: Path) -> str:
     from pipelines.report import build_tables, markdown, plot
 
     results, rows = collect(folders, out)
+    marked = mark_other_settings(rows)
     tables = build_tables(pd.DataFrame(rows))
     config = shared_settings(results[0])[0]
     text = markdown(tables, "test_score", f"{config}, merged from {len(folders)} benchmark run(s): test_score")
@@ -184,6 +217,11 @@ def merge(folders: list[Path], out: Path) -> str:
                 for row in rows if row.get("accuracy") is not None]  # the levels are task scores, not accuracy
     if accuracy:  # the same chosen trials' accuracy (pieces written before trials carried it have none)
         text += "\n" + markdown(build_tables(pd.DataFrame(accuracy)), "test_accuracy", "The same trials: test_accuracy")
+    if marked:
+        text += (f"\n{OTHER_SETTINGS.strip()} Cells of {', '.join(marked)} trained under other settings than the "
+                 "method's newest piece (optimiser, schedule, batch, epochs or options differ, or were not recorded): "
+                 "a row of their own, not averaged with the newer cells (README, \"Baseline settings and their "
+                 "sources\").\n")
     text += "\n" + sources_text(folders, results) + f"\n\n![{PLOT}]({PLOT})\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT).write_text(text, encoding="utf-8")

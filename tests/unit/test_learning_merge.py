@@ -23,14 +23,15 @@ SCORES = {  # task -> method -> three seeds' test scores
 }
 
 
-def write_piece(folder: Path, tasks: list[str], extra_overrides: tuple[str, ...] = (), with_model: bool = True):
-    """A learning.json as `benchmarks.run --only learning --learning-override tasks=[...]` writes it."""
+def write_piece(folder: Path, tasks: list[str], extra_overrides: tuple[str, ...] = (), with_model: bool = True,
+                trained: dict[str, dict] | None = None, started: str = "2026-11-30T00:00:00+00:00"):
+    """A learning.json as `benchmarks.run --only learning --learning-override tasks=[...]` writes it; `trained`:
+    the training settings its trials record, per method (none: rows written before trials recorded them)."""
     rows = [{"task": task, **({"model": "minilm"} if with_model else {}), "method": method, "seed": seed,
-             "test_score": score, "steps": 30}
+             "test_score": score, "steps": 30, **({"settings": trained[method]} if method in (trained or {}) else {})}
             for task in tasks for method, scores in SCORES[task].items() for seed, score in enumerate(scores)]
     settings = {**learning.settings(quick=False), "overrides": [f"tasks=[{','.join(tasks)}]", *extra_overrides]}
-    result = BenchResult("learning", learning.TITLE, settings, started="2026-11-30T00:00:00+00:00",
-                         duration_s=60.0)
+    result = BenchResult("learning", learning.TITLE, settings, started=started, duration_s=60.0)
     result.tables.append(Table(learning_merge.TRIALS_TABLE, list(rows[0]), rows))
     save_result(result, folder)
     return folder
@@ -158,3 +159,18 @@ def test_the_trials_reference_levels_become_the_score_tables_majority_and_chance
     assert table_row(score, "majority class")[0] == "37.00 ± 1.00"  # once per seed, not once per method row
     assert table_row(score, "chance")[0] == "32.00 ± 1.00"
     assert "| majority class |" not in accuracy and "| chance |" not in accuracy  # levels are task scores
+
+
+def test_cells_trained_under_other_settings_are_a_row_of_their_own(tmp_path):
+    """CB and RTE re-run under new defaults, COPA kept from an older piece: COPA's cells are marked, not averaged."""
+    new = {"optim": {"name": "adamw", "lr": 0.01, "weight_decay": 1e-5, "schedule": "constant"}, "batch_size": 8}
+    old = {"optim": {"name": "adamw", "lr": 0.03, "weight_decay": 0.0, "schedule": "linear"}, "batch_size": 32}
+    first = write_piece(tmp_path / "new", ["cb", "rte"], trained={"capt": new}, started="2026-12-06T00:00:00+00:00")
+    second = write_piece(tmp_path / "old", ["copa"], trained={"capt": old})
+    text = learning_merge.merge([first, second], tmp_path / "merged")
+    tasks = table_row(text, "method")[:-1]
+    assert table_row(text, "capt")[tasks.index("copa")] == "-" and table_row(text, "capt")[tasks.index("cb")] != "-"
+    marked = table_row(text, "capt †")
+    assert marked[tasks.index("copa")] == "54.00 ± 3.46" and marked[tasks.index("cb")] == "-"
+    assert "† Cells of capt trained under other settings" in text
+    assert "lora †" not in text, "a method no piece records settings for is not marked"
