@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, configure_logging, run_cli
-from pipelines.serving.auth import Token, find_token
+from pipelines.serving.auth import TOKEN_ENV, Token, find_token
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
@@ -223,12 +225,21 @@ def _serve_from_cli(args: argparse.Namespace) -> int:
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
                          "pick another port.")
-    token = None if args.no_auth else find_token(args.token_file, private_temp_dir("capt-serve"), args.port)
+    token = None if args.no_auth else cli_token(args.token_file, private_temp_dir("capt-serve"), args.port)
     try:
         return _serve_with_token(args, token)
     finally:
         if token is not None:
             token.forget()  # a generated token lives as long as this serve, a refused start included
+
+
+def cli_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
+    """The serve's bearer token (`find_token`), with CAPT_SERVE_TOKEN then removed from this process's environment:
+    the local Ray, its Serve proxy and replicas, and the MLflow server this command starts inherit it otherwise,
+    where only the token's SHA-256 belongs."""
+    token = find_token(token_file, generated_dir, port)
+    os.environ.pop(TOKEN_ENV, None)
+    return token
 
 
 def _serve_with_token(args: argparse.Namespace, token) -> int:

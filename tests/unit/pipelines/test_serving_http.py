@@ -238,3 +238,14 @@ def test_an_over_long_key_is_not_blamed_on_inputs() -> None:
         with pytest.raises(ClientError) as err:
             parse(body, wide)
         assert (err.value.field, err.value.rule) == (field, "max_chars")
+
+
+def test_the_serve_command_takes_the_token_out_of_its_environment(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes `python -m pipelines.serve` starts (local Ray, its proxy and replicas, MLflow) inherit its
+    environment: once read, the plaintext token is no longer in it; only its SHA-256 goes on."""
+    from pipelines.serve import cli_token
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert cli_token(None, tmp_path, 8123).sha256 == digest(TOKEN)
+    assert TOKEN_ENV not in os.environ
