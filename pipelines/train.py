@@ -110,14 +110,14 @@ def fit(job: Job, report: Report | None = None, log: Log | None = None,
         loop.untrained_score = _evaluate(job, job.splits.test)["score"]  # the reference training has to beat
         job.model.train()
     meter = _Meter(started=time.perf_counter())
-    progress = tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
-                    desc=f"{config.task.name}/{config.method.name}", mininterval=progress_every_s)
-    if job.optimizer is None:  # training-free method: validate and test only
-        stopped_early = _validate(job, loop, best, report)
-    else:
-        stopped_early = _train(job, loop, meter, progress, best, (report, log), resumed_rng)
-        curve_point_if_due(job, loop, log, final=True)  # the steps after the last full window
-    progress.close()
+    # closed on an error too, ending its line, so that the entry point's error paragraph starts a line of its own
+    with tqdm(total=job.total_steps, initial=loop.step, disable=not accelerator.is_local_main_process,
+              desc=f"{config.task.name}/{config.method.name}", mininterval=progress_every_s) as progress:
+        if job.optimizer is None:  # training-free method: validate and test only
+            stopped_early = _validate(job, loop, best, report)
+        else:
+            stopped_early = _train(job, loop, meter, progress, best, (report, log), resumed_rng)
+            curve_point_if_due(job, loop, log, final=True)  # the steps after the last full window
     return _finish(job, loop, meter, best, stopped_early)
 
 
