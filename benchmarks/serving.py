@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchResult, Table, at_least, at_most
+from benchmarks.common import NAMED_MODELS, BenchResult, Table, at_least, at_most
 from benchmarks.serving_capsules import MIX, SINGLE, capsule_sets, extra_capsule, train_capsules, weight_bytes
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ def settings(quick: bool) -> dict[str, Any]:
             "engine_rounds": 5}
 
 
-MODELS = ("tiny-t5", "minilm", "smollm2-135m")
-"""Models `--serving-model` may name: the embedded ones and the real LLM."""
+MODELS = NAMED_MODELS
+"""Models `--serving-model` may name."""
 
 
 def for_model(config: dict[str, Any], model: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchResult, Table, median
+from benchmarks.common import NAMED_MODELS, BenchResult, Table, median
 from benchmarks.plots import grouped_bars
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def settings(quick: bool) -> dict[str, Any]:
             "capt_runs": 3}
 
 
-MODELS = ("tiny-t5", "minilm", "smollm2-135m")
-"""Models `--time-to-result-model` may name: the embedded ones and the real LLM."""
+MODELS = NAMED_MODELS
+"""Models `--time-to-result-model` may name."""
 
 
 def for_model(config: dict[str, Any], model: str) -> dict[str, Any]:

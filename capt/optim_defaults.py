@@ -33,7 +33,7 @@ class Setting:
     """One row of the baseline-settings table: a setting of a method, the resolved job-config keys that hold its value
     (``method.options.num_tokens``, ``optim.weight_decay``, ``train.batch_size``), and where the value comes from: the
     paper (section or table), the official code (repository and file), or "ours" with the reason. The table's values
-    are read from resolved jobs (`pipelines.config.provenance`), never written here, so it cannot say what jobs do
+    are read from resolved jobs (`pipelines.baseline_settings`), never written here, so it cannot say what jobs do
     not get."""
 
     name: str

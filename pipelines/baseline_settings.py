@@ -98,15 +98,16 @@ def plain_job(method: str, family: str) -> Any | None:
 
 
 @cache
-def preset_jobs(preset: str) -> dict[str, list[tuple[Any, dict[str, Any]]]]:
-    """{method: [(resolved job, its select values)]} of the preset's RTE trials of seed 0, on its family's model."""
+def preset_jobs(preset: str) -> dict[str, list[Any]]:
+    """{method: [resolved job]} of the preset's RTE trials of seed 0 (one per `select:` value), on its family's
+    model."""
     from pipelines.sweeps.config import load_sweep_config, trials
 
     overrides = [f"models=[{FAMILY_MODELS[PRESETS[preset]]}]", "data_source=generated", "tasks=[rte]", "seeds=[0]"]
-    found: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    found: dict[str, list[Any]] = {}
     for trial in trials(load_sweep_config(ROOT / "pipelines/configs/paper" / f"{preset}.yaml", overrides)):
         job = validate_job_config(trial.job)
-        found.setdefault(job.method.name, []).append((job, trial.select))
+        found.setdefault(job.method.name, []).append(job)
     return found
 
 
@@ -129,7 +130,7 @@ def preset_cell(method: str, row: Setting) -> str:
         plain = plain_job(method, family)
         parts = []
         for key in row.keys:
-            values = sorted({_shown(_value(job, key)) for job, _ in jobs}, key=_order)
+            values = sorted({_shown(_value(job, key)) for job in jobs}, key=_order)
             shown = values[0] if len(values) == 1 else "select {" + ", ".join(values) + "}"
             if plain is None or shown != _shown(_value(plain, key)):
                 parts.append(f"{key.rsplit('.', 1)[-1]}={shown}")
