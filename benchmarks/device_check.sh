@@ -5,6 +5,7 @@
 #   bash benchmarks/device_check.sh [--out DIR]                 # GPU mode (exit 2 when torch sees no GPU)
 #   bash benchmarks/device_check.sh --cpu-smoke --out DIR       # CPU smoke run (CI)
 #   bash benchmarks/device_check.sh --check-imports             # first, on a new machine: what the parts import
+#   bash benchmarks/device_check.sh --merge DIR1 DIR2 --out DIR # several calls' folders as one
 #   ... [--only device_step_cost ...] [--ray-address ADDR] [--tracking-uri URI]
 #
 # PYTHON picks the interpreter (default: .venv/bin/python, else python3). Options: benchmarks/device_check.py.

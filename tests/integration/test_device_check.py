@@ -73,7 +73,7 @@ def test_cpu_smoke_runs_its_parts_and_fails_none(ray_head, mlflow_server, tmp_pa
 
 
 def test_gpu_mode_sizes_are_the_issues():
-    from benchmarks.device_settings import gpu_mode
+    from benchmarks.device_check import gpu_mode
 
     mode = gpu_mode()
     assert (mode.device, mode.dtype, mode.t5_changes) == ("cuda", "bfloat16", {})

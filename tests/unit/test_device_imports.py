@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import device_check, device_imports  # noqa: E402
+from benchmarks import device_check  # noqa: E402
 
 
 def test_every_part_has_its_modules_listed():
-    assert set(device_imports.PART_MODULES) == set(device_check.PARTS)
+    assert set(device_check.PART_MODULES) == set(device_check.PARTS)
 
 
 @pytest.mark.slow  # imports ray, mlflow's server and every benchmark module: seconds
@@ -29,8 +29,8 @@ def test_the_script_checks_every_parts_imports_in_one_process():
 
 
 def test_every_failing_import_is_named_in_one_paragraph(monkeypatch, capsys):
-    monkeypatch.setitem(device_imports.PART_MODULES, "device_sweep", ("json", "capt_no_such_module_a"))
-    monkeypatch.setitem(device_imports.PART_MODULES, "device_serving", ("capt_no_such_module_b",))
+    monkeypatch.setitem(device_check.PART_MODULES, "device_sweep", ("json", "capt_no_such_module_a"))
+    monkeypatch.setitem(device_check.PART_MODULES, "device_serving", ("capt_no_such_module_b",))
     assert device_check.main(["--check-imports", "--only", "device_serving", "device_sweep"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: 2 import(s) of the device check fail here: ") and err.count("\n") == 1

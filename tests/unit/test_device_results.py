@@ -1,5 +1,5 @@
-"""The GPU run's shipped results: benchmarks/README.md's numbers are the shipped JSONs', and `benchmarks.device_merge`
-builds one folder from several partial device-check calls."""
+"""The GPU run's shipped results: benchmarks/README.md's numbers are the shipped JSONs', and the device check's
+`--merge` builds one folder from several partial device-check calls."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.markdown import table_rows
 
-from benchmarks import device_merge
+from benchmarks import device_check
 from benchmarks.common import BenchResult, Table, at_least, save_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +122,7 @@ def test_merge_keeps_each_parts_last_success_and_lists_every_call(tmp_path):
     second = _partial(tmp_path / "b", {"device_serving": "grpc", "device_sweep": "failed again"}, "2.60.0")
     third = _partial(tmp_path / "c", {"device_serving": None}, ray="2.60.0")
     out = tmp_path / "merged"
-    assert device_merge.main(["--out", str(out), str(first), str(second), str(third)]) == 0
+    assert device_check.main(["--out", str(out), "--merge", str(first), str(second), str(third)]) == 0
     loaded = {name: json.loads((out / f"{name}.json").read_text())["settings"]["from"]
               for name in ("device_step_cost", "device_serving", "device_sweep")}
     assert loaded == {"device_step_cost": "a", "device_serving": "c", "device_sweep": "a"}
@@ -136,7 +136,7 @@ def test_merge_keeps_each_parts_last_success_and_lists_every_call(tmp_path):
 
 def test_merge_keeps_a_failure_when_no_call_succeeded(tmp_path):
     only = _partial(tmp_path / "a", {"device_packing": "OOM"}, ray="2.60.0")
-    device_merge.merge([only], tmp_path / "out")
+    device_check.merge([only], tmp_path / "out")
     assert json.loads((tmp_path / "out/device_packing.json").read_text())["error"] == "OOM"
     assert "**Failed:** OOM" in (tmp_path / "out/report.md").read_text()
 
@@ -148,7 +148,7 @@ def test_merge_of_nothing_usable_is_exit_2_with_one_line(tmp_path, capsys, broke
     if broken_run_json:  # a part, but a run.json cut short
         _partial(source, {"device_packing": None}, ray="2.60.0")
         (source / "run.json").write_text("{")
-    assert device_merge.main(["--out", str(tmp_path / "out"), str(source)]) == 2
+    assert device_check.main(["--out", str(tmp_path / "out"), "--merge", str(source)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot merge") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
