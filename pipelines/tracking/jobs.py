@@ -12,6 +12,7 @@ Imports no mlflow itself: `pipelines.tracking` is imported only when a run is tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -19,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.config.schema import JobConfig, model_slug
+from pipelines.config.load import validate_job_config
+from pipelines.config.schema import JobConfig, flatten, model_slug
+from pipelines.config.sources import JobConfigError
 from pipelines.models import smollm2
-from pipelines.training.outputs import claim_job_folder, config_hash
+from pipelines.training.outputs import claim_job_folder, config_hash, hashed_config
 
 Report = Callable[[dict[str, Any]], None]
 Train = Callable[[Report, Report], dict[str, Any]]
@@ -31,6 +34,15 @@ RUN_DESCRIPTION = "mlflow.note.content"
 """The run tag MLflow shows as the run's description."""
 JOB_EXPERIMENT = "capt-jobs"
 """The experiment of single jobs (`python -m pipelines.train`) unless another is given."""
+NOT_HYPERPARAMETERS = ("model.name", "model.max_new_tokens", "task.", "method.name", "seed", "train.eval_batch_size",
+                       "train.eval_every_steps", "train.eval_mode", "train.eval_test_each_validation",
+                       "train.score_untrained", "train.cpu")
+"""Key prefixes of a job's config that its run name leaves out (`single_job_run_name`): what the name says already
+(task, model, method, seed), which data it reads (the `task` section; the run's params and ``data`` tag say it),
+and when, how and where it is evaluated or run: they change what is measured or where, not what is learned."""
+MAX_SETTINGS_CHARS = 120
+"""Most characters of settings a run name lists (MLflow keeps 250 characters of a run name)."""
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -144,10 +156,66 @@ def job_run_name(config: JobConfig, method_key: str | None = None) -> str:
 
 
 def single_job_run_name(config: JobConfig) -> str:
-    """A single job's run name: `job_run_name` and the resolved lr (``cb/minilm/capt/s0 lr=0.05``), so that jobs
-    differing only in it are told apart in the runs table (a sweep's trials add their searched values instead)."""
-    lr = config.optim.lr  # filled in by pipelines.config.load; None only in a config built past it
-    return job_run_name(config) if lr is None else f"{job_run_name(config)} lr={lr:g}"
+    """A single job's run name: `job_run_name`, its lr, then each other hyper-parameter whose value is not the one
+    its method runs with on that task and model when nothing else is set (`method_defaults`):
+    ``cb/minilm/capt/s0 lr=0.05 weight_decay=0.01 max_steps=200``. Jobs that differ in any hyper-parameter (what
+    `NOT_HYPERPARAMETERS` leaves out is not one) get different names, and a name says how its job departs from
+    the method's own settings.
+
+    Keys rather than a config-hash suffix: the runs table and the report's kept/left-out note show names, and
+    ``batch_size=8`` tells a reader which runs differ and how, where a hash would send them to the params; the hash
+    is the run's ``config_hash`` tag already. The lr is always shown, the value readers look for first. Past
+    `MAX_SETTINGS_CHARS` of settings the name ends with how many more differ and the first characters of the config
+    hash, so that it stays short and still tells every config apart. A sweep's trials are named by `job_run_name`
+    and their grid point's values instead (`pipelines.sweeps.trial_process.trial_tracking`): within a sweep these
+    are what tells its trials apart, and the demo's names stay ``cb/minilm/capt/s0``."""
+    differing = changed_hyperparameters(config)
+    settings = [f"{_short_key(key, differing)}={_short_value(value)}" for key, value in differing.items()]
+    shown = []
+    for setting in settings:
+        if len(" ".join([*shown, setting])) > MAX_SETTINGS_CHARS:
+            shown.append(f"+{len(settings) - len(shown)} more #{config_hash(config)[:8]}")
+            break
+        shown.append(setting)
+    return " ".join([job_run_name(config), *shown])
+
+
+def changed_hyperparameters(config: JobConfig) -> dict[str, Any]:
+    """The job's lr and every other hyper-parameter (a dotted key of the config as `config_hash` sees it, less
+    `NOT_HYPERPARAMETERS`) whose value differs from `method_defaults`, lr first, then in the config's order."""
+    ours = flatten(hashed_config(config))
+    defaults = method_defaults(config)
+    theirs = ours if defaults is None else flatten(hashed_config(defaults))
+    changed = {key: value for key, value in ours.items()
+               if not key.startswith(NOT_HYPERPARAMETERS) and (key == "optim.lr" or theirs.get(key, _UNSET) != value)}
+    return dict(sorted(changed.items(), key=lambda item: item[0] != "optim.lr"))
+
+
+def method_defaults(config: JobConfig) -> JobConfig | None:
+    """The resolved config that the job's method runs with on the job's task (its data settings included), model and
+    seed when nothing else is set; None where that is not a valid job on its own."""
+    bare = {"model": {"name": config.model.name}, "task": dataclasses.asdict(config.task),
+            "method": {"name": config.method.name}, "seed": config.seed}
+    try:
+        return validate_job_config(bare)
+    except JobConfigError:
+        return None
+
+
+def _short_key(key: str, keys: Mapping[str, Any]) -> str:
+    """`key`'s last part (``optim.weight_decay`` -> ``weight_decay``), or the whole key where that part is ``name``
+    or is shared with another key of `keys`."""
+    leaf = key.rpartition(".")[2]
+    shared = sum(other.rpartition(".")[2] == leaf for other in keys) > 1
+    return key if leaf == "name" or shared else leaf
+
+
+def _short_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false: as a config file or override writes them
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else str(value)
 
 
 def job_run_tags(config: JobConfig, method_key: str | None = None) -> dict[str, str]:

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ["model.name=tiny-t5", "task.name=cb", "seed=7", "task.source=generated", "task.generated_size=24",
        "train.batch_size=4", "train.max_epochs=1", "train.max_steps=4", "train.eval_every_steps=2",
        "train.log_every_steps=1", "train.resume=true"]
+JOB_SETTINGS = "batch_size=4 max_epochs=1 max_steps=4"
+"""What JOB sets away from CaPT's own settings, as a run name lists it (after the lr)."""
 RUN_URL = re.compile(r"^MLflow run: (\S+/#/experiments/(\d+)/runs/(\w+))", re.MULTILINE)
 
 
@@ -58,8 +60,8 @@ def test_a_tracked_job_logs_one_finished_run_like_a_trial(mlflow_server: LocalMl
     [run] = _runs(client, tracked_job["experiment"])
     url = RUN_URL.search(tracked_job["done"].stderr)
     assert url and url.group(1).startswith(mlflow_server.uri) and url.group(3) == run.info.run_id, "its URL is printed"
-    lr = result["config"]["optim"]["lr"]
-    assert run.info.status == "FINISHED" and run.info.run_name == f"cb/tiny-t5/capt/s7 lr={lr:g}"
+    lr = result["config"]["optim"]["lr"]  # then what JOB sets away from CaPT's own settings
+    assert run.info.status == "FINISHED" and run.info.run_name == f"cb/tiny-t5/capt/s7 lr={lr:g} {JOB_SETTINGS}"
     assert {k: run.data.tags[k] for k in ("task", "model", "method", "seed", "run_kind")} == {
         "task": "cb", "model": "tiny-t5", "method": "capt", "seed": "7", "run_kind": "job"}
     assert run.data.tags["config_hash"] == result["config_hash"]
@@ -94,19 +96,24 @@ def test_the_same_job_again_reuses_its_result_and_adds_no_run(mlflow_server: Loc
     assert len(client.get_metric_history(after.info.run_id, "validation/score")) == 2
 
 
-def test_jobs_differing_only_in_lr_have_distinct_run_names_and_the_report_says_which_it_kept(
+def test_jobs_differing_in_one_hyper_parameter_have_distinct_run_names_and_the_report_says_which_it_kept(
         mlflow_server: LocalMlflowServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two single jobs, the same but for optim.lr, in one experiment: their runs are told apart by name, and the
-    report, which tabulates one run per (task, model, method, seed), names the run it kept (best validation) and the
-    one it left out."""
-    experiment, validation = f"test-train-lr-{uuid.uuid4().hex[:8]}", {}
-    for lr in ("0.05", "0.3"):
-        done = _train(*JOB, f"optim.lr={lr}", f"output_dir={tmp_path / lr}", "--tracking-uri", mlflow_server.uri,
+    """Three single jobs in one experiment, the same but for optim.lr or train.batch_size: their runs are told apart
+    by name, and the report, which tabulates one run per (task, model, method, seed), names the run it kept (best
+    validation) and the ones it left out."""
+    experiment, validation = f"test-train-hp-{uuid.uuid4().hex[:8]}", {}
+    jobs = {"lr-0.05": ("optim.lr=0.05",), "lr-0.3": ("optim.lr=0.3",),
+            "batch-2": ("optim.lr=0.05", "train.batch_size=2")}
+    names = {"lr-0.05": f"cb/tiny-t5/capt/s7 lr=0.05 {JOB_SETTINGS}",
+             "lr-0.3": f"cb/tiny-t5/capt/s7 lr=0.3 {JOB_SETTINGS}",
+             "batch-2": f"cb/tiny-t5/capt/s7 lr=0.05 {JOB_SETTINGS.replace('batch_size=4', 'batch_size=2')}"}
+    for folder, overrides in jobs.items():
+        done = _train(*JOB, *overrides, f"output_dir={tmp_path / folder}", "--tracking-uri", mlflow_server.uri,
                       "--experiment", experiment)
         assert done.returncode == 0, done.stderr[-4000:]
-        assert f"run 'cb/tiny-t5/capt/s7 lr={lr}'" in done.stderr, "the run's name is said before it trains"
-        result = json.loads((tmp_path / lr / "result.json").read_text())
-        validation[f"cb/tiny-t5/capt/s7 lr={lr}"] = result["metrics"]["best_validation_score"]
+        assert f"run {names[folder]!r}" in done.stderr, "the run's name is said before it trains"
+        result = json.loads((tmp_path / folder / "result.json").read_text())
+        validation[names[folder]] = result["metrics"]["best_validation_score"]
     runs = _runs(MlflowClient(mlflow_server.uri), experiment)
     assert sorted(run.info.run_name for run in runs) == sorted(validation)
 
@@ -114,11 +121,12 @@ def test_jobs_differing_only_in_lr_have_distinct_run_names_and_the_report_says_w
     assert report.main(["--experiment", experiment, "--tracking-uri", mlflow_server.uri, "--out",
                         str(tmp_path / "report")]) == 0
     text = capsys.readouterr().out
-    kept, left_out = sorted(validation, key=lambda name: (validation[name], name), reverse=True)
-    tie = " (a tie: the name sorting last)" if validation[kept] == validation[left_out] else ""
+    *left_out, kept = sorted(validation, key=lambda name: (validation[name], name))  # the report's own order
+    others = ", ".join(f"`{name}` ({validation[name]:.2f})" for name in left_out)
+    tie = " (a tie: the name sorting last)" if validation[kept] == max(validation[n] for n in left_out) else ""
     assert report.KEPT_NOTE in text, text
-    assert (f"- cb / capt / seed 7: kept `{kept}` (best_validation_score {validation[kept]:.2f}) over `{left_out}` "
-            f"({validation[left_out]:.2f}){tie}") in text.splitlines(), text
+    assert (f"- cb / capt / seed 7: kept `{kept}` (best_validation_score {validation[kept]:.2f}) over {others}"
+            f"{tie}") in text.splitlines(), text
 
 
 def test_an_unreachable_server_stops_the_job_before_it_writes_anything(tmp_path: Path) -> None:
