@@ -28,7 +28,7 @@ from capt.tasks.normalise import examples_from_rows
 from capt.tasks.records import Example, Splits
 from capt.tasks.registry import get
 from capt.tasks.splits import split_train_validation, subsample
-from capt.tasks.validation import check_room_for_validation
+from capt.tasks.validation import MAX_TEXT_CHARS, check_room_for_validation
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,19 @@ def read_jsonl(path: str | Path) -> RawRows:
         raise TaskDataError(f"cannot read the file ({err.strerror or err})", path=str(path)) from None
 
 
+MAX_LINE_BYTES = 1_000_000
+"""Longest jsonl line read, in bytes: room for a row of text fields at `MAX_TEXT_CHARS` each (the longest real row,
+MultiRC's, is about 20,000); a longer line is refused after reading this much of it, never read whole."""
+
+
 def _jsonl_rows(handle: BinaryIO, path: str | Path) -> RawRows:
-    for number, raw in enumerate(handle, start=1):
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw.rstrip(b"\n")) > MAX_LINE_BYTES:
+            raise TaskDataError(f"the line is longer than {MAX_LINE_BYTES:,} bytes, the most a row may take (each "
+                                f"text at most {MAX_TEXT_CHARS:,} characters); shorten or drop the row",
+                                path=str(path), row=number)
         line = _decode_line(raw, number, path)
         if not line.strip():
             continue

@@ -34,16 +34,32 @@ def _get(row: Mapping[str, Any], key: str, where: Where, name: str) -> Any:
     return row[key]
 
 
+MAX_TEXT_CHARS = 100_000
+"""Longest text field a row may have, in characters: five times the longest real one (a MultiRC paragraph, about
+19,000 with its row). Tokenising grows memory with the text (a 100 MB row took gigabytes), so a longer text is
+refused before it is tokenised, wherever it comes from: a data file, the hub, a pyfunc or HTTP request."""
+
+
 def require_text(row: Mapping[str, Any], key: str, where: Where, name: str | None = None,
                  allow_empty: bool = False) -> str:
-    """`row[key]` as a string (surrounding whitespace stripped), non-empty unless `allow_empty`."""
+    """`row[key]` as a string (surrounding whitespace stripped), non-empty unless `allow_empty`, at most
+    `MAX_TEXT_CHARS` long."""
     name = name or key
     value = _get(row, key, where, name)
     if not isinstance(value, str):
-        raise where.error(f"expected a string, got {type(value).__name__} {value!r}", name)
+        raise where.error(f"expected a string, got {type(value).__name__} {_shown(value)}", name)
+    if len(value) > MAX_TEXT_CHARS:
+        raise where.error(f"a text of {len(value):,} characters; at most {MAX_TEXT_CHARS:,} (shorten or drop the "
+                          "row)", name)
     if not value.strip() and not allow_empty:
         raise where.error("empty string", name)
     return value.strip()
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters (a refused value may be megabytes long)."""
+    text = repr(value) if not isinstance(value, list | dict) or len(value) < 1000 else f"<{len(value)} items>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def require_id(row: Mapping[str, Any], key: str, where: Where, name: str | None = None) -> str:
@@ -53,7 +69,7 @@ def require_id(row: Mapping[str, Any], key: str, where: Where, name: str | None 
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise where.error(f"expected an int or string id, got {type(value).__name__}", name)
     if isinstance(value, int) and value < 0 or isinstance(value, str) and not value.strip():
-        raise where.error(f"invalid id {value!r}", name)
+        raise where.error(f"invalid id {_shown(value)}", name)
     return str(value).strip()
 
 
@@ -95,7 +111,7 @@ def parse_label(spec: TaskSpec, value: Any, where: Where, name: str = "label") -
     elif isinstance(value, str) and value in spec.label_names:
         return spec.label_names.index(value)
     allowed = ", ".join(repr(n) for n in spec.label_names)
-    raise where.error(f"unknown label {value!r} for task {spec.name!r}; allowed: {allowed} "
+    raise where.error(f"unknown label {_shown(value)} for task {spec.name!r}; allowed: {allowed} "
                       f"or ids 0..{spec.num_labels - 1}", name)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,52 @@ def test_a_train_split_of_one_label_trains_with_a_warning(tmp_path, caplog):
                                       for i in range(20)])
     load_splits("rte", DataConfig(source="local", data_dir=str(tmp_path)))
     assert "can only learn" not in caplog.text
+
+
+def test_a_line_past_the_row_limit_is_refused_without_being_read_whole(tmp_path):
+    from capt.tasks.loading import MAX_LINE_BYTES
+
+    path = _write(tmp_path, "rte", "val", [GOOD_RTE])
+    with path.open("a") as handle:  # a 50 MB row: read whole and tokenised it took gigabytes
+        handle.write('{"premise": "' + "x" * 50_000_000 + '", "hypothesis": "h", "label": 0, "idx": 1}\n')
+    tracemalloc.start()
+    try:
+        err = _error(tmp_path, "rte")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.row == 2 and f"longer than {MAX_LINE_BYTES:,} bytes" in str(err) and str(path) in str(err)
+    assert peak < 4 * MAX_LINE_BYTES, f"{peak:,} bytes allocated to refuse the line"
+
+
+def test_a_line_at_the_row_limit_is_read():
+    from capt.tasks.loading import MAX_LINE_BYTES, _jsonl_rows
+
+    row = json.dumps({"premise": "x"})
+    line = row + " " * (MAX_LINE_BYTES - len(row)) + "\n"  # JSON allows trailing spaces
+    assert [number for number, _ in _jsonl_rows(io.BytesIO(line.encode()), "mem.jsonl")] == [1]
+
+
+def test_a_text_past_the_field_limit_is_refused_naming_the_field(tmp_path):
+    from capt.tasks.validation import MAX_TEXT_CHARS
+
+    _write(tmp_path, "rte", "val", [GOOD_RTE, {**GOOD_RTE, "idx": 1, "hypothesis": "y" * (MAX_TEXT_CHARS + 1)}])
+    err = _error(tmp_path, "rte")
+    assert err.row == 2 and err.field == "hypothesis"
+    assert f"a text of {MAX_TEXT_CHARS + 1:,} characters; at most {MAX_TEXT_CHARS:,}" in str(err)
+
+
+def test_a_model_input_past_the_field_limit_is_refused_before_tokenising():
+    """The registry pyfunc's and the Serve app's one input check (a 10 MB premise added 1.6 GB when tokenised)."""
+    from pipelines.capsule_predictor import validated_examples
+
+    row = {"premise": "p" * 10_000_000, "hypothesis": "h"}
+    tracemalloc.start()
+    try:
+        with pytest.raises(TaskDataError, match="at most 100,000") as err:
+            validated_examples("rte", [row])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.field == "premise" and err.value.row == 1
+    assert peak < 1_000_000, f"{peak:,} bytes allocated to refuse the row"
