@@ -80,15 +80,12 @@ def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
     from pipelines.models.cache import BASE_MODELS
 
     prepare_trial_process(cpus)
-    try:
-        tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
-                    final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
-                                         "base_model_loads": BASE_MODELS.loads, "base_model_hits": BASE_MODELS.hits})
-    except Exception as err:
-        if not is_refusal(err):
-            raise  # Tune retries what the machine may not do again (a killed process, a lost server)
-        logger.error("Trial refused by its own input, not retried: %s", err)
-        tune.report(refusal_report(err))
+    run_unless_refused(
+        lambda: tracked_job(loop_config, tune.report, is_main=True, base_models=BASE_MODELS,
+                            final_extra=lambda: {"torch_threads": torch.get_num_threads(), "process_id": os.getpid(),
+                                                 "base_model_loads": BASE_MODELS.loads,
+                                                 "base_model_hits": BASE_MODELS.hits}),
+        tune.report, says_why=True)
 
 
 def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None:
@@ -116,11 +113,30 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
 
 
 def worker_loop(loop_config: dict[str, Any]) -> None:
-    """Ray Train worker: run the job; rank 0 tracks it in MLflow."""
+    """Ray Train worker: run the job; rank 0 tracks it in MLflow. A job refused by its own input ends with the
+    refusal as every worker's last report (Tune reads rank 0's): every rank reads the same config and data, so all
+    are refused alike, and each reports once, as Ray Train's report expects of every rank."""
     import ray.train
 
     quiet_trial_process()
-    tracked_job(loop_config, ray.train.report, is_main=ray.train.get_context().get_world_rank() == 0)
+    is_main = ray.train.get_context().get_world_rank() == 0
+    run_unless_refused(lambda: tracked_job(loop_config, ray.train.report, is_main=is_main), ray.train.report,
+                       says_why=is_main)
+
+
+def run_unless_refused(job: Callable[[], None], report_to: Callable[[dict[str, Any]], None], says_why: bool) -> None:
+    """Run `job`; when its own input refuses it (`is_refusal`), send `refusal_report` to `report_to` and return, so
+    that neither Ray Train (which restarts a worker group on any error: its failure policy cannot tell errors
+    apart) nor Tune retries what would fail the same way. Other errors propagate: they are retried, as the machine
+    may not fail again (a killed process, a lost server). `says_why`: log the refusal (one process of the trial)."""
+    try:
+        job()
+    except Exception as err:
+        if not is_refusal(err):
+            raise
+        if says_why:
+            logger.error("Trial refused by its own input, not retried: %s", err)
+        report_to(refusal_report(err))
 
 
 def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, float]], None], is_main: bool,

@@ -243,9 +243,11 @@ def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_s
     assert "Selection on the validation split" in text
 
 
-def test_a_trial_refused_by_its_own_data_is_not_retried_and_the_table_says_why(ray_head, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-trial-process", "ray-train-workers"])
+def test_a_trial_refused_by_its_own_data_is_not_retried_and_the_table_says_why(ray_head, tmp_path, workers):
     """A bad label in CB's train file (found only when the trial reads its rows): the trial is refused once, not
-    retried, its row names the file, line and field, and the sweep exits 2."""
+    retried (by Tune, nor by Ray Train for a trial of 2 workers), its row names the file, line and field, and the
+    sweep exits 2."""
     data = tmp_path / "data" / "cb"
     data.mkdir(parents=True)
     rows = [json.dumps({"premise": f"p{i}", "hypothesis": f"h{i}", "label": ["entailment", "contradiction"][i % 2],
@@ -254,7 +256,8 @@ def test_a_trial_refused_by_its_own_data_is_not_retried_and_the_table_says_why(r
     (data / "train.jsonl").write_text("\n".join(rows) + "\n")
     (data / "val.jsonl").write_text("\n".join(rows[4:8]) + "\n")
     command = [sys.executable, "pipelines/sweep.py", *SMALL[:-1], "tasks=[cb]", "name=it-refused",
-               f"storage_path={tmp_path / 'sweeps'}", "tracking.enabled=false", "failure.trial_max_failures=2"]
+               f"storage_path={tmp_path / 'sweeps'}", "tracking.enabled=false", "failure.trial_max_failures=2",
+               f"resources.num_workers={workers}", f"resources.cpus_per_worker={1 if workers == 1 else 0.9}"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=_env(ray_head, RAY_ADDRESS=ray_head.address, CAPT_DATA_DIR=str(tmp_path / "data")))
     output = proc.stdout + proc.stderr
