@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
@@ -95,6 +97,12 @@ class RegistrySource:
         the version being served keeps answering)."""
         found = download_verified_version(self.uri, self.name(task), version, self.root)
         return ServedCapsule(task, task, found.name, found.version, found.capsule_dir, found.result, found.digest)
+
+    def discard(self, capsule: ServedCapsule) -> None:
+        """Remove the download folder of a fetched version that was then refused (a later poll fetches it afresh)."""
+        root = Path(self.root).resolve()
+        inside = Path(capsule.capsule_dir).resolve().relative_to(root)
+        shutil.rmtree(root / inside.parts[0], ignore_errors=True)
 
     def changes(self, serving: dict[str, int], wanted: Collection[str] | None = None) -> Changes | None:
         """What a poll must do to `serving` ({task: version}) so that it serves what the alias names now: load the

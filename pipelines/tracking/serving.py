@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +36,8 @@ class CapsuleVersion:
     """The job's result.json: base model, method, evaluation settings."""
     digest: str | None = None
     """SHA-256 of the artifact's digest manifest, once `download_verified_version` verified the files against it."""
+    folder: Path | None = None
+    """The folder below `root` this version was downloaded into (capsule, result.json, MLmodel)."""
 
 
 def alias_version(uri: str, name: str, alias: str) -> int | None:
@@ -72,10 +75,14 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
                                 f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).")
         capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
                                     for key in ("capsule", "result"))
+        result = json.loads(result_path.read_text(encoding="utf-8"))
     except MlflowException as err:
+        shutil.rmtree(target, ignore_errors=True)
         raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {err.message}") from err
-    result = json.loads(result_path.read_text(encoding="utf-8"))
-    return CapsuleVersion(name, version, capsule_dir, result)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return CapsuleVersion(name, version, capsule_dir, result, folder=target)
 
 
 def _download(uri: str, artifact_uri: str, target: Path) -> Path:
@@ -121,5 +128,9 @@ def download_verified_version(uri: str, name: str, version: int, root: str | os.
     """`download_version`, then `pipelines.provenance.verify_version` against the digests the tracking database
     records (`recorded_digests`): what the Serve source and promote read before they use a version."""
     found = download_version(uri, name, version, root)
-    verified = verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
+    try:
+        verified = verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
+    except BaseException:  # a refused copy is not kept: a later poll downloads the version afresh
+        shutil.rmtree(found.folder, ignore_errors=True)
+        raise
     return replace(found, digest=verified)

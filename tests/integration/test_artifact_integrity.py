@@ -31,6 +31,8 @@ from pipelines import promote
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError
 from pipelines.services import LocalMlflowServer
+from pipelines.serving.engine import CapsuleEngine
+from pipelines.serving.reload import Reloader
 from pipelines.serving.source import RegistrySource
 from pipelines.sweeps.trial import tracked_job
 from pipelines.train import run
@@ -99,9 +101,10 @@ def registered(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPa
     versions = {key: _register_copy(uri, result, root / key, validation, edit) for key, validation, edit in
                 (("1", 50.0, None), ("2", 90.0, None), ("3", 10.0, _forge_task), ("4", 5.0, _infinite_value))}
     weights = _store_files(mlflow_server, "2", "capsule.safetensors")
+    original = weights.read_bytes()
     save_file({k: t * -100 for k, t in load_file(weights).items()}, weights, metadata={"format": "pt"})
     return {"uri": uri, "job": root / "job", "result": result, "versions": versions, "tampered": weights,
-            "root": root}
+            "original": original, "root": root}
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -140,6 +143,34 @@ def test_weights_tampered_in_the_artifact_store_are_refused_by_every_reader(regi
     with pytest.raises(promote.PromotionError, match="Version 2 of .*capsule.safetensors"):  # the best on validation
         promote.promote(SLUG, "rte", tracking_uri=uri)
     assert dict(client.get_registered_model(NAME).aliases) == {"champion": "1"}, "nothing changed"
+
+
+def test_a_replica_checks_a_refused_version_again_and_serves_it_once_the_store_is_repaired(registered, tmp_path,
+                                                                                        caplog) -> None:
+    """The alias names the tampered version 2: each poll refuses it (one warning, no copy kept) while version 1
+    answers; once the store holds the trained bytes again, the next poll serves version 2."""
+    uri, tampered, client = registered["uri"], registered["tampered"], MlflowClient(registered["uri"])
+    source = RegistrySource(uri, SLUG, "champion", tmp_path)
+    before = client.get_registered_model(NAME).aliases.get("champion")
+    client.set_registered_model_alias(NAME, "champion", "1")
+    engine = CapsuleEngine([source.fetch("rte", 1)])
+    reloader = Reloader(source, engine, ["rte"])
+    tampered_bytes = tampered.read_bytes()
+    client.set_registered_model_alias(NAME, "champion", "2")
+    try:
+        with caplog.at_level("INFO", logger="pipelines.serving.reload"):
+            reloader.poll()
+            reloader.poll()
+            assert engine.versions() == {"rte": 1} and len(list(tmp_path.iterdir())) == 1, "only version 1's copy"
+            refusals = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
+            assert len(refusals) == 1 and "capsule.safetensors" in refusals[0], refusals
+            tampered.write_bytes(registered["original"])
+            reloader.poll()
+        assert engine.versions() == {"rte": 2}
+        assert any("refused before, passes its checks now" in r.getMessage() for r in caplog.records)
+    finally:
+        tampered.write_bytes(tampered_bytes)
+        client.set_registered_model_alias(NAME, "champion", before or "1")
 
 
 def test_a_capsule_registered_under_another_task_is_refused(registered) -> None:

@@ -246,7 +246,7 @@ def test_a_new_capsule_of_another_base_model_is_skipped_and_the_rest_keep_answer
     url, log = server.url, server.log
     _register(registry["uri"], registry["jobs"]["copa", 0])  # trained on tiny-llama; this server holds tiny-t5
     _until(lambda: f"capt-{MODEL}-copa" in log.read_text(errors="replace"), "the replica's warning on copa")
-    time.sleep(2 * POLL_S)  # another poll: the refused version is not fetched again, nothing else changes
+    time.sleep(2 * POLL_S)  # another poll: the refused version is checked again, not warned about again
     warning = [line for line in log.read_text(errors="replace").splitlines() if f"capt-{MODEL}-copa" in line]
     assert len(warning) == 1 and "is refused" in warning[0] and "tiny-llama" in warning[0], warning
     status, body = _post(url, {"task": "copa", "inputs": _rows("copa", 1, seed=3)})
