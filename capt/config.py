@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from capt.arch import spec_for_model_type, supported_model_types
 from capt.errors import CapsuleConfigError, Problems
 from capt.optim_defaults import OUTLIER, PROMPT_T5, SMALL_STATES, OptimDefault, Setting, measured
 
@@ -67,6 +68,21 @@ class CapsuleConfig:
     def num_slots(self) -> int:
         """Sequence positions the capsule occupies: k, plus one mean slot for "prepend" fusion."""
         return self.length + 1 if self.fusion == "prepend" else self.length
+
+    def sequence_overhead(self) -> int:
+        """The capsule slots: `num_slots` positions in every input."""
+        return self.num_slots
+
+    def missing_layers(self, num_layers: int) -> list[int]:
+        """Explicit capsule layer indices beyond a stack of `num_layers` layers (presets always fit)."""
+        return [] if isinstance(self.layers, str) else [i for i in self.layers if i >= num_layers]
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """None for every model type of the `capt.arch` registry."""
+        if spec_for_model_type(model_type) is None:
+            return f"capt does not support model_type={model_type!r} (supported: {', '.join(supported_model_types())})"
+        return None
 
     def resolve_layers(self, num_layers: int) -> tuple[int, ...]:
         """The 0-based capsule layer indices for a stack of `num_layers` layers."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from capt.arch import ArchSpec, spec_for, spec_for_model_type, strip_slots, supported_model_types
+from capt.arch import ArchSpec, spec_for, strip_slots
 from capt.capsule import Capsule, read_capsule
 from capt.config import CapsuleConfig
 from capt.errors import CapsuleArtifactError, CapsuleConfigError, CaptError
@@ -111,23 +111,6 @@ class CapsuleModel(SinglePhase, nn.Module):
     def added_positions(self) -> int:
         """The capsule slots this model inserts into every input."""
         return self.num_slots
-
-    @classmethod
-    def sequence_overhead(cls, config: CapsuleConfig) -> int:
-        """The capsule slots: `config.num_slots` positions in every input."""
-        return config.num_slots
-
-    @classmethod
-    def unsupported_reason(cls, model_type: str) -> str | None:
-        """None for every model type of the `capt.arch` registry."""
-        if spec_for_model_type(model_type) is None:
-            return f"capt does not support model_type={model_type!r} (supported: {', '.join(supported_model_types())})"
-        return None
-
-    @classmethod
-    def missing_layers(cls, config: CapsuleConfig, num_layers: int) -> list[int]:
-        """Explicit capsule layer indices beyond a stack of `num_layers` layers (presets always fit)."""
-        return [] if isinstance(config.layers, str) else [i for i in config.layers if i >= num_layers]
 
     @property
     def slot_span(self) -> tuple[int, int]:

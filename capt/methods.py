@@ -9,7 +9,8 @@
 Adding a method is one module (its config class and its model class, which implements `MethodModel`)
 and one line in `METHODS`. Callers (the pipelines) never branch on a method's name: what differs between
 methods is a property or method of `MethodModel`, or a fact its config class declares (`optim_defaults`, its
-optimiser and lr per model family; `has_capsule_slot`), read through `Method`.
+optimiser and lr per model family; `has_capsule_slot`; `sequence_overhead`, `missing_layers` and
+`unsupported_reason`, what validation checks against a model's config), read through `Method`.
 """
 
 from __future__ import annotations
@@ -71,21 +72,9 @@ class MethodModel(Protocol):
     def detach(self) -> nn.Module:
         """Remove the method and hand back the base model as it was."""
 
-    @classmethod
-    def sequence_overhead(cls, config: Any) -> int:
-        """Positions the method adds to every input sequence (capsule slots, soft-prompt tokens)."""
-
     @property
     def added_positions(self) -> int:
         """`sequence_overhead` of this model's own config: the positions it inserts into every input."""
-
-    @classmethod
-    def unsupported_reason(cls, model_type: str) -> str | None:
-        """Why the method cannot run on a model of `config.model_type` `model_type`; None when it can."""
-
-    @classmethod
-    def missing_layers(cls, config: Any, num_layers: int) -> list[int]:
-        """Layer indices `config` names that a stack of `num_layers` layers lacks (empty when none)."""
 
     def training_phases(self, total_steps: int) -> list[int]:
         """Optimiser steps after which a new training phase begins (increasing, within 1..total_steps-1); empty
@@ -107,7 +96,8 @@ class Method:
     """One registered method: its typed config and the model class that applies it."""
 
     config_class: type
-    """The method's config class (a frozen dataclass with `from_dict` / `to_dict`)."""
+    """The method's config class (a frozen dataclass with `from_dict` / `to_dict`, `sequence_overhead`,
+    `missing_layers` and the class method `unsupported_reason`: torch-free, as config validation needs them)."""
     model_path: str
     """Where the class implementing `MethodModel` lives, as ``module:Class``. Imported on first use, so that
     reading the registry (names, configs: what config validation needs) loads no torch or transformers."""
@@ -164,7 +154,15 @@ class Method:
 
     def sequence_overhead(self, options: Mapping[str, Any]) -> int:
         """Positions the method with `options` adds to every input sequence (capsule slots, soft-prompt tokens)."""
-        return self.model_class.sequence_overhead(self.build_config(options))
+        return self.build_config(options).sequence_overhead()
+
+    def missing_layers(self, options: Mapping[str, Any], num_layers: int) -> list[int]:
+        """Layer indices the method's `options` name that a stack of `num_layers` layers lacks (empty when none)."""
+        return self.build_config(options).missing_layers(num_layers)
+
+    def unsupported_reason(self, model_type: str) -> str | None:
+        """Why the method cannot run on a model of `config.model_type` `model_type`; None when it can."""
+        return self.config_class.unsupported_reason(model_type)
 
 
 METHODS: dict[str, Method] = {

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from capt.arch import decoder, encoder, t5
 from capt.arch.base import ArchSpec, AttentionSite, strip_slots
 from capt.errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # configuration validation reads the registry and must not import torch
+    from torch import nn
 
 REGISTRY: tuple[ArchSpec, ...] = (t5.SPEC, decoder.SPEC, encoder.SPEC)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the specs are read by configuration validation, which must not import torch
+    import torch
+    from torch import nn
 
 # The three ways a family's outputs carry the capsule-bearing sequence axis.
 SEQUENCE = "sequence"  # (B, L, ...) -> slice dim 1
@@ -69,8 +71,11 @@ class ArchSpec:
     """What messages call the layer stack that hosts capsules (T5: "encoder layers")."""
     baseline_types: frozenset[str] | None = None
     """The `model_types` the baselines accept; None: all of them."""
+    layers_key: str = "num_hidden_layers"
+    """config.json field holding the depth of the capsule stack (T5: `num_layers`, the encoder's depth, which
+    transformers' T5 config also answers to as `num_hidden_layers`)."""
     position_limit_key: str | None = "max_position_embeddings"
-    """Config field holding the longest sequence the model has positions for; None: no hard limit (T5's
+    """config.json field holding the longest sequence the model has positions for; None: no hard limit (T5's
     relative position buckets)."""
     adapter_sites: Callable[[nn.Module], dict[str, list[nn.Module]]] | None = None
     """Per sub-layer kind ("attention", "cross_attention", "feed_forward"), the output projections of that
@@ -85,18 +90,20 @@ class ArchSpec:
         """Depth of the stack that `find_layers` returns (T5: the encoder)."""
         return len(self.find_layers(model))
 
-    def layers_in_config(self, config) -> int:
-        """Depth of the capsule stack read off a transformers config, no weights needed (equals `num_layers`).
+    def layers_in_config(self, config: Mapping[str, Any]) -> int:
+        """Depth of the capsule stack read off a model's config.json fields, no weights needed (equals `num_layers`);
+        ValueError when the field is missing."""
+        if self.layers_key not in config:
+            raise ValueError(f"it has no {self.layers_key!r}, the depth of a {self.family} model's "
+                             f"{self.capsule_stack_name}")
+        return int(config[self.layers_key])
 
-        T5 configs map `num_hidden_layers` to `num_layers`, the encoder's depth, which is the capsule stack.
-        """
-        return int(config.num_hidden_layers)
-
-    def position_limit(self, config) -> int | None:
-        """Longest input sequence (slots and virtual tokens included) the config has positions for, or None."""
+    def position_limit(self, config: Mapping[str, Any]) -> int | None:
+        """Longest input sequence (slots and virtual tokens included) a model's config.json fields give it positions
+        for, or None."""
         if self.position_limit_key is None:
             return None
-        value = getattr(config, self.position_limit_key, None)
+        value = config.get(self.position_limit_key)
         return int(value) if value else None
 
     def accepts_baselines(self, model_type: str) -> bool:
@@ -121,6 +128,8 @@ def strip_slots(output, spec: ArchSpec, start: int, stop: int):
 
 def _drop(tensor: torch.Tensor, dim: int, start: int, stop: int) -> torch.Tensor:
     """`tensor` without positions [start, stop) of `dim`; a view (no copy of the logits) when start == 0."""
+    import torch
+
     if start == 0:
         return tensor.narrow(dim, stop, tensor.shape[dim] - stop)
     return torch.cat([tensor.narrow(dim, 0, start), tensor.narrow(dim, stop, tensor.shape[dim] - stop)], dim=dim)
@@ -139,5 +148,7 @@ def _strip(tensor: torch.Tensor, axis: str, start: int, stop: int) -> torch.Tens
 def normalisation_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Every layer-norm module of `model` by its path: `nn.LayerNorm` and the families' own classes (T5LayerNorm,
     LlamaRMSNorm, ...), recognised by their class name so a new family needs no entry."""
+    from torch import nn
+
     return {name: module for name, module in model.named_modules()
             if isinstance(module, nn.LayerNorm) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))}

@@ -1,8 +1,13 @@
 """Decoder-only LMs laid out like Llama (`base_model.layers`): Llama, Qwen2/3, Mistral, Gemma."""
 
-from torch import nn
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from capt.arch.base import ATTENTION, SEQUENCE, ArchSpec, AttentionSite
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -1,8 +1,13 @@
 """Encoder-only BERT family: capsules in every encoder layer, inserted after [CLS]."""
 
-from torch import nn
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from capt.arch.base import ATTENTION, SEQUENCE, TOKEN_LOGITS, ArchSpec, AttentionSite
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _encoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from capt.capsule import masked_mean
 from capt.errors import CaptError
+
+if TYPE_CHECKING:  # configuration validation reads READOUTS and must not import torch
+    import torch
+    from torch import nn
 
 READOUTS = ("pooler", "cls", "mean", "capsule")
 """What an encoder classifier's head can read; "pooler" is the model's own behaviour."""
@@ -101,6 +101,10 @@ def _hook(readout: str, start: int, stop: int):
 def readout_vector(readout: str, states: torch.Tensor, attention_mask: torch.Tensor | None, start: int,
                    stop: int) -> torch.Tensor:
     """(B, S, D) final states -> (B, D) vector the head reads; positions [start, stop) are the inserted ones."""
+    import torch
+
+    from capt.capsule import masked_mean
+
     if readout == "cls":
         return states[:, 0]
     if readout == "capsule":
@@ -119,6 +123,8 @@ def row_readout_vectors(readouts: Sequence[str], rows: torch.Tensor, states: tor
     """(B, D): each row's readout of the final `states` (B, S, D), when rows read differently (a batch mixing
     tasks). `readouts[i]` is what capsule i's head reads, `rows` (B,) each row's capsule index, `pooled` (B, D)
     the bare encoder's own `pooler_output` (what "pooler" reads)."""
+    import torch
+
     out = torch.empty(states.shape[0], states.shape[2], dtype=states.dtype, device=states.device)  # (B, D)
     wanted = [readouts[i] for i in rows.tolist()]
     for name in dict.fromkeys(wanted):  # each readout once, over the rows that read it

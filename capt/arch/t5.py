@@ -1,8 +1,13 @@
 """T5 family: capsules in the encoder blocks; the decoder is untouched and cross-attends to the slot."""
 
-from torch import nn
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from capt.arch.base import ATTENTION, CROSS_ATTENTION, SEQUENCE, ArchSpec, AttentionSite
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _encoder_blocks(model: nn.Module) -> nn.ModuleList:
@@ -51,6 +56,7 @@ SPEC = ArchSpec(
     lora_targets=("q", "v"),
     # The baselines were written and tested for t5 and mt5 only; umt5 stays refused there until tested.
     baseline_types=frozenset({"t5", "mt5"}),
+    layers_key="num_layers",
     position_limit_key=None,  # relative position buckets: any length runs (`n_positions` is only a hint)
     encoder_decoder=True,
     auto_model_class="AutoModelForSeq2SeqLM",

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from capt.arch import REGISTRY, spec_for_model_type
 from capt.baselines import io as adapter_io
 from capt.baselines.config import BaselineConfig
 from capt.baselines.info import ModelInfo, baseline_spec, model_info
@@ -66,24 +65,6 @@ class AdaptedModel(SinglePhase, nn.Module):
             raise AdapterError(f"{directory} holds a {adapted.method} adapter, not one of {cls.__name__}.")
         return adapted
 
-    @classmethod
-    def sequence_overhead(cls, config: BaselineConfig) -> int:
-        """Positions the method adds to every input sequence (none unless overridden)."""
-        return 0
-
-    @classmethod
-    def unsupported_reason(cls, model_type: str) -> str | None:
-        """Why the baselines refuse ``model_type`` (None when they accept it)."""
-        if any(spec.accepts_baselines(model_type) for spec in REGISTRY):
-            return None
-        capsules = " (CaPT does)" if spec_for_model_type(model_type) is not None else ""
-        return f"the baselines do not support model_type={model_type!r}{capsules}"
-
-    @classmethod
-    def missing_layers(cls, config: BaselineConfig, num_layers: int) -> list[int]:
-        """Baselines name no layer indices: always empty."""
-        return []
-
     @property
     def base_model(self) -> nn.Module:
         """The wrapped base model (``self.base``), as every ``MethodModel`` names it."""
@@ -97,7 +78,7 @@ class AdaptedModel(SinglePhase, nn.Module):
     @property
     def added_positions(self) -> int:
         """The positions this model inserts into every input (`sequence_overhead` of its config)."""
-        return self.sequence_overhead(self.adapter_config)
+        return self.adapter_config.sequence_overhead()
 
     @property
     def family(self) -> str:

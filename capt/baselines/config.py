@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
+from capt.arch import REGISTRY, spec_for_model_type
 from capt.errors import Problems
 from capt.optim_defaults import PROMPT_T5, SMALL_STATES, UNMEASURED, OptimDefault, Setting, measured
 
@@ -41,6 +42,22 @@ class BaselineConfig:
 
     def _validate(self, check: Problems) -> None:
         """Record problems of this config's fields (overridden per method)."""
+
+    def sequence_overhead(self) -> int:
+        """Positions the method adds to every input sequence (none unless overridden)."""
+        return 0
+
+    def missing_layers(self, num_layers: int) -> list[int]:
+        """Baselines name no layer indices: always empty."""
+        return []
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """Why the baselines refuse ``model_type`` (None when they accept it)."""
+        if any(spec.accepts_baselines(model_type) for spec in REGISTRY):
+            return None
+        capsules = " (CaPT does)" if spec_for_model_type(model_type) is not None else ""
+        return f"the baselines do not support model_type={model_type!r}{capsules}"
 
     def __post_init__(self) -> None:
         check = Problems(type(self).__name__)
@@ -105,6 +122,10 @@ class PromptTuningConfig(BaselineConfig):
         check.require(isinstance(self.instance_token, bool), "instance_token", self.instance_token,
                       "true or false")
 
+    def sequence_overhead(self) -> int:
+        """The virtual tokens: the soft prompt plus the optional instance token."""
+        return self.num_tokens + int(self.instance_token)
+
 
 @dataclass(frozen=True)
 class PTuningV2Config(BaselineConfig):
@@ -153,6 +174,10 @@ class PTuningV2Config(BaselineConfig):
                       "number in [0, 1)")
         check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
                       "finite number > 0")
+
+    def sequence_overhead(self) -> int:
+        """The inference-time instance tokens (`capt.baselines.instance_tokens`); the prefixes live in the KV cache."""
+        return self.instance_tokens
 
 
 @dataclass(frozen=True)

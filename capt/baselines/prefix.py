@@ -105,11 +105,6 @@ class PTuningV2Model(AdaptedModel):
         logger.info("P-Tuning v2 on %s: %d prefix tokens in %s (%d trainable parameters)",
                     self.info.model_type, config.num_tokens, list(self.sites), self.num_trainable_parameters())
 
-    @classmethod
-    def sequence_overhead(cls, config: PTuningV2Config) -> int:
-        """The inference-time instance tokens (`capt.baselines.instance_tokens`); the prefixes live in the KV cache."""
-        return config.instance_tokens
-
     def _base_device(self) -> torch.device:
         return next(self.base.parameters()).device
 

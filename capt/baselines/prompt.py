@@ -45,15 +45,10 @@ class PromptTuningModel(AdaptedModel):
         self.freeze_base()
         self.embed = base.get_input_embeddings()
         self._build_prompt(config)
-        self.num_virtual = self.sequence_overhead(config)
+        self.num_virtual = config.sequence_overhead()
         self.insert_at = self.spec.slot_offset  # BERT: after [CLS], so the pooler still reads [CLS]
         logger.info("prompt tuning on %s: %d virtual tokens (instance token: %s)",
                     self.info.model_type, self.num_virtual, config.instance_token)
-
-    @classmethod
-    def sequence_overhead(cls, config: PromptTuningConfig) -> int:
-        """The virtual tokens: the soft prompt plus the optional instance token."""
-        return config.num_tokens + int(config.instance_token)
 
     def train(self, mode: bool = True) -> PromptTuningModel:
         """Set training mode; a method whose config has ``base_dropout: false`` (SuperPos-Prompt, VFPT) keeps the

@@ -33,13 +33,13 @@ def _method_fit_problems(name: str, shape: ModelShape, method_name: str, options
     """Layers the method's options name that the model lacks, and a model type the method refuses."""
     entry = get_method(method_name)
     problems = []
-    bad = entry.model_class.missing_layers(entry.build_config(options), shape.capsule_layers)
+    bad = entry.missing_layers(options, shape.capsule_layers)
     if bad:
         layers, stack = options.get("layers"), shape.spec.capsule_stack_name
         problems.append(f"method.options.layers={list(layers)}: model.name={name!r} has {shape.capsule_layers} "
                         f"{stack}, so {bad} do not exist (allowed: indices 0..{shape.capsule_layers - 1}, or all, "
                         "first_half, odd)")
-    reason = entry.model_class.unsupported_reason(shape.model_type)
+    reason = entry.unsupported_reason(shape.model_type)
     if reason:
         problems.append(f"method.name={method_name!r} with model.name={name!r}: {reason}")
     return problems

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from capt.arch.readout import READOUTS
 from capt.methods import METHODS
 from pipelines.config.schema import JobConfig, raw_value
 from pipelines.models.shape import model_shape
@@ -23,14 +24,6 @@ LM_HEAD = "lm_head"
 ENCODER_READOUT = "mean"
 """Default readout of encoder-only models, chosen on validation (benchmarks/README.md, "Readout of MiniLM"):
 the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""
-
-
-def classifier_readouts() -> tuple[str, ...]:
-    """What an encoder-only classifier's head can read (`capt.arch.readout.READOUTS`, imported on use: it needs
-    torch, which importing the configuration must not)."""
-    from capt.arch.readout import READOUTS
-
-    return READOUTS
 
 
 def has_capsule_slot(method: str) -> bool:
@@ -52,13 +45,13 @@ def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
     """The readouts of a (family, method): the classifier readouts ("capsule" only with a slot), else "lm_head"."""
     if not spec.classifier_head:
         return (LM_HEAD,)
-    return tuple(r for r in classifier_readouts() if r != "capsule" or has_capsule_slot(method))
+    return tuple(r for r in READOUTS if r != "capsule" or has_capsule_slot(method))
 
 
 def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     """`model.readout` against the model's family and the method (the schema checks the spelling)."""
     readout, method = raw_value(raw, "model.readout"), raw_value(raw, "method.name")
-    if readout is None or readout not in (*classifier_readouts(), LM_HEAD):
+    if readout is None or readout not in (*READOUTS, LM_HEAD):
         return []
     allowed = allowed_readouts(spec, method)
     if readout in allowed:

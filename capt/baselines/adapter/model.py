@@ -38,7 +38,6 @@ import logging
 import torch
 from torch import nn
 
-from capt.arch import spec_for_model_type
 from capt.arch.base import normalisation_modules
 from capt.baselines.adapted import AdaptedModel
 from capt.baselines.adapter.config import AdapterConfig
@@ -126,20 +125,11 @@ class AdapterModel(AdaptedModel):
                 for name, param in module.named_parameters(recurse=False)}
 
     @classmethod
-    def unsupported_reason(cls, model_type: str) -> str | None:
-        """The baselines' reason, or that the family's spec names no adapter sites."""
-        reason = super().unsupported_reason(model_type)
-        spec = spec_for_model_type(model_type)
-        if reason is None and spec is not None and spec.adapter_sites is None:
-            return f"adapters need the adapter sites of model_type={model_type!r}, which capt.arch does not name"
-        return reason
-
-    @classmethod
     def apply(cls, model: nn.Module, config: AdapterConfig) -> AdapterModel:
         """Wrap ``model``; a clear error when its family names no adapter sites or lacks a chosen sub-layer."""
         spec = baseline_spec(model)
         if spec.adapter_sites is None:
-            raise UnsupportedModelError(cls.unsupported_reason(model.config.model_type))
+            raise UnsupportedModelError(config.unsupported_reason(model.config.model_type))
         sites = spec.adapter_sites(model)
         missing = [kind for kind in config.sublayers if not sites.get(kind)]
         if missing:

@@ -63,3 +63,7 @@ class SuperPosPromptConfig(BaselineConfig):
         check.require(_is_int(self.sample_seed) and self.sample_seed >= 0, "sample_seed", self.sample_seed,
                       "integer >= 0")
         check.require(isinstance(self.base_dropout, bool), "base_dropout", self.base_dropout, "true or false")
+
+    def sequence_overhead(self) -> int:
+        """The virtual tokens: the soft prompt plus the optional instance token."""
+        return self.num_tokens + int(self.instance_token)

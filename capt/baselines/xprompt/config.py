@@ -87,3 +87,7 @@ class XPromptConfig(BaselineConfig):
                       "integer >= 1")
         check.require(isinstance(self.restart_schedule, bool), "restart_schedule", self.restart_schedule,
                       "true or false")
+
+    def sequence_overhead(self) -> int:
+        """The prompt tokens, pruned ones included (they stay in place as zero vectors)."""
+        return self.num_tokens

@@ -65,11 +65,6 @@ class XPromptModel(PromptTuningModel):
                                        requires_grad=False)
         self._warned_no_room = False
 
-    @classmethod
-    def sequence_overhead(cls, config: XPromptConfig) -> int:
-        """The prompt tokens, pruned ones included (they stay in place as zero vectors)."""
-        return config.num_tokens
-
     def adapter_parameters(self) -> dict[str, nn.Parameter]:
         """The soft prompt (num_tokens, d) and its masks: token (num_tokens,) and piece (num_tokens, pieces)."""
         return {"prompt": self.prompt, "token_mask": self.token_mask, "piece_mask": self.piece_mask}

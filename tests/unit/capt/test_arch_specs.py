@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tiny_models import BUILDERS
 from torch import nn
@@ -50,13 +52,16 @@ def test_baseline_types_are_model_types() -> None:
 
 @pytest.mark.parametrize("kind", sorted(BUILDERS))
 def test_the_config_alone_gives_depth_and_position_limit(kind: str) -> None:
-    # Pre-flight validation reads these from a config without building the model.
+    # Pre-flight validation reads these from config.json without building the model (or importing torch).
     model = BUILDERS[kind]()
-    spec = spec_for_model_type(model.config.model_type)
+    fields = json.loads(model.config.to_json_string())  # what save_pretrained writes to config.json
+    spec = spec_for_model_type(fields["model_type"])
     assert spec is spec_for(model)
-    assert spec.layers_in_config(model.config) == spec.num_layers(model)
-    limit = spec.position_limit(model.config)
+    assert spec.layers_in_config(fields) == spec.num_layers(model)
+    limit = spec.position_limit(fields)
     assert limit is None if kind == "t5" else limit == model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"it has no '{spec.layers_key}'"):
+        spec.layers_in_config({"model_type": fields["model_type"]})
 
 
 def test_an_unsupported_model_type_has_no_spec() -> None:

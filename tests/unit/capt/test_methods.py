@@ -63,16 +63,14 @@ def test_each_method_saves_loads_and_detaches_through_the_protocol(name, kind, t
 
 
 def test_sequence_overhead_is_the_positions_each_method_adds():
-    overheads = {name: METHODS[name].model_class.sequence_overhead(METHODS[name].build_config(options))
-                 for name, options in SMALL_OPTIONS.items()}
+    overheads = {name: METHODS[name].sequence_overhead(options) for name, options in SMALL_OPTIONS.items()}
     assert overheads == {"capt": 1, "prompt_tuning": 4, "ptuning_v2": 0, "lora": 0, "full_finetune": 0,
                          "adapter": 0,
                          "dept": 2,
                          "residual_prompt": 2, "superpos_prompt": 3, "vfpt": 3,
                          "smop": 2, "ept": 2,
                          "xprompt": 4}
-    prepend = METHODS["capt"].build_config({"fusion": "prepend", "length": 2})
-    assert METHODS["capt"].model_class.sequence_overhead(prepend) == 3
+    assert METHODS["capt"].sequence_overhead({"fusion": "prepend", "length": 2}) == 3
 
 
 def test_only_capsules_are_published_to_the_registry():
@@ -80,13 +78,12 @@ def test_only_capsules_are_published_to_the_registry():
 
 
 def test_model_types_each_method_refuses_are_named():
-    assert METHODS["capt"].model_class.unsupported_reason("umt5") is None
-    lora_reason = METHODS["lora"].model_class.unsupported_reason("umt5")
+    assert METHODS["capt"].unsupported_reason("umt5") is None
+    lora_reason = METHODS["lora"].unsupported_reason("umt5")
     assert "the baselines do not support model_type='umt5' (CaPT does)" in lora_reason
-    assert "model_type='gpt2'" in METHODS["capt"].model_class.unsupported_reason("gpt2")
-    capsule = METHODS["capt"].build_config({"layers": [0, 3, 5]})
-    assert METHODS["capt"].model_class.missing_layers(capsule, 4) == [5]
-    assert METHODS["lora"].model_class.missing_layers(METHODS["lora"].build_config({}), 1) == []
+    assert "model_type='gpt2'" in METHODS["capt"].unsupported_reason("gpt2")
+    assert METHODS["capt"].missing_layers({"layers": [0, 3, 5]}, 4) == [5]
+    assert METHODS["lora"].missing_layers({}, 1) == []
 
 
 def test_unknown_names_and_configs_are_refused_clearly():

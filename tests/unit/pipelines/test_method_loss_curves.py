@@ -71,7 +71,7 @@ def supported_kinds(method: str) -> list[str]:
     """The tiny model families of `KINDS` that `method` runs on (each kind is its model_type)."""
     from capt.methods import get_method
 
-    return [kind for kind in KINDS if get_method(method).model_class.unsupported_reason(kind) is None]
+    return [kind for kind in KINDS if get_method(method).unsupported_reason(kind) is None]
 
 
 def loss_curve(method: str, kind: str, change: Change | None = None) -> list[float]:
