@@ -17,7 +17,11 @@ from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with
 logger = logging.getLogger(__name__)
 DESCRIPTION_TAG = "mlflow.note.content"
 """The tag MLflow shows as an experiment's (or run's) description."""
-RUNS_VIEW = "runs?workflowType=machine_learning"
+TRAINING_VIEW = "workflowType=machine_learning"
+"""The query that makes MLflow 3's UI show an experiment and its runs as model training: without it the UI follows
+the browser's own choice (its sidebar switch, GenAI at first), and 3.17 reads no experiment tag for it (its
+``mlflow.experimentKind`` tag is read only with workflow-based navigation off, which 3.17 hard-codes on)."""
+RUNS_VIEW = f"runs?{TRAINING_VIEW}"
 """MLflow 3's training-runs view of an experiment (the plain experiment link opens the GenAI traces page)."""
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,14 +31,15 @@ def runs_url(ui_uri: str, experiment_id: str) -> str:
     return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/{RUNS_VIEW}"
 
 
-def run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
-    """The URL that opens one run's page in the MLflow UI at `ui_uri`."""
-    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+def run_url(ui_uri: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """The URL that opens one run's page (its `tab`, e.g. ``artifacts``) in the MLflow UI at `ui_uri`, as a
+    training run (without `TRAINING_VIEW` a fresh browser shows it as a GenAI run, with an Evaluations tab)."""
+    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{'/' + tab if tab else ''}?{TRAINING_VIEW}"
 
 
 def sweep_run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
     """The URL of a sweep's own run with its artifacts (report.png, report.md, summary) in the MLflow UI."""
-    return run_url(ui_uri, experiment_id, run_id) + "/artifacts"
+    return run_url(ui_uri, experiment_id, run_id, "artifacts")
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str | None:

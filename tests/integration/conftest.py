@@ -184,7 +184,7 @@ def smoke_sweep(ray_head: LocalRayHead, _service_pool: _ServicePool,
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     found = re.search(r"its runs: (\S+/#/experiments/(\d+)/runs\S*)", done.stdout)
     assert found, f"the sweep printed no runs URL:\n{done.stdout[-3000:]}"
-    sweep_run = re.search(r"side by side: (\S+/runs/\w+/artifacts)", done.stdout)
+    sweep_run = re.search(r"side by side: (\S+/runs/\w+/artifacts\S*)", done.stdout)
     assert sweep_run, f"the sweep printed no URL of its own run:\n{done.stdout[-3000:]}"
     return {"stdout": done.stdout, "uri": mlflow_server.uri, "url": found.group(1), "experiment_id": found.group(2),
             "sweep_run_url": sweep_run.group(1)}

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 SWEEP_RUN = "it-ui (sweep)"
+EXPERIMENT = "capt-it-ui"
 RUN_NAMES = ("cb/tiny-t5/capt/s0", "cb/minilm/capt/s0", "rte/tiny-t5/capt/s0", "rte/minilm/capt/s0")
 WAIT_S = 30.0
 """Longest wait for one thing to appear (the UI loads runs and artifacts asynchronously)."""
@@ -115,6 +116,7 @@ def test_the_sweep_runs_url_shows_its_report_and_the_registry_its_champion(
     try:
         for name in ("report.md", "summary.md", "summary.csv", "sweep_config.json"):
             _wait_for_text(browser, name)
+        assert "Evaluations" not in browser.page_source, "a training run's page, not a GenAI run's"
         _wait_for_text(browser, "report.png").click()
         WebDriverWait(browser, WAIT_S).until(  # the picture drawn (the UI shows it from a blob: URL)
             lambda b: any(b.execute_script("return arguments[0].naturalWidth", img) >= 600
@@ -127,3 +129,26 @@ def test_the_sweep_runs_url_shows_its_report_and_the_registry_its_champion(
         WebDriverWait(browser, WAIT_S).until(lambda b: "Version 1" in b.page_source and "champion" in b.page_source)
     finally:
         _screenshot(browser, folders, "registered-model")
+
+
+def test_from_the_home_page_or_a_bare_link_the_experiment_opens_on_its_runs_once_model_training_is_chosen(
+        smoke_sweep: dict[str, Any], browser: Any, tmp_path: Path) -> None:
+    """MLflow 3.17 lets the browser, not the experiment, decide how an experiment opens: its "GenAI / Model training"
+    switch (GenAI at first, kept by the browser); no experiment tag changes it (pipelines.tracking.experiment.
+    TRAINING_VIEW). Once a user picks Model training, the home page's link and the bare experiment URL open the runs
+    table with the sweep's run, not the GenAI traces page."""
+    folders, home = _shots(tmp_path), smoke_sweep["uri"].rstrip("/") + "/#/"
+    browser.get("about:blank")
+    browser.get(home)
+    try:
+        _wait_for_text(browser, "Model training").click()
+        _wait_for_text(browser, EXPERIMENT).click()
+        _wait_for_text(browser, SWEEP_RUN)
+        assert "/runs" in browser.current_url and "traces" not in browser.current_url, browser.current_url
+        browser.get("about:blank")
+        browser.get(f"{home}experiments/{smoke_sweep['experiment_id']}")
+        _wait_for_text(browser, SWEEP_RUN)
+        assert "/runs" in browser.current_url, browser.current_url
+    finally:
+        _screenshot(browser, folders, "experiment-from-home")
+        browser.execute_script("window.localStorage.clear()")  # the next test opens a fresh browser's UI

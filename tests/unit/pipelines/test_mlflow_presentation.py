@@ -5,14 +5,18 @@ from __future__ import annotations
 import ast
 
 from pipelines.services import free_port
-from pipelines.tracking.experiment import describe_experiment, runs_url, source_tags
+from pipelines.tracking.experiment import describe_experiment, run_url, runs_url, source_tags, sweep_run_url
 from pipelines.tracking.model_card import SNIPPET_FENCE, version_description
 from pipelines.tracking.spool import RetryPolicy
 
 
-def test_the_printed_url_opens_the_training_runs_view() -> None:
+def test_the_printed_urls_open_the_training_runs_view() -> None:
     assert runs_url("http://127.0.0.1:5000/", "7") == (
         "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning")
+    assert run_url("http://127.0.0.1:5000/", "7", "ab12") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs/ab12?workflowType=machine_learning")
+    assert sweep_run_url("http://127.0.0.1:5000", "7", "ab12") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs/ab12/artifacts?workflowType=machine_learning")
 
 
 def test_runs_name_their_entry_point_and_the_commit_of_this_checkout() -> None:
