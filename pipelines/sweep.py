@@ -33,6 +33,7 @@ from pipelines.sweeps.run import (  # noqa: E402
     run_sweep,
     sweep_folder_problems,
     tracking_server,
+    unpromoted,
 )
 from pipelines.sweeps.summary import data_kinds, results_table, write_summary  # noqa: E402
 
@@ -91,9 +92,9 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         uploaded = upload_spooled(sweep, uri, endpoint.moved_from)  # before promotion reads the registry
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)
-        parent.finish(rows)
         promoting = uri and sweep.tracking.register and sweep.tracking.promote
         champions = promote_champions(sweep, uri, rows) if promoting else []
+        parent.finish(rows, unpromoted(sweep, rows, champions) if promoting else [])  # kept for sync if not closed
         endpoint.release()  # the local server shuts down while Ray does
     leftover = leftover_lines(sweep, uri, endpoint.local_server is not None)
     print("\n".join(["", table, *uploaded, *leftover, ""]))

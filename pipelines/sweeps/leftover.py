@@ -5,7 +5,8 @@ A trial that cannot reach the server keeps training and spools what it would hav
 operations wait in which trial folder and the command that uploads them, and exits with
 `EXIT_NOT_FULLY_TRACKED` so that a script can tell "trained, not fully tracked" from success. A server that
 answers again by the sweep's end gets those operations from the driver itself (`upload_spooled`), as `sync` would
-give them.
+give them. The same goes for the sweep's own run when the server did not take its close: the same `sync` closes
+it, and the driver names what is left after that (the champions and the report it could not make).
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from pathlib import Path
 from pipelines.services.mlflow_server import mlflow_answers
 from pipelines.sweeps.config import SweepConfig
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy, Spool
+from pipelines.tracking.sweep_close import read_close
+from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left
 from pipelines.tracking.sync import sync_pending
 
 logger = logging.getLogger(__name__)
 
+LOCAL_UI = "http://127.0.0.1:5000"
+"""Where `make mlflow-ui` serves a local sweep's store once the sweep's own server has stopped."""
 EXIT_NOT_FULLY_TRACKED = 3
 """Every trial trained, but some of what they logged is still only in their spools."""
 
@@ -62,15 +67,16 @@ def _answers(uri: str) -> bool:
 
 
 def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> list[str]:
-    """The lines the final table ends with when operations wait (empty when everything reached MLflow)."""
+    """The lines the final table ends with when operations or the sweep's run wait (empty when everything reached
+    MLflow)."""
     pending, dead = spooled_operations(sweep), spooled_operations(sweep, FAILED_FILE)
-    lines = []
+    folder, lines = sweep.storage_root() / sweep.name, []
     if pending:
-        folder = sweep.storage_root() / sweep.name
         lines.append(f"Not fully tracked: {_count(sum(pending.values()), 'operation')} of "
                      f"{_count(len(pending), 'trial')} wait in their folders ({PENDING_FILE}) for the MLflow server:")
         lines += [f"  {name}: {count}" for name, count in pending.items()]
         lines.append("Upload them once the server answers: " + sync_command(folder, uri, local_server))
+    lines += unclosed_run_lines(sweep, uri, local_server, told_to_sync=bool(pending))
     if dead:
         lines.append(f"Refused by the server and set aside: {_count(sum(dead.values()), 'operation')} of "
                      f"{_count(len(dead), 'trial')} ({FAILED_FILE} in {', '.join(dead)}), never replayed "
@@ -78,12 +84,30 @@ def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> l
     return lines
 
 
+def unclosed_run_lines(sweep: SweepConfig, uri: str | None, local_server: bool, told_to_sync: bool) -> list[str]:
+    """What the sweep's run still waits for when the server did not take its close (`SWEEP_CLOSE_FILE` in the
+    sweep folder), then what is left to do once it is closed; empty when nothing waits."""
+    folder = sweep.storage_root() / sweep.name
+    if "://" in sweep.storage_path or not (folder / SWEEP_CLOSE_FILE).is_file():
+        return []
+    command = "the same sync" if told_to_sync else sync_command(folder, uri, local_server)
+    try:
+        close = read_close(folder)
+    except (OSError, ValueError) as err:
+        return [f"The sweep's run is not closed, and its close in {folder / SWEEP_CLOSE_FILE} is refused ({err}): "
+                "fix or delete it, then close the run in the MLflow UI."]
+    lines = [f"The sweep's run {close.run_id} is not closed: the MLflow server did not take its status "
+             f"{close.status}, summary and description, kept in {folder / SWEEP_CLOSE_FILE}. Close it once the "
+             f"server answers: {command}."]
+    return lines + lines_left(close, LOCAL_UI if local_server else uri, " once it is closed")
+
+
 def sync_command(folder: Path, uri: str | None, local_server: bool) -> str:
     """The `tracking sync` command for `folder`: a local sweep's server has stopped, so its store is served
     again by `make mlflow-ui` at another address, which the operations must be told about."""
     command = f"python -m pipelines.tracking sync --root {folder}"
     if local_server and uri:
-        return f"`make mlflow-ui`, then `{command} --tracking-uri http://127.0.0.1:5000 --moved-from {uri}`"
+        return f"`make mlflow-ui`, then `{command} --tracking-uri {LOCAL_UI} --moved-from {uri}`"
     return f"`{command}`"
 
 

@@ -2,17 +2,22 @@
 with the sweep's outcome, holding the resolved sweep config, `summary.md`, `summary.csv`, the folder's README and
 the report (`pipelines.report`: tables and picture of the sweep's runs). Its description (what the MLflow UI shows
 first on the run's page) is the results table of `summary.md` with links to the report's artifacts, so the results
-are there without opening Artifacts."""
+are there without opening Artifacts. A close the server does not take is kept in the sweep folder, with the
+champions and the report the outage left undone, for ``python -m pipelines.tracking sync``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.summary import README, SUMMARY_CSV, SUMMARY_MD, summary_markdown
+
+if TYPE_CHECKING:
+    from pipelines.tracking.sweep_run import SweepClose
 
 logger = logging.getLogger("pipelines.sweep")
 REPORT_DIR = "report"
@@ -48,16 +53,26 @@ class SweepRun:
 
             run_context["tags"] = {**run_context.get("tags", {}), PARENT_TAG: self.run_id}
 
-    def finish(self, rows: list[dict]) -> None:
+    def finish(self, rows: list[dict], unpromoted: Iterable[tuple[str, str]] = ()) -> None:
         """Write the report, log it with the summary files and the config, end the run: FINISHED when every trial
-        is done, FAILED otherwise."""
+        is done, FAILED otherwise. When the server does not take it, the close is kept for `sync` with what the
+        outage left undone: the (model, task) champions in `unpromoted`, and the report if it could not be built."""
         if self.run_id is None:
             return
         done = sum(r["status"] == "done" for r in rows)
         report, why = self._report()
         files = [self.folder / name for name in (SUMMARY_MD, SUMMARY_CSV, README)] + report
-        self._close(files, {"done": done, "failed": len(rows) - done}, "FINISHED" if done == len(rows) else "FAILED",
-                    self.description(rows, [path.name for path in report], why))
+        status = "FINISHED" if done == len(rows) else "FAILED"
+        close = self._close_of(files, {"done": done, "failed": len(rows) - done}, status,
+                               self.description(rows, [path.name for path in report], why))
+        if self._closed(close):
+            return
+        close.promote = [[model, task] for model, task in unpromoted]
+        if not report:  # the server did not answer: the report is built once the trials' runs are synced
+            close.report = {"experiment": self.sweep.experiment_name(), "sweep": self.sweep.name,
+                            "out": str(self.folder / REPORT_DIR)}
+            close.description = self.description(rows, [], "the MLflow server did not answer when the sweep ended")
+        self._keep_for_sync(close)
 
     def description(self, rows: list[dict], report: list[str], why: str = "") -> str:
         """The run's description: links to the report's files (or why there is none), then summary.md's text."""
@@ -71,15 +86,29 @@ class SweepRun:
         return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{name}"
 
     def stop(self) -> None:
-        """End the run KILLED: the sweep was stopped (`--resume` reopens it)."""
-        if self.run_id is not None:
-            self._close([], {}, "KILLED")
+        """End the run KILLED: the sweep was stopped (`--resume` reopens it; a `sync` before that closes it)."""
+        if self.run_id is not None and not self._closed(close := self._close_of([], {}, "KILLED")):
+            self._keep_for_sync(close)
 
-    def _close(self, files: list[Path], counts: dict[str, int], status: str, description: str | None = None) -> None:
+    def _close_of(self, files: list[Path], counts: dict[str, int], status: str,
+                  description: str | None = None) -> SweepClose:
+        from pipelines.tracking.sweep_run import SweepClose
+
+        return SweepClose(self.run_id, self.uri, status, asdict(self.sweep), counts, description,
+                          [str(path.relative_to(self.folder)) for path in files])
+
+    def _closed(self, close: SweepClose) -> bool:
+        """Whether the server took `close` (`close_sweep_run`)."""
         from pipelines.tracking.sweep_run import close_sweep_run
 
-        close_sweep_run(self.uri, self.run_id, files, asdict(self.sweep), counts, status, self.sweep.tracking.retry_s,
-                        description)
+        return close_sweep_run(self.folder, close, self.sweep.tracking.retry_s)
+
+    def _keep_for_sync(self, close: SweepClose) -> None:
+        from pipelines.tracking.sweep_run import keep_for_sync
+
+        path = keep_for_sync(self.folder, close)
+        logger.info("The close of the sweep's run %s waits in %s for `python -m pipelines.tracking sync`",
+                    self.run_id, path)
 
     def _report(self) -> tuple[list[Path], str]:
         """report.md and report.png of the sweep's finished runs; none and why (logged) when there is nothing to

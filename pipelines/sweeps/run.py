@@ -275,19 +275,31 @@ def refuse_credentials_in_uri(uri: str) -> None:
             "driver and of the cluster's nodes (infra/README.md).")
 
 
+def champion_pairs(sweep: SweepConfig, rows: list[dict]) -> list[tuple[str, str]]:
+    """(model, task) of every capsule this sweep registered (a done trial of a method that registers one), sorted:
+    the champions it promotes."""
+    from pipelines.methods import registers_model
+
+    capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
+    return sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows})
+
+
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
     """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
     model names."""
-    from pipelines.methods import registers_model
     from pipelines.promote import SELECTION_METRIC, PromotionError, promote
 
-    capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
     names = []
-    done = {(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows}
-    for model, task in sorted(done):
+    for model, task in champion_pairs(sweep, rows):
         try:
             promote(tracking_uri=tracking_uri, model=model, task=task, metric=SELECTION_METRIC)
             names.append(registered_model_name(model_slug(model), task))
         except PromotionError as err:
             logger.warning("Not promoted: %s", err)
     return names
+
+
+def unpromoted(sweep: SweepConfig, rows: list[dict], champions: list[str]) -> list[tuple[str, str]]:
+    """The (model, task) pairs whose champion `promote_champions` did not set (`champions`: the names it did)."""
+    return [(model, task) for model, task in champion_pairs(sweep, rows)
+            if registered_model_name(model_slug(model), task) not in champions]

@@ -11,7 +11,8 @@ from pipelines.cli_errors import cli_main
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
-from pipelines.tracking.sync import FolderSync, SyncSummary, checked_root, sync_pending
+from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left
+from pipelines.tracking.sync import FolderSync, SweepRunSync, SyncSummary, checked_root, sync_pending
 
 DESCRIPTION = "MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry."
 EXIT_INCOMPLETE = 1
@@ -22,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.tracking sync --root DIR [--tracking-uri URI] [--moved-from URI] [--accept-unrecorded]`."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
-    sync = commands.add_parser("sync", help="upload the operations spooled while the server was down")
+    sync = commands.add_parser("sync", help="upload the operations spooled while the server was down, "
+                                                "then close the sweeps' runs it left open")
     sync.add_argument("--root", required=True,
                       help="a job folder, a sweep folder, or a folder at most two levels above them")
     sync.add_argument("--tracking-uri", default=None,
@@ -64,11 +66,19 @@ def sync_command(args: argparse.Namespace) -> int:
 
 
 def summary_text(summary: SyncSummary) -> str:
-    """Totals, one line per folder with anything left, skipped or failed, what to do about it, and the links
-    that were not followed."""
-    if not summary.folders:
-        return "\n".join([f"Nothing to sync under {summary.root}: no {PENDING_FILE} or {FAILED_FILE} there.",
-                           *_links_lines(summary)])
+    """Totals, one line per folder with anything left, skipped or failed, what to do about it, the sweeps' runs
+    (closed, and what is left to do then; or why not) and the links that were not followed."""
+    if not summary.folders and not summary.sweeps:
+        return "\n".join([f"Nothing to sync under {summary.root}: no {PENDING_FILE}, {FAILED_FILE} or "
+                           f"{SWEEP_CLOSE_FILE} there.", *_links_lines(summary)])
+    lines = _spool_lines(summary) if summary.folders else []
+    for sweep in summary.sweeps:
+        lines += _sweep_lines(sweep)
+    return "\n".join([*lines, *_links_lines(summary)])
+
+
+def _spool_lines(summary: SyncSummary) -> list[str]:
+    """The totals of the trials' spools, one line per folder with anything left, and what to do about it."""
     target = summary.server.target or "the server recorded with each operation"
     skipped = f" ({summary.skipped} of them skipped, not for this server)" if summary.skipped else ""
     lines = [f"Synced {summary.synced} operation(s) under {summary.root} to {target}; dead-lettered "
@@ -85,7 +95,22 @@ def summary_text(summary: SyncSummary) -> str:
         lines.append(f"{summary.dead_letters} dead-lettered operation(s) or line(s) are kept, with the reason, "
                      f"in {FAILED_FILE}: they are never replayed automatically. Fix the cause, move the "
                      f"operations back into {PENDING_FILE} (or log them by hand), then delete the entries.")
-    return "\n".join([*lines, *_links_lines(summary)])
+    return lines
+
+
+def _sweep_lines(sweep: SweepRunSync) -> list[str]:
+    """Whether the sweep's run was closed, and what is left to do then; or why it was not, and what to do."""
+    run = f"The sweep's run{f' {sweep.close.run_id}' if sweep.close else ''} in {sweep.sweep_dir}"
+    if sweep.uri is not None:
+        return [f"{run} is closed: {sweep.close.status} at {sweep.uri}, with its summary and description.",
+                *lines_left(sweep.close, sweep.uri)]
+    if sweep.skipped:
+        return [f"{run} was not closed (skipped: {sweep.skipped})."]
+    if sweep.error:
+        return [f"{run} was not closed: {sweep.error}. Its close stays in {SWEEP_CLOSE_FILE}: run this command "
+                "again once that is fixed."]
+    return [f"{run} is closed once its trials' {sweep.waiting} pending operation(s) are synced: run this command "
+            "again then."]
 
 
 def _links_lines(summary: SyncSummary) -> list[str]:

@@ -4,6 +4,8 @@ Nothing is deleted: an operation leaves a trial's ``mlflow_pending.jsonl`` only 
 or once it was written to the trial's ``mlflow_failed.jsonl`` (the dead-letter file) with the reason.
 Which folders and which operations a sync may touch: `pipelines.tracking.scope` (a job or sweep folder tree,
 never left through a link; only operations recorded for the server synced to).
+A sweep folder holding the close of its parent run that the server did not take at the sweep's end
+(`sweep_run.SWEEP_CLOSE_FILE`) gets it applied after its trials' spools, on the same rules, and the file removed.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import requests
 from mlflow.exceptions import MlflowException
 
 from pipelines.tracking import scope, spool
-from pipelines.tracking.client import TrackingError, dir_lock, is_transient, own_http_retries
+from pipelines.tracking.client import TrackingError, dir_lock, is_transient, mlflow_client, own_http_retries
 from pipelines.tracking.operations import Replayer
+from pipelines.tracking.sweep_close import read_close
+from pipelines.tracking.sweep_run import RUN_KIND_TAG, SWEEP_CLOSE_FILE, SweepClose, log_close
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,23 @@ class FolderSync:
     """Why this folder's spool was left whole, unread by any server (None when it was replayed)."""
 
 
+@dataclass
+class SweepRunSync:
+    """What a sync did with the parent-run close kept in a sweep folder."""
+
+    sweep_dir: Path
+    close: SweepClose | None = None
+    """The close kept there (None: the file was refused, see `error`)."""
+    uri: str | None = None
+    """The server the run was closed on (None: it is not closed yet)."""
+    waiting: int = 0
+    """Its trials' operations still pending: the run is closed after them, by a later sync."""
+    skipped: str | None = None
+    """Why the close is not for this sync's server (None when it is)."""
+    error: str | None = None
+    """Why the close failed (None when it went through or was not tried)."""
+
+
 def _total(name: str, doc: str) -> property:
     """A read-only sum of `FolderSync.<name>` over a summary's folders."""
     return property(lambda summary: sum(getattr(f, name) for f in summary.folders), doc=doc)
@@ -57,6 +78,8 @@ class SyncSummary:
     folders: list[FolderSync] = field(default_factory=list)
     links: list[Path] = field(default_factory=list)
     """Symbolic links under the root that were not followed (to folders, or named like a spool)."""
+    sweeps: list[SweepRunSync] = field(default_factory=list)
+    """The sweep folders whose parent run waited to be closed."""
     synced = _total("synced", "Operations applied by this sync, all folders together.")
     dead_lettered = _total("dead_lettered", "Operations and lines this sync dead-lettered, all folders together.")
     pending = _total("pending", "Lines still pending, all folders together.")
@@ -69,8 +92,9 @@ class SyncSummary:
 
     @property
     def complete(self) -> bool:
-        """True when everything under the root reached the server: nothing pending, no dead letter."""
-        return self.pending == 0 and self.dead_letters == 0
+        """True when everything under the root reached the server: nothing pending, no dead letter, every sweep's
+        run closed."""
+        return self.pending == 0 and self.dead_letters == 0 and all(s.uri for s in self.sweeps)
 
 
 def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
@@ -83,19 +107,30 @@ def sync_pending(root: str | os.PathLike[str], tracking_uri: str | None = None,
     MLFLOW_TRACKING_URI) only when `accept_unrecorded`. A folder with any other operation is skipped whole and
     listed. Every folder is tried; a server that did not answer within the retry budget is not asked again for
     the later folders that use it (they are reported pending with the same error). What was applied stays
-    applied. Raises `TrackingError`, before reading anything below it, when `root` is not such a folder.
+    applied. Then each sweep folder's kept parent-run close is applied on the same rules, once its trials have
+    nothing pending (`SweepRunSync`). Raises `TrackingError`, before reading anything below it, when `root` is not
+    such a folder.
     """
     root = checked_root(root)
     unrecorded = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")) if accept_unrecorded else None
     server = scope.ServerScope(tracking_uri, tuple(moved_from) if tracking_uri else (), unrecorded)
     own_http_retries()
-    found, links = scope.state_dirs(root)
-    summary, unreachable = SyncSummary(root, server, links=links), {}
+    spools = (spool.PENDING_FILE, spool.FAILED_FILE)
+    found, links = scope.state_dirs(root, (*spools, SWEEP_CLOSE_FILE))
+    summary, unreachable, retry = SyncSummary(root, server, links=links), {}, retry or spool.RetryPolicy()
     for link in links:
         logger.info("Not followed (sync never leaves --root): %s -> %s", link, os.readlink(link))
-    for state_dir in found:
-        summary.folders.append(_sync_folder(state_dir, server, retry or spool.RetryPolicy(), unreachable))
+    for state_dir in _holding(found, spools):
+        summary.folders.append(_sync_folder(state_dir, server, retry, unreachable))
+    for sweep_dir in _holding(found, (SWEEP_CLOSE_FILE,)):
+        summary.sweeps.append(_close_sweep_run(sweep_dir, summary, retry, unreachable))
     return summary
+
+
+def _holding(folders: list[Path], names: tuple[str, ...]) -> list[Path]:
+    """The `folders` holding one of `names` as a regular file (not a link)."""
+    return [folder for folder in folders
+            if any((folder / name).is_file() and not (folder / name).is_symlink() for name in names)]
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path:
@@ -161,3 +196,47 @@ def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryP
     logger.info("%s: %d synced, %d dead-lettered, %d pending", state_dir, folder.synced, folder.dead_lettered,
                 folder.pending)
     return folder
+
+
+def _close_sweep_run(sweep_dir: Path, summary: SyncSummary, retry: spool.RetryPolicy,
+                     unreachable: dict[str, str]) -> SweepRunSync:
+    """Apply the parent-run close kept in `sweep_dir` (`SweepRunSync` says why not: refused file, not this sync's
+    server, trials still pending, no answer) and remove it once the server took it."""
+    result = SweepRunSync(sweep_dir)
+    result.waiting = sum(f.pending for f in summary.folders if sweep_dir in f.state_dir.parents)
+    with dir_lock(sweep_dir):
+        try:
+            result.close = close = read_close(sweep_dir)
+        except (OSError, ValueError) as err:
+            result.error = (f"{SWEEP_CLOSE_FILE} is refused ({err}); nothing of it was sent: fix it, or delete it "
+                            "and close the run in the MLflow UI")
+            return result
+        uri = summary.server.destination({"tracking_uri": close.tracking_uri})
+        result.skipped = (summary.server.refusal([{"tracking_uri": close.tracking_uri}])
+                          or (credentials_refusal(uri, summary.server) if uri else None))
+        if result.skipped or result.waiting:
+            return result
+        if uri in unreachable:
+            result.error = unreachable[uri]
+            return result
+        try:
+            spool.call_with_retry(lambda: _apply_close(uri, sweep_dir, close), is_transient, retry, f"MLflow at {uri}")
+        except spool.TrackingUnavailable as err:
+            unreachable[uri] = result.error = str(err)
+            return result
+        except (TrackingError, MlflowException, requests.RequestException, OSError) as err:
+            result.error = f"{type(err).__name__}: {err}"
+            return result
+        (sweep_dir / SWEEP_CLOSE_FILE).unlink()
+    result.uri = uri
+    logger.info("Closed the sweep's run %s (%s) at %s", close.run_id, close.status, uri)
+    return result
+
+
+def _apply_close(uri: str, sweep_dir: Path, close: SweepClose) -> None:
+    """`log_close` to the run at `uri`, once it is known there as a sweep's run."""
+    client = mlflow_client(uri)
+    run = client.get_run(close.run_id)
+    if run.data.tags.get(RUN_KIND_TAG) != "sweep":
+        raise TrackingError(f"run {close.run_id} at {uri} is not a sweep's run ({RUN_KIND_TAG} is not 'sweep')")
+    log_close(client, sweep_dir, close)

@@ -1,5 +1,6 @@
 """End-to-end sweeps on a real Ray head and a real MLflow server: `ray job submit`, DDP trials, the
-registry and promotion, a sweep run again unchanged and changed, an MLflow outage during a trial synced later,
+registry and promotion, a sweep run again unchanged and changed, an MLflow outage during a trial synced later (the
+sweep's own run closed by that sync, the champions promoted by the commands it prints),
 and one-worker trials in a reused trial process that keeps its base model (driver kills and --resume:
 test_chaos.py; the laptop path with its own Ray and MLflow: test_security.py)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -133,9 +135,11 @@ def _start_tracked_sweep(ray_head, uri: str, tmp_path: Path, *extra: str) -> sub
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _sweep_through_an_outage(ray_head, server: LocalMlflowServer, tmp_path: Path, old: Path, *extra: str) -> Path:
+def _sweep_through_an_outage(ray_head, server: LocalMlflowServer, tmp_path: Path, old: Path,
+                             *extra: str) -> tuple[Path, str]:
     """Run the sweep, stopping `server` once its new trial (a folder other than `old`) has opened its run; the
-    driver must end with exit 3, its results kept for later and the `sync` command named. The new trial's folder."""
+    driver must end with exit 3, its results kept for later and the `sync` command named. The new trial's folder
+    and what the driver printed."""
     driver = _start_tracked_sweep(ray_head, server.uri, tmp_path, *extra)
     jobs = old.parent
     deadline = time.monotonic() + 600
@@ -152,13 +156,15 @@ def _sweep_through_an_outage(ray_head, server: LocalMlflowServer, tmp_path: Path
         assert f"`python -m pipelines.tracking sync --root {jobs.parent}`" in stdout, stdout[-3000:]
     finally:
         server.start()
-    return opened[0]
+    return opened[0], stdout
 
 
 def test_a_changed_trial_trains_afresh_an_unchanged_one_trains_nothing_and_an_outage_syncs_later(ray_head, tmp_path):
     """A sweep of two trials, then run again with one of them changed while the MLflow server goes down: the
     unchanged trial trains nothing and adds no run, the changed one trains afresh in its own folder; the driver exits
-    3 and `python -m pipelines.tracking sync` later gives the new trial its FINISHED run and its registry version."""
+    3 and `python -m pipelines.tracking sync` later gives the new trial its FINISHED run and its registry version,
+    closes the sweep's own run (left RUNNING by the outage) and prints the promote commands the sweep could not run,
+    which then promote the champions."""
     server = LocalMlflowServer(tmp_path / "mlflow").start()
     try:
         _changed_unchanged_and_outage(ray_head, server, tmp_path)
@@ -184,11 +190,12 @@ def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path:
     # RTE's trial changed (long enough to outlive server.stop()): trained afresh in its own folder, tracked by `sync`
     # later; CB's is unchanged: reused
     changed = ("task_overrides.rte.train.max_steps=30", "task_overrides.rte.train.eval_every_steps=10")
-    new = _sweep_through_an_outage(ray_head, server, tmp_path, old, *TWO_TRIALS, *changed)
+    new, swept = _sweep_through_an_outage(ray_head, server, tmp_path, old, *TWO_TRIALS, *changed)
+    parent_id = _check_the_sweep_run_waits_for_sync(client, jobs.parent, swept, server.uri)
     sync = subprocess.run([sys.executable, "-m", "pipelines.tracking", "sync", "--root", str(tmp_path / "sweeps"),
                            "--tracking-uri", server.uri], cwd=ROOT, env=_env(ray_head), capture_output=True,
                           text=True, timeout=300)
-    assert sync.returncode == 0, sync.stderr[-3000:]
+    assert sync.returncode == 0, sync.stdout[-3000:] + sync.stderr[-3000:]
     assert {folder: _outputs(folder) for folder in (kept, old)} == trained, "nothing trained again, old outputs kept"
     assert sorted(jobs.iterdir()) == sorted([kept, old, new])
     result = json.loads((new / "result.json").read_text())
@@ -200,6 +207,52 @@ def _changed_unchanged_and_outage(ray_head, server: LocalMlflowServer, tmp_path:
     assert version.tags["config_hash"] == result["config_hash"], "the capsule was registered by sync"
     first_hashes = sorted(json.loads((folder / "result.json").read_text())["config_hash"] for folder in (kept, old))
     assert sorted(r.data.tags["config_hash"] for r in first_runs.values()) == first_hashes
+    _check_the_sync_closed_the_sweep_run_and_says_promote(client, jobs.parent, parent_id, sync.stdout, server.uri)
+    assert version.tags["validation_status"] == "pending", "registered by sync, not promoted by anything yet"
+    for command in [line.strip() for line in sync.stdout.splitlines() if "pipelines.promote" in line]:
+        promoted = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=_env(ray_head),
+                                  capture_output=True, text=True, timeout=300)
+        assert promoted.returncode == 0, command + promoted.stdout[-2000:] + promoted.stderr[-2000:]
+    version = client.get_model_version(version.name, version.version)
+    assert version.tags["validation_status"] != "pending", "the printed command promoted the synced version too"
+    champion = client.get_model_version_by_alias("capt-tiny-t5-rte", "champion")
+    assert champion.tags["validation_status"] == "approved"
+
+
+def _check_the_sweep_run_waits_for_sync(client, sweep_dir: Path, swept: str, uri: str) -> str:
+    """The outage left the sweep's run RUNNING, its close kept in the sweep folder, and the driver said so with the
+    sync and promote commands; the run's id."""
+    parent_id = json.loads((sweep_dir / "mlflow_sweep_run.json").read_text())["run_id"]
+    assert client.get_run(parent_id).info.status == "RUNNING"
+    assert (sweep_dir / "mlflow_sweep_close.json").is_file()
+    assert f"The sweep's run {parent_id} is not closed: " in swept and "server answers: the same sync." in swept
+    promote = [f"  python -m pipelines.promote --model tiny-t5 --task {task} --tracking-uri {uri}"
+               for task in ("cb", "rte")]
+    assert all(line in swept.splitlines() for line in promote), swept[-3000:]
+    return parent_id
+
+
+def _check_the_sync_closed_the_sweep_run_and_says_promote(client, sweep_dir: Path, parent_id: str, synced: str,
+                                                          uri: str) -> None:
+    """After the trials' spools, the sync closed the sweep's run with its summary, description and counts, removed
+    the kept close, and printed the promote commands for the champions the outage left unset (and the report's)."""
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials/done"] == 2
+    description = parent.data.tags["mlflow.note.content"]
+    assert description.startswith("**No report** (the MLflow server did not answer when the sweep ended)")
+    assert "# Sweep `it-rerun`: results" in description
+    assert {"summary.md", "summary.csv"} <= {a.path for a in client.list_artifacts(parent_id)}
+    assert not (sweep_dir / "mlflow_sweep_close.json").exists()
+    lines = synced.splitlines()
+    assert f"The sweep's run {parent_id} in {sweep_dir} is closed: FINISHED at {uri}, with its summary and " \
+           "description." in lines, synced
+    assert "Left to do: the MLflow server was down when the sweep ended, so it could not promote its champions or " \
+           "build its report. Run:" in lines, synced
+    for task in ("cb", "rte"):
+        assert f"  python -m pipelines.promote --model tiny-t5 --task {task} --tracking-uri {uri}" in lines, synced
+    report = shlex.join(["python", "-m", "pipelines.report", "--experiment", "capt-it-rerun", "--sweep", "it-rerun",
+                         "--out", str(sweep_dir / "report"), "--tracking-uri", uri])
+    assert f"  {report}" in lines, synced
 
 
 def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_scores(ray_head, mlflow_server,

@@ -6,6 +6,7 @@ The same against a real MLflow server: tests/integration/test_tracking_sync_scop
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from pipelines.services import free_port
 from pipelines.tracking import RetryPolicy, main, sync_pending
 from pipelines.tracking.scope import JOB_MARKERS, normalised_uri, same_server
 from pipelines.tracking.spool import PENDING_FILE, Spool
+from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, SweepClose, keep_for_sync
 from pipelines.training.outputs import CLAIM_FILE, RESULT_FILE
 
 NOW = RetryPolicy(budget_s=0.0)
@@ -203,3 +205,60 @@ def test_credentials_never_go_to_a_server_named_only_by_a_planted_spool(
         assert heard and all("Authorization" in h for h in heard)
     finally:
         server.shutdown()
+
+
+def _kept_close(sweep: Path, uri: str, **fields: object) -> bytes:
+    """A sweep folder holding a kept parent-run close recorded for `uri`, as a sweep writes it; its bytes."""
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "tuner.pkl").write_bytes(b"")
+    close = SweepClose("0123456789abcdef0123456789abcdef", uri, "FINISHED", {"name": "s"}, {"done": 1, "failed": 0},
+                       "the table", ["summary.md"], [["tiny-t5", "rte"]])
+    keep_for_sync(sweep, replace(close, **fields))
+    return (sweep / SWEEP_CLOSE_FILE).read_bytes()
+
+
+def test_a_kept_sweep_run_close_follows_the_spools_server_rules(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The close of a sweep's run kept for `sync` goes only where a spool would: a close recorded for another
+    server than --tracking-uri, or (with credentials set) for a server only the file names, is skipped with the way
+    to send it; one naming a file outside its sweep folder is refused whole. Nothing is tried, the file stays."""
+    mine, theirs = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    kept = _kept_close(tmp_path / "sweep", theirs)
+    summary = sync_pending(tmp_path, mine, NOW)
+    [sweep] = summary.sweeps
+    assert sweep.skipped.startswith(f"1 operation(s) recorded for {theirs}, not {mine} (sync them with "
+                                    f"--tracking-uri {theirs}") and sweep.error is None and not summary.complete
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "canary-password-1234")
+    assert main(["sync", "--root", str(tmp_path), "--retry-s", "0"]) == 1
+    out = capsys.readouterr().out
+    assert f"The sweep's run 0123456789abcdef0123456789abcdef in {tmp_path / 'sweep'} was not closed (skipped: " in out
+    assert f"Sync it with --tracking-uri {theirs}" in out and "canary" not in out
+    assert (tmp_path / "sweep" / SWEEP_CLOSE_FILE).read_bytes() == kept
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+
+    (tmp_path / "secret.txt").write_text("not the sweep's")
+    for name in (str(tmp_path / "secret.txt"), "../secret.txt"):
+        kept = _kept_close(tmp_path / "sweep", mine, files=["summary.md", name])
+        [sweep] = sync_pending(tmp_path, mine, NOW).sweeps
+        assert sweep.error.startswith(f"{SWEEP_CLOSE_FILE} is refused (files is not a list of paths inside the sweep "
+                                      "folder); nothing of it was sent") and sweep.uri is None
+        assert (tmp_path / "sweep" / SWEEP_CLOSE_FILE).read_bytes() == kept
+    (tmp_path / "sweep" / "report").symlink_to(tmp_path)
+    _kept_close(tmp_path / "sweep", mine, files=["report/secret.txt"])
+    assert "files is not a list of paths inside" in sync_pending(tmp_path, mine, NOW).sweeps[0].error
+
+
+def test_a_kept_sweep_run_close_waits_for_its_trials_then_is_tried(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    mine = f"http://127.0.0.1:{free_port()}"
+    _kept_close(tmp_path / "sweep", mine)
+    _spool(tmp_path / "sweep" / "jobs" / "rte-x", mine)
+    assert main(["sync", "--root", str(tmp_path / "sweep"), "--retry-s", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "is closed once its trials' 3 pending operation(s) are synced: run this command again then." in out
+    (tmp_path / "sweep" / "jobs" / "rte-x" / PENDING_FILE).unlink()
+    assert main(["sync", "--root", str(tmp_path / "sweep"), "--retry-s", "0"]) == 1
+    out = capsys.readouterr().out
+    assert f"was not closed: MLflow at {mine}: no answer after 1 attempt(s)" in out
+    assert f"Its close stays in {SWEEP_CLOSE_FILE}: run this command again once that is fixed." in out
