@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, configure_logging, run_cli
 from pipelines.serving.auth import TOKEN_ENV, Token, find_token
+from pipelines.serving.proxy_heads import head_limit_problem, node_env
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
@@ -88,6 +89,8 @@ def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: To
             raise ServeError(f"The Serve application did not start: its replica failed with {reason} (--debug "
                              "shows Serve's whole message; replica logs are in the Ray session's logs).") from err
         _log_listeners(port, token is not None)
+        if problem := head_limit_problem(host, port):
+            logger.warning("%s", problem)
         print(startup_line(settings, host, port, token), flush=True)
         stop.wait()
     finally:
@@ -262,7 +265,7 @@ def _serve_with_token(args: argparse.Namespace, token) -> int:
             "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_chars,
             "num_replicas": args.replicas, "auth": token is not None,
             "token_sha256": token.sha256 if token else None})
-        with ray_cluster(args.num_cpus):
+        with ray_cluster(args.num_cpus, node_env=node_env()):
             serve_until_stopped(settings, args.host, args.port, token)
     return 0
 

@@ -36,9 +36,12 @@ def environment_values(names: Iterable[str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = None) -> Iterator[None]:
+def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = None,
+                node_env: Mapping[str, str] | None = None) -> Iterator[None]:
     """Connect to RAY_ADDRESS (a cluster or `ray job submit`), or start a local Ray on 127.0.0.1 only; every worker
-    process of this driver's job starts with `worker_env` (settings, never credentials: see above)."""
+    process of this driver's job starts with `worker_env` (settings, never credentials: see above), and with
+    `node_env`, which a local Ray also gives every process of its own (its system actors too); on a cluster it
+    reaches the actors this job creates (Serve's controller and proxies, when this job starts Serve)."""
     from pipelines.services import ServiceError, check_reachable
 
     fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
@@ -50,12 +53,12 @@ def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = Non
             if address:
                 import ray
 
-                settings = {**worker_settings(), **(worker_env or {})}
+                settings = {**worker_settings(), **(worker_env or {}), **(node_env or {})}
                 ray.init(address=address, runtime_env={"env_vars": settings})
                 logger.info("Ray cluster at %s: workers get %s from this driver and any credentials from their "
                             "own nodes' environment", address, ", ".join(settings) or "no variable")
             else:
-                stack.enter_context(_local_ray(num_cpus, dict(worker_env or {})))
+                stack.enter_context(_local_ray(num_cpus, dict(worker_env or {}), dict(node_env or {})))
         except (ConnectionError, RuntimeError, ValueError) as err:
             where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray"
             raise ServiceError(f"Cannot start or reach {where} ({err}). {fix}") from err
@@ -83,7 +86,7 @@ def environ(**values: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _local_ray(num_cpus: int | None, worker_env: dict[str, str]) -> Iterator[None]:
+def _local_ray(num_cpus: int | None, worker_env: dict[str, str], node_env: dict[str, str]) -> Iterator[None]:
     """A local Ray with token auth, its dashboard and every port it can bind on 127.0.0.1, and its session
     folder (logs, sockets) below a folder only this user can open.
 
@@ -98,7 +101,8 @@ def _local_ray(num_cpus: int | None, worker_env: dict[str, str]) -> Iterator[Non
     temp_dir = private_temp_dir("capt-ray") / "ray"  # Ray makes its own temp dir 777: the parent is private
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port(LOCALHOST)
-        with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV):
+        with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV,
+                     **node_env):
             _warn_if_ray_was_imported_too_early()
             if not _init_local_ray(num_cpus, port, temp_dir, worker_env, last=attempt == PORT_ATTEMPTS):
                 continue

@@ -27,6 +27,7 @@ from pipelines.services.probe import (
     process_group_alive,
     stop_process_group,
 )
+from pipelines.serving.proxy_heads import node_env
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class LocalRayHead(ManagedService):
             self._make_temp_dir()
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        env |= self.client_env()
+        env |= self.client_env() | node_env()  # as infra/README.md starts a node that serves: h11 in Serve's proxy
         logger.info("starting Ray head at %s (dashboard %s)", self.address, self.dashboard_url)
         self._launcher = subprocess.Popen(
             self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

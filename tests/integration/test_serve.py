@@ -39,6 +39,7 @@ from mlflow import MlflowClient
 from capt.tasks import generate_rows
 from pipelines import promote, serve
 from pipelines.services import LOCALHOST, LocalMlflowServer, free_port
+from pipelines.serving.proxy_heads import head_flood
 
 pytestmark = pytest.mark.integration
 
@@ -281,6 +282,10 @@ def test_the_start_up_line_is_short_and_the_ports_are_at_debug_level(server: Ser
     assert f"at {server.url} ;" in server.line and "rte" in server.line and "token in " in server.line, server.line
     assert re.search(r"^.* DEBUG pipelines\.serve: listening \(this driver and its local Ray\): ",
                      server.log.read_text(errors="replace"), re.M), server.log.read_text()[-3000:]
+    # its local Ray's proxy parses with h11: the start-up check found a bounded request head, and so does this one
+    assert "kept reading a request head" not in server.log.read_text(errors="replace")
+    port = int(server.url.rsplit(":", 1)[1].strip("/"))
+    assert head_flood(LOCALHOST, port, 1_000_000, timeout_s=30) in ("400", "closed")
 
 
 def test_the_replicas_grpc_port_is_listed_and_refuses_a_call_without_the_ray_token(server: Server) -> None:

@@ -23,6 +23,7 @@ from helpers.registry import train_capsule
 
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.services import LOCALHOST, free_port
+from pipelines.serving.proxy_heads import H11_ONLY, HEAD_LIMIT_BYTES, head_flood, head_limit_problem
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +95,9 @@ before a fixture could set them in this process; Serve keeps the app after the d
 
 
 def _driver(ray_head: LocalRayHead, **args: Any) -> None:
-    env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    # as `python -m pipelines.serve` gives its job (`proxy_heads.node_env`): Serve's proxy parses with h11
+    env = {**os.environ, **ray_head.client_env(),
+           "PYTHONPATH": os.pathsep.join([str(H11_ONLY), str(ROOT), str(ROOT / "tests")])}
     worker_env = {key: env[key] for key in ("PYTHONPATH",)} | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps({"address": ray_head.address, "env": worker_env,
                                                                      "prefix": PREFIX, **args})],
@@ -187,3 +190,27 @@ def test_a_50_mb_body_is_413_at_once_and_the_replica_keeps_its_memory(client: Cl
     after = client.rss_mb()
     assert after <= before * 1.05, (before, after)
 
+
+
+def _proxy_process(port: int):
+    """The process listening on Serve's HTTP `port`: its proxy (other sessions' heads run proxies of their own)."""
+    import psutil
+
+    [pid] = {c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+    process = psutil.Process(pid)
+    assert "ProxyActor" in " ".join(process.cmdline()), process.cmdline()
+    return process
+
+
+def test_a_request_head_past_16_kb_is_refused_before_the_token_and_the_proxy_keeps_no_memory(client: Client) -> None:
+    """The head starts as infra/README.md says (`pipelines.serving.proxy_heads.node_env`), so Serve's proxy parses
+    with h11: two connections, no token, each sending a head of 20 MB that never ends, are cut off after 16 KB (a
+    400, or the connection closed) and the proxy's memory does not grow with them; the next request is answered."""
+    proxy = _proxy_process(client.port)
+    before = proxy.memory_info().rss
+    outcomes = [head_flood(LOCALHOST, client.port, 20_000_000, timeout_s=30) for _ in range(2)]
+    grown_mb = (proxy.memory_info().rss - before) / 2**20
+    assert set(outcomes) <= {"400", "closed"}, outcomes
+    assert grown_mb < 20, f"the proxy grew by {grown_mb:.0f} MB for two {20_000_000:,}-byte heads"
+    assert head_limit_problem(LOCALHOST, client.port) is None and HEAD_LIMIT_BYTES == 16 * 1024
+    assert client.call("GET", "/health", token=None)[:2] == (200, {"status": "ok"})
