@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.config.schema import JobConfig, flatten, model_slug
 from pipelines.config.sources import JobConfigError
 from pipelines.models import smollm2
+from pipelines.tracking.spool import numeric_metrics
 from pipelines.training.outputs import claim_job_folder, config_hash, hashed_config
 
 Report = Callable[[dict[str, Any]], None]
@@ -237,7 +237,3 @@ def stored_digest(config: JobConfig) -> str | None:
         return None
 
 
-def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Finite numbers only (Tune and MLflow take floats)."""
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines.tracking.jobs import RunPlan, TrackedResult, numeric_metrics, start_tracker, stored_digest
+from pipelines.tracking.jobs import RunPlan, TrackedResult, start_tracker, stored_digest
+from pipelines.tracking.spool import numeric_metrics
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_result
 from pipelines.training.pack_outputs import with_resume
 

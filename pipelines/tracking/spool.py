@@ -254,15 +254,9 @@ def param_strings(params: Mapping[str, Any]) -> dict[str, str]:
 
 
 def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Numbers only (bools as 0/1), without the `step` key; NaN and infinities are dropped."""
-    out = {}
-    for key, value in metrics.items():
-        if key == "step" or not isinstance(value, int | float):
-            continue
-        value = float(value)
-        if math.isfinite(value):
-            out[key] = value
-    return out
+    """Finite numbers only, as floats (bools, NaN and infinities dropped): what Tune and MLflow take as metrics."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
 

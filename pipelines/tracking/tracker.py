@@ -123,7 +123,8 @@ class TrialTracker:
         """
         if self.finished:
             return
-        self.spool.append({"op": "metrics", "metrics": mlflow_metrics(numeric_metrics(metrics)), "step": int(step),
+        points = {key: value for key, value in numeric_metrics(metrics).items() if key != "step"}
+        self.spool.append({"op": "metrics", "metrics": mlflow_metrics(points), "step": int(step),
                            "timestamp": now_ms(), "tracking_uri": self.tracking_uri})
         self._uploader.wake()
 

@@ -152,7 +152,7 @@ def test_params_are_flat_strings_within_the_limit_and_metrics_numeric() -> None:
     assert params["model.name"] == "t5" and params["method.options.layers"] == "[0, 1]" and params["x"] == "None"
     assert len(params["long"]) == PARAM_VALUE_LIMIT and params["long"].endswith("[truncated]")
     assert numeric_metrics({"step": 3, "loss": 1, "flag": True, "name": "a", "bad": math.nan}) == {
-        "loss": 1.0, "flag": 1.0}
+        "step": 3.0, "loss": 1.0}
     result = {"metrics": {"test_score": 50.0, "train_loss": 0.5, "best_validation_score": 60.0}, "steps": 7,
               "stopped_early": False, "history": [{}], "wall_time_s": 2.0, "trainable_parameters": 64}
     assert final_metrics(result) == {"test/score": 50.0, "perf/wall_time_s": 2.0}
