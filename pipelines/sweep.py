@@ -153,8 +153,9 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
         print(f"MLflow experiment {sweep.experiment_name()}, its runs: {runs_url(ui, experiment_id)}")
         if sweep_run_id is not None:
             own_run = sweep_run_url(ui, experiment_id, sweep_run_id)
-            print(f"  The trials' runs are nested under the sweep's run {sweep.name} (sweep): expand its row (+) to "
-                  f"list them. Its report.png puts the scores side by side: {own_run}")
+            print(f"  That table lists the trials' runs best validation score first (Sort: validation/best_score); "
+                  f"sorted by time they nest under the sweep's run {sweep.name} (sweep), whose report.png puts the "
+                  f"scores side by side: {own_run}")
     else:
         print(f"MLflow experiment: {sweep.experiment_name()}  ({ui})")
     for name in champions:

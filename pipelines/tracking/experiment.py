@@ -21,8 +21,12 @@ TRAINING_VIEW = "workflowType=machine_learning"
 """The query that makes MLflow 3's UI show an experiment and its runs as model training: without it the UI follows
 the browser's own choice (its sidebar switch, GenAI at first), and 3.17 reads no experiment tag for it (its
 ``mlflow.experimentKind`` tag is read only with workflow-based navigation off, which 3.17 hard-codes on)."""
-RUNS_VIEW = f"runs?{TRAINING_VIEW}"
-"""MLflow 3's training-runs view of an experiment (the plain experiment link opens the GenAI traces page)."""
+SELECTION_SORT = "orderByKey=metrics.%60validation%2Fbest_score%60&orderByAsc=false"
+"""The runs table sorted by the selection metric, best first (the UI keeps its sort in these query keys; which
+columns it shows first is the browser's own choice, kept per browser, which no URL or tag sets)."""
+RUNS_VIEW = f"runs?{TRAINING_VIEW}&{SELECTION_SORT}"
+"""MLflow 3's training-runs view of an experiment (the plain experiment link opens the GenAI traces page), best
+validation first."""
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -75,7 +75,8 @@ def test_the_experiment_says_what_the_sweep_is(smoke_sweep: dict[str, Any]) -> N
     assert f"CaPT sweep **{SWEEP}**: 4 trial(s)" in description
     assert "config file: `pipelines/configs/smoke.yaml`" in description and "models: tiny-t5, minilm" in description
     assert tags["sweep"] == SWEEP and tags["models"] == "tiny-t5,minilm" and tags["trials"] == "4"
-    runs_page = f"/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning"
+    runs_page = (f"/#/experiments/{experiment['experiment_id']}/runs?workflowType=machine_learning"
+                 "&orderByKey=metrics.%60validation%2Fbest_score%60&orderByAsc=false")
     assert smoke_sweep["url"].endswith(runs_page)
 
 

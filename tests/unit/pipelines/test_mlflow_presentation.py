@@ -12,7 +12,8 @@ from pipelines.tracking.spool import RetryPolicy
 
 def test_the_printed_urls_open_the_training_runs_view() -> None:
     assert runs_url("http://127.0.0.1:5000/", "7") == (
-        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning")
+        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
+        "&orderByKey=metrics.%60validation%2Fbest_score%60&orderByAsc=false")
     assert run_url("http://127.0.0.1:5000/", "7", "ab12") == (
         "http://127.0.0.1:5000/#/experiments/7/runs/ab12?workflowType=machine_learning")
     assert sweep_run_url("http://127.0.0.1:5000", "7", "ab12") == (
