@@ -97,12 +97,15 @@ def _save_canonical(tensors: dict[str, torch.Tensor], path: str, header: dict[st
 
 
 def read_metadata(kind: ArtifactKind, directory: str | os.PathLike) -> dict[str, Any]:
-    """The artifact's JSON description, its keys and value types checked against `kind`."""
+    """The artifact's JSON description, its keys and value types checked against `kind`; a folder holding a symbolic
+    link is refused first (`capt.digest.link_problem`)."""
     folder = Path(directory)
     if not folder.is_dir():
         what = "does not exist" if not folder.exists() else "is a file, not a folder"
         raise kind.error(f"No {kind.name} artifact at {folder}: it {what}. Pass the folder that holds "
                          f"{kind.metadata_name} and {kind.weights_name}.")
+    if problem := digest.link_problem(folder, f"The {kind.name} artifact at {folder}"):
+        raise kind.integrity_error(problem)  # before any file is read through a link
     path = folder / kind.metadata_name
     if not path.is_file():
         raise kind.error(f"No {kind.name} artifact at {directory}: {path.name} is missing.")

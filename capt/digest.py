@@ -8,7 +8,9 @@ elsewhere (result.json, the MLflow run, the registered version), so one short st
 `verify` is called by every reader before it uses an artifact. A file whose bytes differ from the manifest, a
 listed file that is missing, an unlisted safetensors or JSON file (a reader could read it), a manifest that
 does not add up, or an artifact digest other than the one recorded elsewhere is refused with one paragraph
-naming the artifact, the file, the expected and the found digest. No option skips it. An artifact written
+naming the artifact, the file, the expected and the found digest. A symbolic link anywhere in the folder is refused
+by name before any file is read (`link_problem`): it would hand readers, and the upload to MLflow, the bytes of
+whatever it leads to, inside or outside the artifact. No option skips either check. An artifact written
 before manifests existed is loaded with a one-line warning that it cannot be verified, unless a digest was
 recorded for it elsewhere (then its missing manifest is itself a mismatch).
 """
@@ -34,10 +36,45 @@ ALGORITHM = "sha256"
 SEALED_SUFFIXES = (".safetensors", ".json")
 """The files of an artifact that readers read: every one of them is in the manifest."""
 _CHUNK = 1 << 20
+_SHOWN_TARGET_CHARS = 200
 _MAX_MANIFEST_BYTES = 1 << 20
 REFUSAL = ("It is not loaded: the files were changed after they were written (edited, re-saved, damaged or "
             "replaced), and no option loads an artifact whose digest does not match. Restore the original files, "
             "or train (and register) it again.")
+
+
+LINK_REFUSAL = ("An artifact holds plain files only: through a link, every reader and the upload to MLflow would take "
+                "the bytes of whatever file it leads to. Replace each link with a copy of the artifact's own file (its "
+                "SHA-256 is in the artifact's digest.json), or train it again.")
+
+
+def symbolic_links(directory: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """(path relative to `directory`, where it points) of every symbolic link below `directory`, links to folders
+    included; links are reported, never followed."""
+    found = []
+    for here, folders, files in os.walk(directory):
+        for name in sorted(folders + files):
+            path = os.path.join(here, name)
+            if os.path.islink(path):
+                found.append((os.path.relpath(path, directory), os.readlink(path)))
+    return sorted(found)
+
+
+def link_problem(directory: str | os.PathLike[str], label: str) -> str | None:
+    """Why `directory` is not an artifact of plain files (every symbolic link in it, by name and target), or None."""
+    links = symbolic_links(directory) if Path(directory).is_dir() else []
+    if not links:
+        return None
+    shown = "; ".join(f"{name} -> {_shown_target(target)}" for name, target in links)
+    what = "a symbolic link" if len(links) == 1 else f"{len(links)} symbolic links"
+    return f"{label} holds {what} where a file belongs: {shown}. " + LINK_REFUSAL
+
+
+def _shown_target(target: str) -> str:
+    """A link's target as a message shows it: quoted (control characters escaped) and cut to a readable length."""
+    if len(target) <= _SHOWN_TARGET_CHARS:
+        return repr(target)
+    return repr(target[:_SHOWN_TARGET_CHARS]) + f"... ({len(target)} characters)"
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -62,8 +99,13 @@ def sealed_files(directory: str | os.PathLike[str]) -> list[str]:
 
 
 def seal(directory: str | os.PathLike[str], names: Iterable[str] | None = None) -> str:
-    """Write `directory`'s manifest over `names` (default: `sealed_files`); returns the artifact digest."""
+    """Write `directory`'s manifest over `names` (default: `sealed_files`); returns the artifact digest.
+
+    Refuses (`ArtifactIntegrityError`) a folder holding a symbolic link: a manifest over a link's target would vouch
+    for bytes that live elsewhere."""
     folder = Path(directory)
+    if problem := link_problem(folder, f"The artifact at {folder}"):
+        raise ArtifactIntegrityError(problem)
     files = {name: file_sha256(folder / name) for name in sorted(names if names is not None else sealed_files(folder))}
     digest = artifact_digest(files)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "algorithm": ALGORITHM, "files": files,
@@ -82,10 +124,12 @@ def verify(directory: str | os.PathLike[str], label: str | None = None, expected
     artifact digest recorded elsewhere and `expected_files` its {file: SHA-256} table (to name the file that
     changed), `expected_from` says where they were recorded. Returns the verified artifact digest, or None for
     an artifact without a manifest and with nothing recorded (logged as unverifiable). Raises `error` (an
-    `ArtifactIntegrityError`) on any mismatch.
+    `ArtifactIntegrityError`) on any mismatch, and on any symbolic link in the folder (`link_problem`).
     """
     folder = Path(directory)
     label = label or f"The artifact at {folder}"
+    if problem := link_problem(folder, label):
+        raise error(problem)
     path = folder / MANIFEST_NAME
     if not path.is_file():
         if expected or expected_files:

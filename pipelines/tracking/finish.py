@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from pipelines.tracking.client import is_transient
+from capt.digest import link_problem
+from pipelines.tracking.client import TrackingError, is_transient
 from pipelines.tracking.pyfunc import register_capsule
 from pipelines.tracking.run_content import final_metrics, summary_tags
 
@@ -48,8 +49,14 @@ def log_dataset(client: MlflowClient, run_id: str, card: Mapping[str, Any] | Non
 
 
 def apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str | None:
-    """Everything a finished trial logs (module docstring); returns the new registry version, if any."""
+    """Everything a finished trial logs (module docstring); returns the new registry version, if any.
+
+    An artifact folder holding a symbolic link is refused before anything of the finish is logged (TrackingError:
+    the operation is dead-lettered with the link named), so a run never uploads, or registers, the bytes a link
+    leads to."""
     result, artifact_dir = op["result"], Path(op["artifact_dir"])
+    if problem := link_problem(artifact_dir, f"The artifact folder {artifact_dir} of run {run_id}"):
+        raise TrackingError(f"{problem} Nothing of the run's finish was logged.")
     tags = summary_tags(result, artifact_dir)
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     dataset = log_dataset(client, run_id, result.get("dataset"))

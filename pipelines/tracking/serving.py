@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import mlflow
+import requests
 import yaml
 from mlflow.exceptions import MlflowException, RestException
 
+from capt.errors import ArtifactIntegrityError
 from pipelines.provenance import verify_version
 from pipelines.tracking.client import TrackingError, mlflow_client
 
+OUTSIDE_STORE_TEXT = "resolved path is outside the artifact directory"
+"""MLflow's words (server and local store alike) for a file of the store that resolves outside it: a symbolic link."""
 
 @dataclass(frozen=True)
 class CapsuleVersion:
@@ -65,7 +71,7 @@ def registered_names(uri: str, prefix: str) -> list[str]:
 def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
     """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    target = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root))
+    target, source = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root)), ""
     try:  # the version's own location: a models:/ URI would be resolved against the default registry
         source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
         mlmodel = _download(uri, f"{source}/MLmodel", target)
@@ -76,13 +82,37 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
         capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
                                     for key in ("capsule", "result"))
         result = json.loads(result_path.read_text(encoding="utf-8"))
-    except MlflowException as err:
+    except (MlflowException, requests.HTTPError) as err:
         shutil.rmtree(target, ignore_errors=True)
-        raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {err.message}") from err
+        message = err.message if isinstance(err, MlflowException) else f"{err} {getattr(err.response, 'text', '')}"
+        if (link := _linked_file(message, source)) is not None:
+            raise ArtifactIntegrityError(_link_refusal(name, version, uri, link)) from err
+        raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}") from err
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return CapsuleVersion(name, version, capsule_dir, result, folder=target)
+
+
+def _linked_file(message: str, source: str) -> str | None:
+    """The file or folder (below the version's `source`) a download failure names when the store refused it as
+    leading outside itself; None for any other failure."""
+    if OUTSIDE_STORE_TEXT not in message:
+        return None
+    if named := re.search(r"##### File (.+?) #####", message):  # a file's download
+        return named.group(1)
+    if listed := re.search(r"[?&]path=([^&\s]+)", message):  # a folder's listing
+        path, root = unquote(listed.group(1)).rstrip("."), source.split(":", 1)[-1].strip("/")
+        return path.removeprefix(root).strip("/") or path
+    return "(a file MLflow did not name)"
+
+
+def _link_refusal(name: str, version: int, uri: str, link: str) -> str:
+    return (f"Version {version} of {name} is refused: its {link} in the artifact store of {uri} is a symbolic link "
+            "that leads outside the store (MLflow answers 400, \"Invalid path: resolved path is outside the "
+            "artifact directory\"; where it points is known only on the server). A registered version holds plain "
+            "files only. On the server, replace the link with the version's own file (its SHA-256 is in the "
+            "version's digest.json and result.json), or register the version again.")
 
 
 def _download(uri: str, artifact_uri: str, target: Path) -> Path:

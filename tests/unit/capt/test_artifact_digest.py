@@ -148,3 +148,23 @@ def test_a_tampered_adapter_is_refused_and_an_untouched_one_loads(tmp_path: Path
     save_file({k: t + 1 for k, t in load_file(weights).items()}, weights, metadata={"format": "capt-baseline-adapter"})
     _refused(AdapterIntegrityError, lambda f: load_adapter(base, f), tmp_path / "tampered", "adapter.safetensors",
              recorded, _sha(weights))
+
+
+@pytest.mark.parametrize("kind", ["same-bytes-elsewhere", "system-file", "dangling", "folder"])
+def test_a_symbolic_link_in_an_artifact_is_refused_by_name_and_target(tmp_path: Path, kind: str) -> None:
+    """Even a link to a copy with the very bytes the manifest records is refused: the folder is not plain files."""
+    model, folder = _capsule(tmp_path)
+    linked = folder / ("extra" if kind == "folder" else "capsule.json")
+    target = {"same-bytes-elsewhere": tmp_path / "copy.json", "system-file": Path("/etc/passwd"),
+              "dangling": tmp_path / "gone.json", "folder": tmp_path}[kind]
+    if kind == "same-bytes-elsewhere":
+        shutil.copyfile(linked, target)
+    if linked.exists():
+        linked.unlink()
+    linked.symlink_to(target)
+    for load in (digest.verify, lambda f: capt.load_capsule(model.detach(), f), digest.seal):
+        with pytest.raises(ArtifactIntegrityError) as raised:
+            load(folder)
+        message = str(raised.value)
+        assert f"{linked.name} -> {str(target)!r}" in message and "symbolic link" in message, message
+        assert str(folder) in message and "\n" not in message
