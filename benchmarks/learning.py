@@ -208,7 +208,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
     import pandas as pd
 
     from pipelines.config.load import validate_job_config
-    from pipelines.report import build_tables, markdown, plot
+    from pipelines.reporting.tables import build_tables, markdown, plot
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.train import run as train_run
 

@@ -1,1 +1,2 @@
-"""What `pipelines.report` draws on: the reference levels of a task (`levels`) and the bar chart (`plot`)."""
+"""The results report: its tables (`tables`), the reference levels of a task (`levels`) and the bar chart (`plot`);
+`python -m pipelines.report` is its command line."""

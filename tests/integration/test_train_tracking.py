@@ -18,6 +18,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines import report
+from pipelines.reporting.tables import KEPT_NOTE
 from pipelines.services import LocalMlflowServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -124,7 +125,7 @@ def test_jobs_differing_in_one_hyper_parameter_have_distinct_run_names_and_the_r
     *left_out, kept = sorted(validation, key=lambda name: (validation[name], name))  # the report's own order
     others = ", ".join(f"`{name}` ({validation[name]:.2f})" for name in left_out)
     tie = " (a tie: the name sorting last)" if validation[kept] == max(validation[n] for n in left_out) else ""
-    assert report.KEPT_NOTE in text, text
+    assert KEPT_NOTE in text, text
     assert (f"- cb / capt / seed 7: kept `{kept}` (best_validation_score {validation[kept]:.2f}) over {others}"
             f"{tie}") in text.splitlines(), text
 

@@ -14,7 +14,7 @@ import requests
 from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
-from pipelines.report import build_tables, format_cell, markdown, run_frame
+from pipelines.reporting.tables import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params

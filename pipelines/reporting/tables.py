@@ -1,0 +1,251 @@
+"""The paper's results table from MLflow runs: tasks as columns, methods as rows, mean ± std over seeds (what
+`python -m pipelines.report` and a sweep's own run show).
+
+One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
+tasks' means, headed e.g. "SuperGLUE avg (2 of 6 tasks)" when the table has fewer; CSQA has its own column after
+it), as
+Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
+the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
+it) come from the runs themselves (`pipelines.reporting.levels`); tasks on generated data are marked in the
+table, the title and the picture. Runs count when
+FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
+reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
+the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
+are tabulated; when several runs still share (model, task, method, seed), e.g. single jobs differing in lr or
+a Tune search, the one with the best validation score is kept, and a note under the table names it, the runs left
+out and their scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from capt.errors import CaptError
+from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
+from pipelines.reporting.levels import (
+    GENERATED_NOTE,
+    LEVEL_METRICS,
+    LEVELS_METRIC,
+    LEVELS_NOTE,
+    UNTRAINED,
+    column_label,
+    generated_tasks,
+    is_reference,
+    row_order,
+    with_reference_rows,
+)
+from pipelines.reporting.plot import plot
+from pipelines.sweeps.select import SELECT_TAG, chosen_labels
+from pipelines.training.folder_checks import folder_problem
+
+logger = logging.getLogger(__name__)
+
+AVERAGE = "SuperGLUE avg"
+"""Column of the paper's average over the six SuperGLUE tasks (CSQA is reported beside them, never in it)."""
+REPORT_MD, REPORT_PNG = "report.md", "report.png"
+SELECTION_METRIC = "best_validation_score"
+SELECTION_NOTE = (f"Selection on the validation split: each run's checkpoint and, with `select:`, the value with the "
+                  f"best mean `{SELECTION_METRIC}` over seeds (shown in brackets); test scores are those of the chosen "
+                  "value only.")
+_KEYS = ("model", "task", "method", "seed")
+METHOD_ORDER = ("full_finetune", "adapter", "lora", "prompt_tuning", "ptuning_v2", "xprompt", "residual_prompt",
+                "smop", "superpos_prompt", "vfpt", "dept", "ept", "capt")
+"""Row order of the CaPT paper's main table: full fine-tuning, the twelve baselines, CaPT last; other rows (labelled
+ablations) follow, sorted."""
+KEPT_NOTE = (f"Several runs share one cell's seed (e.g. jobs differing in lr, or a Tune search): each keeps the run "
+             f"with the best `{SELECTION_METRIC}` (validation, never test); the others are left out of the table:")
+
+
+class ReportError(CaptError, RuntimeError):
+    """No report can be built; the message says why."""
+
+
+def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None = None) -> pd.DataFrame:
+    """One row per (model, task, method, seed) with the metric value, from `experiment_runs` records.
+
+    Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
+    Columns `majority`, `chance` and `untrained` hold the run's reference levels when `metric` is the test score
+    (`pipelines.reporting.levels`), `data` its run tag ``data`` ("generated" or "real"), `kept` which run was kept
+    over which when several share the row's (model, task, method, seed) (`_kept_notes`; empty otherwise).
+    """
+    rows = []
+    for run in runs:
+        tags, metrics = run.get("tags", {}), run.get("metrics", {})
+        if run.get("status") != "FINISHED" or any(k not in tags for k in _KEYS) or metric not in metrics:
+            continue
+        if sweep is not None and tags.get("sweep") != sweep:
+            continue
+        levels = {column: float(metrics.get(name, math.nan)) if metric == LEVELS_METRIC else math.nan
+                  for column, name in LEVEL_METRICS.items()}
+        rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
+                     "run_name": run.get("run_name") or run.get("run_id") or "", "select": tags.get(SELECT_TAG, ""),
+                     "selection": float(metrics.get(SELECTION_METRIC, -math.inf)), "data": tags.get("data", ""),
+                     **levels})
+    frame = pd.DataFrame(rows, columns=[*_KEYS, "value", "run_id", "run_name", "select", "selection", "data",
+                                        *LEVEL_METRICS])
+    chosen = chosen_labels(frame.rename(columns={"selection": "validation"}).to_dict("records"))
+    keep = pd.Series([chosen.get((r.model, r.task, r.method), r.select) == r.select for r in frame.itertuples()],
+                     index=frame.index, dtype=bool)  # a group with no validation score at all chooses nothing
+    frame = frame[keep].sort_values(["selection", "run_name"], kind="stable")  # a tie keeps the name sorting last
+    frame = frame.assign(kept=_kept_notes(frame)).drop_duplicates(list(_KEYS), keep="last")
+    return frame.reset_index(drop=True)
+
+
+def _kept_notes(frame: pd.DataFrame) -> pd.Series:
+    """On the run kept (the last of its (model, task, method, seed) in `frame`, sorted by validation score) where
+    others share its cell and seed: which run it is and which it was kept over, with their validation scores."""
+    notes = pd.Series("", index=frame.index, dtype=object)
+    for (_, task, method, seed), group in frame.groupby(list(_KEYS), sort=True):
+        if len(group) > 1:
+            kept, others = group.iloc[-1], group.iloc[:-1]
+            left_out = ", ".join(f"`{r.run_name}` ({r.selection:.2f})" for r in others.itertuples())
+            tie = " (a tie: the name sorting last)" if kept.selection == others["selection"].max() else ""
+            notes[group.index[-1]] = (f"{task} / {method} / seed {seed}: kept `{kept.run_name}` ({SELECTION_METRIC} "
+                                      f"{kept.selection:.2f}) over {left_out}{tie}")
+    return notes
+
+
+def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
+    values, preferred = set(values), list(preferred)
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
+    select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it. Reference
+    rows (majority class, chance, untrained) come with the methods (`pipelines.reporting.levels`); the frame's
+    ``attrs["generated"]`` lists its tasks on generated data, ``attrs["kept"]`` which run each cell and seed kept when
+    several shared them."""
+    tables = {}
+    for model, part in frame.groupby("model", sort=True):
+        kept = sorted(note for note in part.get("kept", pd.Series(dtype=object)) if isinstance(note, str) and note)
+        part = with_reference_rows(part if "select" in part else part.assign(select=""))
+        stats = part.groupby(["method", "task"])["value"].agg(["mean", "std", "count"]).rename(columns={"count": "n"})
+        table = stats.unstack("task").swaplevel(axis=1)
+        tasks = _ordered(part["task"], TASK_NAMES)
+        methods = row_order(part["method"], METHOD_ORDER)
+        table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([tasks, ["mean", "std", "n"]]))
+        chosen = part.groupby(["method", "task"])["select"].first()
+        for task in tasks:
+            table[(task, "select")] = [chosen.get((method, task), "") for method in methods]
+        means = table.xs("mean", axis=1, level=1)[[t for t in tasks if t in SUPERGLUE_TASKS]]
+        table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
+        table[(AVERAGE, "std")] = float("nan")
+        table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # SuperGLUE tasks covered
+        table[(AVERAGE, "select")] = ""
+        order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
+                 *(t for t in tasks if t not in SUPERGLUE_TASKS)]
+        tables[str(model)] = table[order]
+        tables[str(model)].attrs.update(generated=generated_tasks(part), labels=_average_label(tasks), kept=kept)
+    return tables
+
+
+def _average_label(tasks: Iterable[str]) -> dict[str, str]:
+    """The average's header when the table lacks some SuperGLUE tasks: how many of the six it averages."""
+    covered = sum(t in SUPERGLUE_TASKS for t in tasks)
+    if covered == len(SUPERGLUE_TASKS):
+        return {}
+    return {AVERAGE: f"{AVERAGE} ({covered} of {len(SUPERGLUE_TASKS)} tasks)"}
+
+
+def format_cell(mean: float, std: float) -> str:
+    """`mean ± std` with two decimals; the mean alone for one seed; `-` when missing."""
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str:
+    """The Markdown report: one table per base model."""
+    lines = [f"# {title}", "", f"`{metric}`: mean ± std over seeds (sample std; one seed: the value alone). "
+             f"{AVERAGE}: the mean of a method's SuperGLUE task means ({', '.join(SUPERGLUE_TASKS)}; the header says "
+             "how many when the table has fewer, * marks a method missing one of the table's); not comparable with "
+             "the paper's six-task average unless all six are there. CSQA is not a SuperGLUE task and has its own "
+             "column.", "", SELECTION_NOTE, ""]
+    if any(is_reference(m) or m.endswith(UNTRAINED) for table in tables.values() for m in table.index):
+        lines += [LEVELS_NOTE, ""]
+    if any(table.attrs.get("generated") for table in tables.values()):
+        lines += [GENERATED_NOTE, ""]
+    for model, table in tables.items():
+        columns = list(table.columns.get_level_values(0).unique())
+        superglue = sum(c in SUPERGLUE_TASKS for c in columns)
+        shown = [column_label(c, table) for c in columns]
+        lines += [f"## {model}", "", "| method | " + " | ".join(shown) + " |", "|---|" + "---:|" * len(columns)]
+        for method, row in table.iterrows():
+            lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
+        seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
+        lines += ["", f"Seeds per cell: {_span(int(seeds.min()), int(seeds.max()))}.", ""]
+        if table.attrs.get("kept"):
+            lines += [KEPT_NOTE, "", *(f"- {note}" for note in table.attrs["kept"]), ""]
+    return "\n".join(lines)
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _cell(row: pd.Series, column: str, superglue_tasks: int) -> str:
+    if column == AVERAGE:
+        average = format_cell(row[(AVERAGE, "mean")], float("nan"))
+        return average + ("*" if average != "-" and row[(AVERAGE, "n")] < superglue_tasks else "")
+    chosen = row[(column, "select")]
+    return format_cell(row[(column, "mean")], row[(column, "std")]) + (f" [{chosen}]" if chosen else "")
+
+
+def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.PathLike[str],
+                 metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
+    """Fetch the runs, write report.md and report.png to `out_dir`; returns (markdown, md path, png path)."""
+    from pipelines.services import ServiceError
+    from pipelines.services.mlflow_probe import check_mlflow_server
+    from pipelines.tracking import TrackingError, experiment_runs
+
+    out = Path(out_dir)
+    check_writable_folder(out)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:  # MLflow's own default would read (and create) a database in the working directory
+        raise ReportError("No tracking server: pass --tracking-uri or set MLFLOW_TRACKING_URI.")
+    try:
+        check_mlflow_server(uri, "MLflow tracking server (--tracking-uri or MLFLOW_TRACKING_URI)")
+        runs = experiment_runs(experiment, uri)
+    except (ServiceError, TrackingError) as err:
+        raise ReportError(str(err)) from err
+    return write_report(runs, experiment, out, metric, sweep)
+
+
+def write_report(runs: list[Mapping[str, Any]], experiment: str, out_dir: str | os.PathLike[str],
+                 metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
+    """report.md and report.png of `runs` (`experiment_runs` records) in `out_dir`; (markdown, md path, png path)."""
+    out = Path(out_dir)
+    frame = run_frame(runs, metric, sweep)
+    if frame.empty:
+        raise ReportError(f"Experiment {experiment!r} has {len(runs)} run(s) but none FINISHED with tags "
+                          f"{', '.join(_KEYS)} and metric {metric!r}" + (f" in sweep {sweep!r}" if sweep else "") + ".")
+    tables = build_tables(frame)
+    generated = any(table.attrs.get("generated") for table in tables.values())
+    title = f"{experiment}: {metric}" + (" (generated data, not benchmark results)" if generated else "")
+    text = markdown(tables, metric, title)
+    md_path = out / REPORT_MD
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(text + "\n", encoding="utf-8")
+        return text, md_path, plot(tables, metric, out / REPORT_PNG, title)
+    except OSError as err:  # checked writable before, but a disk can fill or a folder change meanwhile
+        raise ReportError(f"--out {out}: cannot write the report ({err.strerror or err}: {err.filename or out}); "
+                          "pass another folder or free space.") from err
+
+
+def check_writable_folder(out: Path) -> None:
+    """Refuse, before any work, an output folder that is a file, sits under a file, lies on a kernel file system
+    (/proc, /sys) or cannot be written, or that holds a folder where a report file goes."""
+    if problem := folder_problem("--out", out):
+        raise ReportError(f"{problem}; pass a folder you can write to (it is created when missing).")
+    if folders := [name for name in (REPORT_MD, REPORT_PNG) if (out / name).is_dir()]:
+        raise ReportError(f"--out {out} holds a folder named {folders[0]}, where the report file goes; remove it "
+                          "or pass another folder.")
