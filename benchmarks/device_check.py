@@ -80,8 +80,7 @@ T5_LABEL = "t5-base-shape"
 """How tables name the random-weight T5 checkpoint the jobs load by its temporary path."""
 SWEEP_CONFIG = "pipelines/configs/bench/overhead.yaml"
 """The sweep whose 4 CB trials (seeds 0-3) the check runs, on the T5 checkpoint."""
-SWEEP_TRIALS = 4
-"""Trials the sweep config holds (seeds 0-3)."""
+SWEEP_TRIALS = 4  # the trials SWEEP_CONFIG holds
 STEP_COLUMNS = ["method", "trainable", "model_tokens", "median_step_s", "ratio_to_floor", "ratio_range", "gflops",
                 "flop_ratio_to_floor", "peak_step_mb", "persistent_mb"]
 SWEEP_COLUMNS = ["trial", "model", "seed", "steps", "wall_time_s", "tokens_per_second", "peak_memory_mb", "dtype",
@@ -188,8 +187,8 @@ def synced(step: Callable[[], None], device: torch.device, dtype: torch.dtype) -
 
 
 def peak_step_bytes(step: Callable[[], None], device: torch.device) -> float:
-    """Peak CUDA memory of one step above the level at its start (NaN elsewhere: `step_cost` measures the CPU's
-    from the profiler's allocation events)."""
+    """Peak CUDA memory of one step above the level at its start (`torch.cuda.max_memory_allocated`; NaN elsewhere:
+    `step_cost` measures the CPU's from the profiler's allocation events)."""
     import torch
 
     if device.type != "cuda":
@@ -236,8 +235,7 @@ def measure_arch(spec: dict[str, Any], device: torch.device, dtype: torch.dtype,
 
 def step_cost_part(mode: Mode, tmp: Path, out: Path) -> BenchResult:
     """(a) The step-cost table at the mode's shapes, on its device in its dtype: one table per architecture, and
-    CaPT's step against the floor. Peak step memory on CUDA is `torch.cuda.max_memory_allocated` above the level at
-    the step's start."""
+    CaPT's step against the floor (peak step memory: `peak_step_bytes`)."""
     import torch
 
     from benchmarks import models
@@ -347,10 +345,10 @@ def trial_row(result: dict[str, Any]) -> dict[str, Any]:
             "test_score": result["metrics"].get("test_score")}
 
 
-def sweep_overrides(mode: Mode, tmp: Path) -> list[str]:
+def sweep_overrides(mode: Mode, folder: Path) -> list[str]:
     """The sweep config's overrides that size it: the checkpoint, the mode's dtype, steps, shares, registration."""
     register = str(mode.sweep_register).lower()
-    return [f"models=[{t5_checkpoint(mode, tmp)}]", f"job.model.dtype={mode.dtype}", "job.train.precision=bf16",
+    return [f"models=[{folder}]", f"job.model.dtype={mode.dtype}", "job.train.precision=bf16",
             f"job.train.max_steps={mode.sweep_steps}", f"job.train.eval_every_steps={mode.sweep_steps}",
             f"resources.cpus_per_worker={mode.sweep_cpus}", f"resources.gpus_per_worker={mode.sweep_gpus}",
             "resources.max_concurrent_trials=4", f"tracking.register={register}", f"tracking.promote={register}"]
@@ -361,7 +359,8 @@ def sweep_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None, tracki
     against the trials' own."""
     from pipelines.sweeps.config import load_sweep_config
 
-    sizes = sweep_overrides(mode, tmp)
+    folder = t5_checkpoint(mode, tmp)
+    sizes = sweep_overrides(mode, folder)
     overrides = [*sizes, "name=device-check", f"storage_path={tmp / 'sweeps'}", f"tracking.local_dir={tmp / 'mlflow'}",
                  *([f"tracking.uri={tracking_uri}"] if tracking_uri else [])]
     sweep = load_sweep_config(REPO / SWEEP_CONFIG, overrides)
@@ -386,7 +385,7 @@ def sweep_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None, tracki
     result.targets.append(at_least("sweep trials finished", len(rows), SWEEP_TRIALS))
     result.notes.append("sweep_wall_s: the whole `pipelines/sweep.py` process (services' start-up and shutdown "
                         "included when it starts its own); fit_over_wall above 1 means trials overlapped.")
-    return relabel(result, t5_checkpoint(mode, tmp))
+    return relabel(result, folder)
 
 
 # --- The parts, and what each imports ---------------------------------------------------------------------------
