@@ -25,21 +25,35 @@ JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=32", 
        "train.eval_mode=rank", "model.max_length=96", "method.options.init=normal"]
 
 
-def _launch(processes: int, output_dir: Path, late_rank: int | None = None) -> None:
-    """torchrun the job; ``late_rank`` reaches every checkpoint save late (the others must wait for it)."""
+def _launch(processes: int, output_dir: Path, late_rank: int | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start torchrun on the job, its output to ``<output_dir>.log``; ``late_rank`` reaches every checkpoint save
+    late (the others must wait for it)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     if late_rank is not None:
         env["DDP_JOB_LATE_CHECKPOINT_RANK"] = str(late_rank)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                str(SCRIPT), str(output_dir), *JOB]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = output_dir.with_suffix(".log")
+    with log.open("w") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log
+
+
+def _finish(*launches: tuple[subprocess.Popen, Path]) -> None:
+    """Wait for every launch, then check each exited 0."""
+    for proc, _ in launches:
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for proc, log in launches:
+        assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
-    _launch(1, tmp_path / "one")
-    _launch(2, tmp_path / "two", late_rank=1)
+    # side by side: the one-process job uses the CPU the two ranks leave while one waits for the other's checkpoint
+    _finish(_launch(1, tmp_path / "one"), _launch(2, tmp_path / "two", late_rank=1))
     single = load_file(str(tmp_path / "one" / "rank0.safetensors"))
     rank0 = load_file(str(tmp_path / "two" / "rank0.safetensors"))
     rank1 = load_file(str(tmp_path / "two" / "rank1.safetensors"))
