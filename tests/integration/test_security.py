@@ -202,14 +202,17 @@ def _group_of(pid: int) -> int | None:
 
 def test_a_sweep_on_a_ray_head_takes_credentials_from_the_nodes_not_from_job_metadata(tmp_path, monkeypatch):
     canary = _canary()  # the MLflow admin's real password: the trial logs only if its worker has it
-    server = LocalMlflowServer(tmp_path / "mlflow", basic_auth=("capt-admin", canary)).start()
+    # The server and the head boot side by side (the server launched first: its environment has no credentials).
+    server = LocalMlflowServer(tmp_path / "mlflow", basic_auth=("capt-admin", canary)).start(wait=False)
     head = None
     try:
-        assert _get(f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1", None)[0] == 401
         # The head's environment holds the credentials, as a node's does from a mounted secret.
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "capt-admin")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", canary)
-        head = LocalRayHead(num_cpus=2, auth_mode="token").start()
+        head = LocalRayHead(num_cpus=2, auth_mode="token").start(wait=False)
+        server.wait_ready()
+        assert _get(f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1", None)[0] == 401
+        head.wait_ready()
         client_env = {k: v for k, v in os.environ.items() if k not in (*CREDENTIALS, "RAY_ADDRESS")}
         client_env |= head.client_env() | {"OMP_NUM_THREADS": "1"}
         ray_cli = str(Path(sys.executable).with_name("ray"))
