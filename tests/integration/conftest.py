@@ -7,9 +7,9 @@ All of them stop at the end of the session, also when tests fail. A test that st
 simulate an outage) must start it again before it returns, in a ``finally``.
 
 Fixtures: ``mlflow_server`` (``LocalMlflowServer`` on a temporary SQLite store), ``ray_head``
-(``LocalRayHead``, 2 CPUs, no auth) and ``ray_head_token`` (1 CPU, token auth, per module, outside the pool; give
-clients ``ray_head_token.client_env()``), and ``smoke_sweep`` (the demo's sweep, run once on them for the MLflow UI
-tests and the README's demo table).
+(``LocalRayHead``, 2 CPUs, no auth) and ``smoke_sweep`` (the demo's sweep, run once on them for the MLflow UI
+tests and the README's demo table). A token-auth head is started by the one test that needs it
+(tests/integration/test_security.py, which also checks what `LocalRayHead(auth_mode="token")` gives its clients).
 """
 
 from __future__ import annotations
@@ -146,19 +146,6 @@ def ray_head(_service_pool: _ServicePool) -> LocalRayHead:
     head = _ready(_service_pool, "ray_head")
     assert isinstance(head, LocalRayHead)
     return head
-
-
-@pytest.fixture(scope="module")
-def ray_head_token() -> Iterator[LocalRayHead]:
-    """A second local Ray head, 1 CPU, token auth: clients need ``.client_env()``. It lives only while the module
-    that uses it runs (one test does): an idle Ray head costs about a tenth of a CPU for the rest of the session."""
-    head = LocalRayHead(num_cpus=1, auth_mode="token").start()
-    try:
-        yield head
-    finally:
-        head.stop()
-        pids = ray_cluster_stragglers(head.port)
-        assert not pids and not head.running, f"token-auth Ray head not fully stopped: {head.running}, {pids}"
 
 
 SMOKE_SWEEP_ARGS = ["--config", "pipelines/configs/smoke.yaml", "name=it-ui"]

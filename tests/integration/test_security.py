@@ -1,6 +1,7 @@
 """No secret in Ray's metadata or files, nothing open to the network: real sweeps run with a canary password
 in the environment; every Ray API response and every file Ray and Tune write is searched for it; the local
-Ray and MLflow listen on 127.0.0.1 only; the job API refuses requests without the token."""
+Ray and MLflow listen on 127.0.0.1 only; the job API refuses requests without the token (401) and with a wrong one,
+and answers the token `LocalRayHead.client_env()` names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.mlflow_runs import trial_runs
-from helpers.ray_head import LocalRayHead
+from helpers.ray_head import LocalRayHead, ray_cluster_stragglers
 
 from pipelines.services import LocalMlflowServer
 from pipelines.services.private import is_loopback, listening_sockets, open_to_the_network
@@ -223,7 +224,9 @@ def test_a_sweep_on_a_ray_head_takes_credentials_from_the_nodes_not_from_job_met
             cwd=ROOT, env=client_env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+        assert head.token_path is not None and head.client_env()["RAY_AUTH_TOKEN_PATH"] == str(head.token_path)
         token = head.token_path.read_text().strip()
+        assert _get(head.dashboard_url + "/api/version", None)[0] == 401, "a client without the token: 401"
         _assert_the_job_api_wants_the_token(head.dashboard_url, token)
         answers = _ray_api_answers(head.dashboard_url, token)
         sockets = _head_sockets(head)
@@ -248,3 +251,5 @@ def test_a_sweep_on_a_ray_head_takes_credentials_from_the_nodes_not_from_job_met
         if head is not None:
             head.stop()
         server.stop()
+    pids = ray_cluster_stragglers(head.port)
+    assert not pids and not head.running, f"token-auth Ray head not fully stopped: {head.running}, {pids}"
