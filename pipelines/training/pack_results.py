@@ -1,6 +1,7 @@
-"""A pack member's result.json, written in its own folder as a single job writes its own (`pipelines.train._finish`):
-the same fields, sealed with the artifact's digests (`pipelines.training.cached.seal_result`), so a sweep, `promote`,
-`report` and a later run that reuses it (`pipelines.training.outputs.finished_result`) read it like any job's.
+"""A pack member's result.json, written in its own folder as a single job writes its own
+(`pipelines.training.loop._finish`): the same fields, sealed with the artifact's digests
+(`pipelines.training.cached.seal_result`), so a sweep, `promote`, `report` and a later run that reuses it
+(`pipelines.training.outputs.finished_result`) read it like any job's.
 
 What is the pack's rather than the member's: ``wall_time_s`` and ``peak_memory_mb`` are the whole pack's (one loop,
 one process); ``tokens_per_second`` is left out (not measured per member); ``pack`` names the pack and its members.

@@ -201,7 +201,7 @@ def test_the_console_line_of_an_ended_pack_trial_counts_its_members():
 @pytest.mark.slow
 def test_a_members_untrained_score_is_the_one_its_single_job_measures(tmp_path):
     from pipelines.config.load import validate_job_config
-    from pipelines.train import run
+    from pipelines.training.loop import run
     from pipelines.training.pack_results import train_members
 
     sweep = packed(tmp_path, "pack.max_members=2", "tasks=[cb]", "seeds=[0]", "job.train.score_untrained=true",
