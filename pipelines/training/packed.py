@@ -19,30 +19,42 @@ the job's. In a pack of K, with dropout off, each member's losses, validations a
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
 What differs from a single job (`pipelines.training.loop.run`): one process only; no loss-curve callbacks; checkpoints
-only with `PackOptions.checkpoints` (`pipelines.training.pack_checkpoint`: each member's state at its last validation,
+only with `PackOptions.checkpoints` (`pipelines.training.pack_outputs`: each member's state at its last validation,
 continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact in
 its output_dir (`pipelines.training.pack_outputs`; `pipelines.tracking.packs` adds result.json and MLflow runs); dropout
 masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it draws
 alone (a pack of one draws the single job's).
+
+`train_members` also writes each member's result.json in its folder as a single job writes its own
+(`pipelines.training.loop._finish`): the same fields, sealed with the artifact's digests, so a sweep, `promote`,
+`report` and a later run that reuses it read it like any job's. What is the pack's rather than the member's:
+``wall_time_s`` and ``peak_memory_mb`` are the whole pack's (one loop, one process); ``tokens_per_second`` is left out
+(not measured per member); ``pack`` names the pack and its members.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
+import time
 from collections.abc import Iterator, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from capt.atomic import write_atomically
 from pipelines.config.load import require_resolved
+from pipelines.training.cached import seal_result
 from pipelines.training.loop import Report, drive, schedule, training_loss
-from pipelines.training.pack_checkpoint import restore_member, save_member
+from pipelines.training.outputs import RESULT_FILE
 from pipelines.training.pack_eval import evaluate_members
-from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
+from pipelines.training.pack_outputs import claimed_member_folders, restore_member, save_member, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
+from pipelines.training.result import result_record
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +74,34 @@ def train_pack(configs: list, options: PackOptions | None = None,
     configs = [require_resolved(config, "train_pack") for config in configs]
     with claimed_member_folders(configs if options.write_artifacts else [], keep_checkpoints=options.checkpoints):
         return fit_pack(build_pack(configs, options), reports)
+
+
+def train_members(configs: list, reports: Mapping[int, Report] | None = None,
+                  pack_info: Mapping[str, Any] | None = None,
+                  options: PackOptions | None = None) -> list[dict[str, Any]]:
+    """Train `configs` (resolved, `train.resume` off) as one pack and write each member's artifact and result.json in
+    its output_dir; returns the results (result.json's content), in order. `pack_info` goes into each result as
+    ``pack`` (e.g. the sweep's pack name and members)."""
+    options = options or PackOptions()
+    with claimed_member_folders(configs, keep_checkpoints=options.checkpoints):
+        pack = build_pack(configs, options)
+        started = time.perf_counter()
+        packed = fit_pack(pack, reports)
+        wall = time.perf_counter() - started
+        return [write_member_result(pack, member, out, wall, pack_info)
+                for member, out in zip(pack.members, packed, strict=True)]
+
+
+def write_member_result(pack: Pack, member: Member, packed: Mapping[str, Any], wall_s: float,
+                        pack_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Member's result in a single job's format (`packed` is `fit_pack`'s result for it), sealed and written."""
+    result = result_record(member, pack.spec.family, member.loop, packed["metrics"], member.best,
+                           member.stopped_early, wall_s, None, pack.accelerator.device, 1, True,
+                           packed["artifact_dir"])
+    result["pack"] = {"members": len(pack.members), "index": member.index, **(pack_info or {})}
+    seal_result(result, packed["artifact_dir"])
+    write_atomically(Path(member.config.resolved_output_dir()) / RESULT_FILE, json.dumps(result, indent=2, default=str))
+    return result
 
 
 def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
