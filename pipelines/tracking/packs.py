@@ -54,8 +54,8 @@ def tracked_pack(configs: list, plans: list[RunPlan], claim_wait_s: float = 0.0,
 
 def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each member's result: the finished one in its folder (verified), else trained now with the other such."""
-    from pipelines.training.packed import train_members
     from pipelines.training.pack_setup import PackOptions
+    from pipelines.training.packed import train_members
 
     results = [finished_result(config) for config in configs]
     for config, tracker, result in zip(configs, trackers, results, strict=True):

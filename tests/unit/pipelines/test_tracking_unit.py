@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import requests
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
@@ -68,8 +69,13 @@ def test_retry_backs_off_then_succeeds_and_gives_up_after_the_budget() -> None:
         call_with_retry(lambda: int("x"), is_transient, policy, "x", clock.sleep, lambda: clock.now)
 
 
-def test_transient_errors_are_connection_problems_and_5xx_only() -> None:
-    assert is_transient(MlflowException("API request to http://h/api failed with exception refused"))
+def test_transient_errors_are_connection_problems_and_5xx_only(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(MlflowException) as refused:  # a real client against a closed port, as MLflow raises it
+        MlflowClient(f"http://127.0.0.1:{free_port()}").get_experiment("0")
+    assert is_transient(refused.value)
+    assert not is_transient(MlflowException("API request to http://h/api failed with exception refused")), \
+        "the message alone decides nothing"
     assert is_transient(RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "busy"}))
     assert is_transient(requests.ConnectionError("refused"))
     assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad"}))
