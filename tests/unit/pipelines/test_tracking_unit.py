@@ -14,10 +14,10 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.reporting.tables import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
+from pipelines.tracking.promotion import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
 from pipelines.tracking.scope import state_dirs
 from pipelines.tracking.spool import (
