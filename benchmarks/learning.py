@@ -3,7 +3,7 @@
 The grid is the sweep config `pipelines/configs/bench/learning.yaml` (equal step budgets for every
 method). Full mode runs it through `pipelines/sweep.py` (local Ray + local MLflow) and tabulates the
 MLflow runs with `python -m pipelines.report`. Quick mode (one task, one seed, a few steps) runs the same
-trial jobs (`pipelines.sweeps.config.trials`) back to back with `pipelines.train.run` and tabulates them with
+trial jobs (`pipelines.sweeps.config.trials`) back to back with `pipelines.training.loop.run` and tabulates them with
 `pipelines.report`'s own table and plot functions: a sweep pays about 40-50 s of Ray Train worker start-up
 per trial on 2 CPUs (see pipeline_overhead), more than the whole quick budget for six methods.
 
@@ -210,7 +210,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
     from pipelines.config.load import validate_job_config
     from pipelines.reporting.tables import build_tables, markdown, plot
     from pipelines.sweeps.config import load_sweep_config, trials
-    from pipelines.train import run as train_run
+    from pipelines.training.loop import run as train_run
 
     with data_dir_env(data):
         sweep = load_sweep_config(REPO / config["config"], overrides)

@@ -182,7 +182,7 @@ def _set_threads(threads: int) -> None:
 def _train(job: dict[str, Any]) -> tuple[dict[str, Any], float]:
     from pipelines.config.load import validate_job_config
     from pipelines.models.cache import BASE_MODELS
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     started = time.perf_counter()
     result = run(validate_job_config(job), base_models=BASE_MODELS, progress_every_s=30.0)

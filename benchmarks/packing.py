@@ -1,13 +1,13 @@
 """Benchmark: packed training (#34), capsules per hour with K members in one loop against the same members one
 after another.
 
-For each model and K, the same K CaPT jobs (tasks RTE and CB alternating, seeds 0..K-1, three learning rates in
-turn) are trained (a) as one pack (`pipelines.training.packed.train_pack`: one base model load, one forward and
-backward per step over every member's rows) and (b) one after another in this process, two ways: the single-job
-path a sweep trial runs (`pipelines.train.run`, with a shared `BaseModelCache` so the base model is loaded once, as
-in a reused trial process), and packs of one (the same code as (a), a base model load per member). Each member
-trains the same steps, then validates and tests once. Capsules per hour = K / wall time; the ratio is against the
-faster of the two sequential routes.
+For each model and K, the same K CaPT jobs (tasks RTE and CB alternating, seeds 0..K-1, three learning rates in turn)
+are trained (a) as one pack (`pipelines.training.packed.train_pack`: one base model load, one forward and backward per
+step over every member's rows) and (b) one after another in this process, two ways: the single-job path a sweep trial
+runs (`pipelines.training.loop.run`, with a shared `BaseModelCache` so the base model is loaded once, as in a reused
+trial process), and packs of one (the same code as (a), a base model load per member). Each member trains the same
+steps, then validates and tests once. Capsules per hour = K / wall time; the ratio is against the faster of the two
+sequential routes.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def timed(fn) -> tuple[float, float]:
 
 def sequential_times(config: dict[str, Any], model: str, indices: range, folder: Path, cache,
                      tasks: tuple[str, ...] = TASKS) -> dict[str, list[float]]:
-    """Members `indices` each alone: wall time through `pipelines.train.run` (the shared base-model cache `cache`)
-    and as a pack of one, each route writing to folders of its own."""
-    from pipelines.train import run
+    """Members `indices` each alone: wall time through `pipelines.training.loop.run` (the shared base-model cache
+    `cache`) and as a pack of one, each route writing to folders of its own."""
+    from pipelines.training.loop import run
     from pipelines.training.packed import train_pack
 
     jobs = members(config, model, indices.stop, folder / "run", tasks)[indices.start:]
@@ -160,7 +160,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         f"{config['source']} data.",
         "Sequential times are each member's own wall time, measured once per member right after the pack that first "
         "holds it (so packed and sequential runs see the same machine load); the time for K members is the sum over "
-        "the first K. The ratio is against the faster sequential route. `pipelines.train.run` also writes "
+        "the first K. The ratio is against the faster sequential route. `pipelines.training.loop.run` also writes "
         "its checkpoint, artifact and result.json, which the pack does not yet do; packs of one load the base "
         "model once per member, which `run` with the shared cache does not.",
         "CPU seconds are this process's (all its threads): other processes on a shared machine change them far less "

@@ -2,7 +2,7 @@
 
 The sweep is `python pipelines/sweep.py --config pipelines/configs/bench/overhead.yaml` in a subprocess,
 which starts its own local Ray and local MLflow server, runs N trials (each a Ray Train worker group
-running `pipelines.train.run`, tracked and registered in MLflow), promotes, and stops both services.
+running `pipelines.training.loop.run`, tracked and registered in MLflow), promotes, and stops both services.
 The same N job configs (taken from the sweep config by `pipelines.sweeps.config.trials`) also run back to
 back in this process, which is already warm (one untimed job first). Repetitions alternate the order.
 Start-up costs are measured on their own: `import ray` + `ray.init` + `ray.shutdown` in a fresh process,
@@ -109,7 +109,7 @@ def mlflow_start_in_log(log: Path) -> float | None:
 
 def run_in_process(config: dict[str, Any], tmp: Path, index: int, limit: int | None = None,
                    trial_threads: bool = False) -> dict[str, Any]:
-    """The sweep's trial jobs, back to back through `pipelines.train.run`; total wall and fit times.
+    """The sweep's trial jobs, back to back through `pipelines.training.loop.run`; total wall and fit times.
 
     With `trial_threads`, torch uses the trial's `resources.cpus_per_worker` threads (as in the sweep).
     """
@@ -117,7 +117,7 @@ def run_in_process(config: dict[str, Any], tmp: Path, index: int, limit: int | N
 
     from pipelines.config.load import validate_job_config
     from pipelines.sweeps.config import load_sweep_config, trials
-    from pipelines.train import run as train_run
+    from pipelines.training.loop import run as train_run
 
     sweep = load_sweep_config(REPO / config["config"], [*config["overrides"], *_local_overrides(tmp, index)])
     walls, fits, threads = [], [], torch.get_num_threads()

@@ -26,7 +26,7 @@ def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int
     """One short real CaPT job of `model` per task (generated data); {task: its result dict}. With `dtype`
     "bfloat16" the frozen base is bf16 under bf16 autocast, and the engine serves it in bf16 (the job's dtype)."""
     from pipelines.config.load import load_job_config
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "auto")
     results = {}

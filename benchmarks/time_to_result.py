@@ -1,7 +1,7 @@
 """Benchmark 2: time to a result (the paper's Table 2): one CaPT run against a prompt-length grid search.
 
 Prompt tuning and P-Tuning v2 need their prompt length searched (1, 5, 10, 20, 50, 100); CaPT has
-nothing to search. Every run is one `pipelines.train.run` job (model build, training, validation, test,
+nothing to search. Every run is one `pipelines.training.loop.run` job (model build, training, validation, test,
 artifact) with the same task, steps, batch and evaluation. The CaPT run is repeated and its repetitions
 are spread through the grid (start, middle, end), so load drift affects both sides; its median is the
 denominator. Wall time of a run = building the job + `fit` (train, validate, test, save).
@@ -75,9 +75,9 @@ def schedule(lengths: list[int], capt_runs: int) -> list[tuple[str, dict[str, An
 
 
 def run_one(config: dict[str, Any], method: str, options: dict[str, Any], output_dir: Path) -> dict[str, Any]:
-    """One `pipelines.train.run` job; its wall time (build + fit) and what it reports."""
+    """One `pipelines.training.loop.run` job; its wall time (build + fit) and what it reports."""
     from pipelines.config.load import load_job_config
-    from pipelines.train import run as train_run
+    from pipelines.training.loop import run as train_run
 
     start = time.perf_counter()
     result = train_run(load_job_config(None, [], base=job_dict(config, method, options, output_dir)))

@@ -1,11 +1,10 @@
 """Frozen base models kept between the jobs of one process (a reused Tune trial process), checked after each job.
 
-Loading a base model is a fixed cost of every trial (seconds to minutes for real checkpoints); a sweep trains
-many jobs on the same few base models. `BaseModelCache.lease` hands a job the cached model when it has one and
-takes it back afterwards only if the model is exactly as loaded: the method detached (see `pipelines.train.run`),
-every parameter and buffer bit-identical to the load (a CRC-32 of every tensor's bytes, about 3 GB/s on one core,
-plus the module tree, names, shapes and dtypes). Otherwise the entry is dropped and the next job loads afresh.
-
+Loading a base model is a fixed cost of every trial (seconds to minutes for real checkpoints); a sweep trains many jobs
+on the same few base models. `BaseModelCache.lease` hands a job the cached model when it has one and takes it back
+afterwards only if the model is exactly as loaded: the method detached (see `pipelines.training.loop.run`), every
+parameter and buffer bit-identical to the load (a CRC-32 of every tensor's bytes, about 3 GB/s on one core, plus the
+module tree, names, shapes and dtypes). Otherwise the entry is dropped and the next job loads afresh.
 What may be cached and why:
 - capt, prompt_tuning, ptuning_v2, lora freeze the base model and attach to it (hooks, an attention route,
   PEFT layers injected into it); each wrapper's `detach()` removes all of it, which the check confirms.

@@ -1,9 +1,10 @@
-"""One writer per folder: an exclusive `flock` on a lock file that also says who holds it.
+"""The pipeline's locks between processes, all one `flock` idiom: the kernel releases a lock when its holder dies, so
+a killed holder never leaves anything locked.
 
-Used for a job's output folder, a sweep's storage folder and a local MLflow store (two servers migrating one
-SQLite file break it). The kernel releases the lock when the holding process dies, so a killed holder never
-leaves the folder locked; the holder's pid, host, start time and command line are written into the lock file so
-that a refusal can name them (the command says which of the user's commands it is: a sweep, a serve, a job).
+- `held_folder`: one writer per folder (a job's output folder, a sweep's storage folder, a local MLflow store: two
+  servers migrating one SQLite file break it). The holder's pid, host, start time and command line are written into
+  the lock file so that a refusal can name them (the command says which of the user's commands it is).
+- `exclusive`: a short critical section (a spool's append or rewrite, a folder's replay), waited for.
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ def held_folder(lock_file: Path, wait_s: float = 0.0,
                   "command": own_command()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Wait for and hold an exclusive lock on `path` for the block: a lock file (created with its folder), or a
+    folder itself (nothing is written into it)."""
+    if path.is_dir():
+        fd = os.open(path, os.O_RDONLY)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # releases the lock

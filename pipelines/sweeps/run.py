@@ -287,7 +287,7 @@ def champion_pairs(sweep: SweepConfig, rows: list[dict]) -> list[tuple[str, str]
 def promote_champions(sweep: SweepConfig, tracking_uri: str, rows: list[dict]) -> list[str]:
     """Promote the best capsule by validation score of every (model, task) this sweep registered; returns the
     model names."""
-    from pipelines.promote import SELECTION_METRIC, PromotionError, promote
+    from pipelines.tracking.promotion import SELECTION_METRIC, PromotionError, promote
 
     names = []
     for model, task in champion_pairs(sweep, rows):

@@ -146,7 +146,7 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
     finished (so the capsule is registered when Tune sees the trial end)."""
     from pipelines.tracking.jobs import RunPlan
     from pipelines.tracking.jobs import tracked_job as track
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     config = validate_job_config(loop_config["job"])
     done = track(config, RunPlan.from_dict(loop_config["tracking"]),

@@ -1,4 +1,4 @@
-"""MLflow client helpers: transient-error classification, HTTP retry settings, clients and locks."""
+"""MLflow client helpers: transient-error classification, HTTP retry settings, clients and the replay lock."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
+from pipelines.services.folder_lock import exclusive
+
 TRIAL_KEY_TAG = "capt.trial_key"
 _TRANSIENT_STATUS = (429, 500, 502, 503, 504)
+_TRANSIENT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError, ConnectionError,
+                     TimeoutError)
 
 
 class TrackingError(RuntimeError):
@@ -22,18 +26,21 @@ class TrackingError(RuntimeError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: no connection, timeouts, 429 and 5xx answers."""
+    """True for errors worth retrying: no connection, timeouts, 429 and 5xx answers. MLflow raises a failed
+    connection or a timeout as an `MlflowException` chained to the requests error, which decides."""
     if isinstance(exc, RestException):
         return exc.get_http_status_code() in _TRANSIENT_STATUS
-    if isinstance(exc, MlflowException):  # how MLflow wraps connection errors and timeouts
-        return str(exc.message).startswith("API request to") and " failed with " in str(exc.message)
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
         return exc.response.status_code in _TRANSIENT_STATUS
-    return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError)
+    if isinstance(exc, _TRANSIENT_ERRORS):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(exc, MlflowException) and cause is not None and is_transient(cause)
 
 
 def own_http_retries() -> None:
-    """Turn off MLflow's own HTTP retries (7 by default, minutes when the server is down): ours bound them."""
+    """Turn off MLflow's own HTTP retries (7 by default, minutes when the server is down): every operation has its
+    own time budget instead (`spool.call_with_retry` says why)."""
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
@@ -65,16 +72,7 @@ def fluent_uri(uri: str) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
-@contextlib.contextmanager
-def dir_lock(directory: Path) -> Iterator[None]:
-    """An exclusive advisory lock on a directory (a tracker and a `sync` never replay one spool at once)."""
-    import fcntl
-
+def dir_lock(directory: Path) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on a directory (a tracker and a `sync` never replay one spool at once); creates it."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    return exclusive(directory)

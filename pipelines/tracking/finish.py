@@ -28,8 +28,8 @@ _SOURCE_TYPES = {"generated": "code", "hub": "hugging_face", "local": "local"}
 
 
 def dataset_entity(card: Mapping[str, Any]) -> Dataset:
-    """The MLflow dataset of a result's ``dataset`` card (`pipelines.training.dataset_card`): schema from the sample
-    rows, profile with split sizes, label counts, generated or real, and the sample rows themselves."""
+    """The MLflow dataset of a result's ``dataset`` card (`pipelines.training.result.dataset_card`): schema from the
+    sample rows, profile with split sizes, label counts, generated or real, and the sample rows themselves."""
     sample = pd.DataFrame(card["sample_rows"])
     schema = mlflow.models.infer_signature(sample).inputs if not sample.empty else None
     profile = {key: card[key] for key in ("generated", "sizes", "label_counts", "sample_rows")}

@@ -74,7 +74,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
 
 
 def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> int:
-    """The job of the command line `args`, run by `run` (`pipelines.train.run`) and tracked by its plan."""
+    """The job of the command line `args`, run by `run` (`pipelines.training.loop.run`) and tracked by its plan."""
     config = load_job_config(args.config, args.overrides, more_checks=_output_folder_problems)
     plan = job_plan(args, config)  # a given server is checked before anything is written
     folder = config.resolved_output_dir()

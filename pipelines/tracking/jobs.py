@@ -2,7 +2,7 @@
 the result and capsule logged at the end. `python -m pipelines.train` and the sweep's trials both run jobs this way.
 
 `tracked_job` runs the job given as a function of its two callbacks (``train(report, log)``, e.g.
-`pipelines.train.run` bound to its config) and tracks it when `RunPlan.uri` is set; without a URI it only claims
+`pipelines.training.loop.run` bound to its config) and tracks it when `RunPlan.uri` is set; without a URI it only claims
 the folder and runs the job. The run's record lives in the job folder (`pipelines.tracking.spool`): a job whose run
 already finished there (its result reused, `pipelines.training.outputs.finished_result`) logs nothing again, and a
 result reused from an earlier attempt is believed only when its scores are those its run logged.
@@ -29,7 +29,7 @@ from pipelines.training.outputs import claim_job_folder, config_hash, hashed_con
 Report = Callable[[dict[str, Any]], None]
 Train = Callable[[Report, Report], dict[str, Any]]
 """The job itself: ``train(report, log)`` returns the result; `report` gets every validation, `log` every point
-of the training-loss curve (the arguments of `pipelines.train.run`)."""
+of the training-loss curve (the arguments of `pipelines.training.loop.run`)."""
 RUN_DESCRIPTION = "mlflow.note.content"
 """The run tag MLflow shows as the run's description."""
 JOB_EXPERIMENT = "capt-jobs"
@@ -93,8 +93,9 @@ def tracked_job(config: JobConfig, plan: RunPlan, train: Train, report_to: Repor
     """Run ``train(report, log)`` with the job folder claimed, tracked by the main process when `plan.uri` is set.
 
     Every validation goes to `report_to` (finite numbers only) and to MLflow, less its `train_loss`: MLflow's
-    ``train/loss`` is the loss curve's (`pipelines.training.loss_curve`), and two values at one step would draw a
-    zigzag. The run ends FAILED when the job raises, FINISHED with the result, the dataset and the capsule otherwise.
+    ``train/loss`` is the loss curve's (`pipelines.training.loop.curve_point_if_due`), and two values at one step would
+    draw a zigzag. The run ends FAILED when the job raises, FINISHED with the result, the dataset and the capsule
+    otherwise.
     `claim_wait_s`: how long to wait for a previous attempt of the same job to let go of its folder.
     """
     tracker = None

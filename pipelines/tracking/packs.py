@@ -4,8 +4,8 @@ asked), its result.json in its own folder.
 
 A member whose folder already holds the finished result of its exact config (`outputs.finished_result`, verified,
 and checked against its finished run's scores as `tracked_job` checks a reused result) is not trained again: the
-others train as a pack (`pipelines.training.pack_results.train_members`), each saving its state at every validation
-(`pipelines.training.pack_checkpoint`). An unfinished member, e.g. after a killed sweep, continues from its last
+others train as a pack (`pipelines.training.packed.train_members`), each saving its state at every validation
+(`pipelines.training.pack_outputs`). An unfinished member, e.g. after a killed sweep, continues from its last
 checkpoint (from scratch when it has none) in the pack run again; its run is the one it had (`TrialTracker` reopens
 it from the record in its folder). If the pack raises, every run not finished ends FAILED.
 
@@ -54,8 +54,8 @@ def tracked_pack(configs: list, plans: list[RunPlan], claim_wait_s: float = 0.0,
 
 def _results(configs: list, trackers: list, pack_info: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each member's result: the finished one in its folder (verified), else trained now with the other such."""
-    from pipelines.training.pack_results import train_members
     from pipelines.training.pack_setup import PackOptions
+    from pipelines.training.packed import train_members
 
     results = [finished_result(config) for config in configs]
     for config, tracker, result in zip(configs, trackers, results, strict=True):

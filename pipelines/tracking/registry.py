@@ -1,4 +1,4 @@
-"""Model Registry and run queries for `pipelines.promote` and `pipelines.report`."""
+"""Model Registry and run queries for promotion (`pipelines.tracking.promotion`) and `pipelines.report`."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class VersionInfo:
 
 
 class Registry:
-    """Model Registry operations for `pipelines.promote` (aliases, tags, legacy stages)."""
+    """Model Registry operations for promotion (aliases, tags, legacy stages)."""
 
     def __init__(self, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()

@@ -20,7 +20,6 @@ was applied or dead-lettered first.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -34,6 +33,7 @@ from typing import Any, TypeVar
 from capt.atomic import write_atomically
 from pipelines.config.schema import flatten
 from pipelines.provenance import registered_model_name  # noqa: F401 - its home before provenance checks
+from pipelines.services.folder_lock import exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,10 @@ def call_with_retry(fn: Callable[[], T], is_transient: Callable[[BaseException],
     """`fn()`, retried on transient errors until `policy.budget_s` is spent.
 
     Raises `TrackingUnavailable` (chained to the last error) when the budget runs out; any other error
-    propagates at once.
+    propagates at once. Not MLflow's own HTTP retries (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, switched off by
+    `client.own_http_retries`): those count attempts per request and are set for the whole process, while an
+    operation here (several requests) gets a time budget of its own (`tracking.retry_s`; a single attempt while a
+    tracker is offline, the full budget for a sync in the same process).
     """
     deadline = clock() + policy.budget_s
     delay, attempt = policy.first_delay_s, 1
@@ -132,16 +135,9 @@ class Spool:
         self.path = Path(path)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive lock on the file (not re-entrant: never nest two on one spool)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock_path.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return exclusive(self._lock_path)
 
     def append(self, op: Mapping[str, Any]) -> None:
         """Add one operation durably (flushed and fsynced).

@@ -1,1 +1,1 @@
-"""One training job's machinery, behind `pipelines.train`: setup, outputs, checkpoints, phases, result, dataset card."""
+"""Training jobs' machinery: the one loop (`loop`), setup, outputs, checkpoints, packs, result, dataset card."""

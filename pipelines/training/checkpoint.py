@@ -58,7 +58,7 @@ class LoopState:
     untrained_score: float | None = None
     """Test score before the first training step (with `train.score_untrained`), kept for a resumed job."""
     log_sum: float = 0.0
-    """Sum of the training losses since the last point of the loss curve (`pipelines.training.loss_curve`)."""
+    """Sum of the training losses since the last point of the loss curve (`loop.curve_point_if_due`)."""
     log_count: int = 0
     """Number of losses in `log_sum`."""
     curve: list[dict[str, Any]] = field(default_factory=list)
@@ -72,6 +72,21 @@ class LoopState:
     def mean_loss(self) -> float:
         """Mean training loss since the last validation."""
         return self.loss_sum / max(1, self.loss_count)
+
+    def record_validation(self, metrics: dict[str, float]) -> tuple[dict[str, Any], bool]:
+        """Add the validation record of `metrics` at this step: (the record, whether its score is a new best). Its
+        ``train_loss`` covers the steps since the last record; patience counts the validations without a new best."""
+        record = {"step": self.step, "epoch": self.epoch, "train_loss": self.mean_loss(),
+                  **{f"validation_{k}": v for k, v in metrics.items()}}
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.history.append(record)
+        improved = metrics["score"] > self.best_score
+        if improved:
+            self.best_score, self.best_step, self.bad_evals = metrics["score"], self.step, 0
+        else:
+            self.bad_evals += 1
+        record["best_validation_score"] = self.best_score
+        return record, improved
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -3,50 +3,60 @@
     from pipelines.training.packed import train_pack
     results = train_pack([config_a, config_b, config_c])      # resolved JobConfigs (pipelines.config.load)
 
-Each step's batch holds the next batch of every active member, rows routed to the member's capsule (and head:
-`capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its gradient is the one it gets
-training alone; the pack backpropagates the sum once, then every member clips and steps its own optimiser and
-schedule. A member's loop is `pipelines.train`'s (same data order, step budget, validation points, best state,
-early stopping) written as a generator that yields its batches, and `VALIDATE` where it validates between the pack's
-steps: the members that validate at one point (and all of them for the untrained and the final test scores) score
-their examples in shared batches (`pipelines.training.pack_eval`). When a member's loop ends (budget reached or
-patience out) it leaves the pack; the pack ends with its last member.
+Each member runs a single job's schedule (`pipelines.training.loop.schedule`: the same data order, step budget,
+validation points, best state and early stopping) and the pack drives them side by side with the same loop
+(`pipelines.training.loop.drive`). Each step's batch holds the next batch of every active member, rows routed to the
+member's capsule (and head: `capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its
+gradient is the one it gets training alone; the pack backpropagates the sum once, then every member clips and steps
+its own optimiser and schedule. The members that validate at one point (and all of them for the untrained and the
+final test scores) score their examples in shared batches (`pipelines.training.pack_eval`). When a member's schedule
+ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
 
-Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.train.run` step for step
+Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.training.loop.run` step for step
 (the same data order, `pack_setup.EpochSampler` being Accelerate's seedable sampler; the same optimiser groups,
 schedule, clipping, validation points and early stopping; the same dropout stream), so its capsule and history are
 the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
-What differs from a single job (`pipelines.train.run`): one process only; no loss-curve callbacks; checkpoints only
-with `PackOptions.checkpoints` (`pipelines.training.pack_checkpoint`: each member's state at its last validation,
-continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact
-in its output_dir (`pipelines.training.pack_outputs`; `pipelines.tracking.packs` adds result.json and MLflow
-runs); dropout masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not
-the ones it draws alone (a pack of one draws the single job's).
+What differs from a single job (`pipelines.training.loop.run`): one process only; no loss-curve callbacks; checkpoints
+only with `PackOptions.checkpoints` (`pipelines.training.pack_outputs`: each member's state at its last validation,
+continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact in
+its output_dir (`pipelines.training.pack_outputs`; `pipelines.tracking.packs` adds result.json and MLflow runs); dropout
+masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it draws
+alone (a pack of one draws the single job's).
+
+`train_members` also writes each member's result.json in its folder as a single job writes its own
+(`pipelines.training.loop._finish`): the same fields, sealed with the artifact's digests, so a sweep, `promote`,
+`report` and a later run that reuses it read it like any job's. What is the pack's rather than the member's:
+``wall_time_s`` and ``peak_memory_mb`` are the whole pack's (one loop, one process); ``tokens_per_second`` is left out
+(not measured per member); ``pack`` names the pack and its members.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
-from collections.abc import Callable, Generator, Mapping
+import time
+from collections.abc import Iterator, Mapping
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from capt.atomic import write_atomically
 from pipelines.config.load import require_resolved
-from pipelines.evaluation import per_example_nll
-from pipelines.training.pack_checkpoint import restore_member, save_member
+from pipelines.training.cached import seal_result
+from pipelines.training.loop import Report, drive, schedule, training_loss
+from pipelines.training.outputs import RESULT_FILE
 from pipelines.training.pack_eval import evaluate_members
-from pipelines.training.pack_outputs import claimed_member_folders, save_member_artifact
+from pipelines.training.pack_outputs import claimed_member_folders, restore_member, save_member, save_member_artifact
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
+from pipelines.training.result import result_record
 
 logger = logging.getLogger(__name__)
-Report = Callable[[dict[str, Any]], None]
-VALIDATE = object()
-"""What a member's loop yields where it validates (`_member_batches`)."""
 
 
 class PackDivergedError(RuntimeError):
@@ -59,11 +69,39 @@ def train_pack(configs: list, options: PackOptions | None = None,
 
     When the members write artifacts (`PackOptions.write_artifacts`), each member's output_dir is claimed as a job
     claims its folder, for the whole pack. `reports[i]`, when given, gets member i's every validation record (as
-    `pipelines.train.run`'s `report` does)."""
+    `pipelines.training.loop.run`'s `report` does)."""
     options = options or PackOptions()
     configs = [require_resolved(config, "train_pack") for config in configs]
     with claimed_member_folders(configs if options.write_artifacts else [], keep_checkpoints=options.checkpoints):
         return fit_pack(build_pack(configs, options), reports)
+
+
+def train_members(configs: list, reports: Mapping[int, Report] | None = None,
+                  pack_info: Mapping[str, Any] | None = None,
+                  options: PackOptions | None = None) -> list[dict[str, Any]]:
+    """Train `configs` (resolved, `train.resume` off) as one pack and write each member's artifact and result.json in
+    its output_dir; returns the results (result.json's content), in order. `pack_info` goes into each result as
+    ``pack`` (e.g. the sweep's pack name and members)."""
+    options = options or PackOptions()
+    with claimed_member_folders(configs, keep_checkpoints=options.checkpoints):
+        pack = build_pack(configs, options)
+        started = time.perf_counter()
+        packed = fit_pack(pack, reports)
+        wall = time.perf_counter() - started
+        return [write_member_result(pack, member, out, wall, pack_info)
+                for member, out in zip(pack.members, packed, strict=True)]
+
+
+def write_member_result(pack: Pack, member: Member, packed: Mapping[str, Any], wall_s: float,
+                        pack_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Member's result in a single job's format (`packed` is `fit_pack`'s result for it), sealed and written."""
+    result = result_record(member, pack.spec.family, member.loop, packed["metrics"], member.best,
+                           member.stopped_early, wall_s, None, pack.accelerator.device, 1, True,
+                           packed["artifact_dir"])
+    result["pack"] = {"members": len(pack.members), "index": member.index, **(pack_info or {})}
+    seal_result(result, packed["artifact_dir"])
+    write_atomically(Path(member.config.resolved_output_dir()) / RESULT_FILE, json.dumps(result, indent=2, default=str))
+    return result
 
 
 def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
@@ -75,17 +113,16 @@ def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[di
         if resumed:
             logger.info("pack members %s continue from their checkpoints", resumed)
     _score_untrained(pack)
-    schedules = {m.index: _member_batches(pack, m) for m in pack.members}
-    pending = _advance(pack, schedules, dict.fromkeys(schedules))
-    while pending:
-        _pack_step(pack, pending)
-        pending = _advance(pack, schedules, pending)
+    schedules = {m.index: schedule(m.loop, m.config.train, m.total_steps, partial(_epoch_batches, m))
+                 for m in pack.members if not m.stopped_early}  # a restored member whose patience ran out is done
+    drive(schedules, partial(_pack_step, pack), lambda indices: _validate(pack, [pack.members[i] for i in indices]))
     return _finish(pack)
 
 
 def _score_untrained(pack: Pack) -> None:
-    """With `train.score_untrained`, a member's test score before its first step, as `pipelines.train.fit` takes it:
-    the reference its training has to beat (kept in its loop, so a resumed member keeps it too)."""
+    """With `train.score_untrained`, a member's test score before its first step, as a single job takes it
+    (`pipelines.training.loop.fit`): the reference its training has to beat (kept in its loop, so a resumed member
+    keeps it too)."""
     wanted = [m for m in pack.members
               if m.config.train.score_untrained and m.loop.step == 0 and m.loop.untrained_score is None]
     scores = evaluate_members(pack, {m.index: m.splits.test for m in wanted})
@@ -94,34 +131,16 @@ def _score_untrained(pack: Pack) -> None:
     pack.model.train(pack.options.dropout)
 
 
-def _advance(pack: Pack, schedules: dict[int, Generator], pending: dict[int, Any]) -> dict[int, dict]:
-    """Each member's next batch; members whose loop validates before it are validated together (`_validate`), and
-    members whose loop ended leave the pack."""
-    batches: dict[int, dict] = {}
-    replies: dict[int, bool | None] = dict.fromkeys(pending)
-    while replies:
-        asking = []
-        for index, reply in replies.items():
-            item = _resume(schedules[index], reply)
-            if item is VALIDATE:
-                asking.append(index)
-            elif item is not None:
-                batches[index] = item
-        replies = _validate(pack, [pack.members[i] for i in asking]) if asking else {}
-    return batches
+def _epoch_batches(member: Member, epoch: int, consumed: int) -> Iterator[dict]:
+    """Member's batches of `epoch` after the first `consumed` (a resumed epoch: the rest)."""
+    member.sampler.set_epoch(epoch)
+    return itertools.islice(member.loader, consumed, None)
 
 
-def _resume(schedule: Generator, reply: bool | None) -> dict | object | None:
-    """The member loop's next request (a batch or `VALIDATE`) after `reply`; None when the loop has ended."""
-    try:
-        return schedule.send(reply)
-    except StopIteration:
-        return None
-
-
-def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
-    """One forward and backward over every pending member's batch, then each member's own optimiser step. The rows'
-    members stay on the host, and the losses come back in one transfer: the step waits for the device once."""
+def _pack_step(pack: Pack, pending: dict[int, dict]) -> dict[int, bool]:
+    """One forward and backward over every pending member's batch, then each member's own optimiser step (every
+    member steps). The rows' members stay on the host, and the losses come back in one transfer: the step waits for
+    the device once."""
     from capt.packing import member_rows, merge_batches
 
     order = sorted(pending)
@@ -132,7 +151,7 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
     picks = member_rows(rows, len(pack.members), device)
     with pack.accelerator.autocast():
         logits = pack.model.member_logits(batch, rows, picks)
-    losses = torch.stack([_loss(pack, logits[i], batch["labels"][picks[i]]) for i in order])  # (K,) float32
+    losses = torch.stack([training_loss(pack.spec, logits[i], batch["labels"][picks[i]]) for i in order])  # (K,)
     losses.sum().backward()  # one backward: member m's gradient is d loss_m / d its params
     values = losses.detach().tolist()
     if not all(math.isfinite(value) for value in values):
@@ -140,13 +159,7 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> None:
         raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
     for index, value in zip(order, values, strict=True):
         _optimizer_step(pack.members[index], pack, value)
-
-
-def _loss(pack: Pack, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """A member's loss over its own rows, as `pipelines.train` computes a job's loss over its batch."""
-    if pack.spec.classifier_head:
-        return torch.nn.functional.cross_entropy(logits.float(), labels)
-    return per_example_nll(logits, labels, shift=pack.spec.shifts_labels).mean()
+    return dict.fromkeys(order, True)
 
 
 def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
@@ -160,29 +173,6 @@ def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
     member.losses.append(loss)
 
 
-def _member_batches(pack: Pack, member: Member) -> Generator[dict | object, bool | None, None]:
-    """`pipelines.train._train` for one member: yields its batches (after each, the pack has stepped on it) and
-    `VALIDATE` where it validates (the pack answers whether its patience ran out)."""
-    loop, cfg = member.loop, member.config.train
-    if member.stopped_early:  # restored from the checkpoint of a member whose patience ran out
-        return
-    while loop.epoch < cfg.max_epochs and loop.step < member.total_steps:
-        member.sampler.set_epoch(loop.epoch)
-        for batch in itertools.islice(member.loader, loop.batches_in_epoch, None):  # a resumed epoch: the rest
-            yield batch
-            loop.step, loop.batches_in_epoch = loop.step + 1, loop.batches_in_epoch + 1
-            if cfg.eval_every_steps and loop.step % cfg.eval_every_steps == 0 and (yield VALIDATE):
-                return
-            if loop.step >= member.total_steps:
-                break
-        else:
-            loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
-            if not cfg.eval_every_steps and (yield VALIDATE):
-                return
-    if not loop.history or loop.history[-1]["step"] != loop.step:
-        yield VALIDATE  # the final state is always validated
-
-
 def _validate(pack: Pack, members: list[Member]) -> dict[int, bool]:
     """Score the members' validation splits together and keep each one's best state; per member, whether its
     patience ran out (it stops)."""
@@ -193,26 +183,19 @@ def _validate(pack: Pack, members: list[Member]) -> dict[int, bool]:
 
 def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) -> bool:
     """Member `member`'s validation record from `metrics`; True when its patience ran out."""
-    loop = member.loop
-    record = {"step": loop.step, "epoch": loop.epoch, "train_loss": loop.mean_loss(),
-              **{f"validation_{k}": v for k, v in metrics.items()}}
-    loop.loss_sum, loop.loss_count = 0.0, 0  # each record's train_loss covers the steps since the last one
-    loop.history.append(record)
-    if metrics["score"] > loop.best_score:
-        loop.best_score, loop.best_step, loop.bad_evals = metrics["score"], loop.step, 0
+    record, improved = member.loop.record_validation(metrics)
+    if improved:
         member.best = _state(pack, member)
-    else:
-        loop.bad_evals += 1
-    record["best_validation_score"] = loop.best_score
     patience = member.config.train.patience
-    member.stopped_early = patience is not None and loop.bad_evals >= patience
-    # reported before it is checkpointed, as a single job does (`pipelines.train`)
+    member.stopped_early = patience is not None and member.loop.bad_evals >= patience
+    # reported before it is checkpointed, as a single job does (`pipelines.training.loop`)
     if (report := pack.reports.get(member.index)) is not None:
         report(dict(record))
     if pack.options.checkpoints:
         save_member(pack, member)
     if member.stopped_early:
-        logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name, loop.step)
+        logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name,
+                    member.loop.step)
     return member.stopped_early
 
 

@@ -239,7 +239,7 @@ def earlier_outputs(base: Path) -> Path:
     if (outputs / "job" / "result.json").is_file():
         return outputs
     from helpers.jobs import tiny_job
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     run(tiny_job(outputs / "job", train={"max_epochs": 2}))
     reports = outputs / "reports"

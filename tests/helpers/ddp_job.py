@@ -13,7 +13,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from pipelines.config.load import load_job_config
-from pipelines.train import fit
+from pipelines.training.loop import fit
 from pipelines.training.checkpoint import trainable_state
 from pipelines.training.setup import build_job
 

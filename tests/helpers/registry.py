@@ -8,7 +8,7 @@ from typing import Any
 from helpers.jobs import tiny_job
 from pipelines.config.schema import flatten
 from pipelines.tracking import TrialTracker
-from pipelines.train import run
+from pipelines.training.loop import run
 
 
 def train_capsule(output_dir: Path, task: str, seed: int, model: str = "tiny-t5", **train: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.services import LocalMlflowServer, free_port
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.run import promote_champions
-from pipelines.train import run
+from pipelines.training.loop import run
 
 pytestmark = pytest.mark.integration
 

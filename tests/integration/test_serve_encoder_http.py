@@ -22,7 +22,7 @@ from helpers.ray_head import LocalRayHead
 from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
 from pipelines.evaluation import _to
 from pipelines.services import LOCALHOST, free_port
-from pipelines.train import run
+from pipelines.training.loop import run
 
 pytestmark = pytest.mark.integration
 

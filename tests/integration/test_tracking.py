@@ -31,7 +31,7 @@ from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.pyfunc import log_pyfunc, pyfunc_signature
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RUN_FILE, Spool
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.outputs import claim_job_folder
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a top-level folder, not an inst
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import capsule_influence  # noqa: E402
-from pipelines.train import run  # noqa: E402
+from pipelines.training.loop import run  # noqa: E402
 
 
 def trained(folder: Path, *overrides: str) -> Path:

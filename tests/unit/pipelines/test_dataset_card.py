@@ -7,7 +7,7 @@ import json
 from capt import tasks
 from pipelines.config.schema import TaskSection
 from pipelines.tracking.finish import dataset_entity
-from pipelines.training.dataset_card import content_digest, dataset_card
+from pipelines.training.result import content_digest, dataset_card
 
 
 def _splits(seed: int) -> tasks.Splits:

@@ -8,7 +8,7 @@ from helpers.jobs import tiny_job
 
 from capt import tasks
 from pipelines.evaluation import predict
-from pipelines.train import TrainingDivergedError, fit, run
+from pipelines.training.loop import TrainingDivergedError, fit, run
 from pipelines.training.setup import build_job
 
 

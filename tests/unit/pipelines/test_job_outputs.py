@@ -17,7 +17,7 @@ from helpers.bad_inputs import call_entry
 from helpers.jobs import tiny_job
 
 from pipelines.config.load import load_job_config
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.checkpoint import DamagedCheckpointError
 from pipelines.training.outputs import CLAIM_FILE, JobFolderError, claim_job_folder, config_hash
 

@@ -2,7 +2,7 @@
 checked step by step against its stored loss curve (tests/data/method_loss_curves.json).
 
 The run goes through the pipeline's own pieces (`pipelines.methods.adapt` and `parameter_groups`, the
-phase hook as `pipelines.training.phases` drives it) with AdamW on one fixed batch; the classifier head
+phase hook as `pipelines.training.loop` drives it) with AdamW on one fixed batch; the classifier head
 of BERT is held still (lr 0) so that its curves show the method alone. The tolerance allows float noise
 across platforms (BLAS builds, thread counts) and catches a change in a method: each method has a
 test that changing one of its mechanisms moves the curve outside it. After a deliberate change of a
@@ -100,7 +100,7 @@ def loss_curve(method: str, kind: str, change: Change | None = None) -> list[flo
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-        if step in boundaries:  # as pipelines.training.phases.begin_phase_if_due does
+        if step in boundaries:  # as pipelines.training.loop.begin_phase_if_due does
             adapted.eval()
             adapted.begin_phase(boundaries.index(step) + 1, lambda: iter([adapted(**batch).loss]))
             adapted.train()

@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers.jobs import tiny_job
 
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.setup import build_job
 
 DEPT = {"num_tokens": 4, "rank": 4, "max_length": 96, "embedding_lr": 2e-3}

@@ -18,7 +18,7 @@ from pipelines.config.optim_defaults import OPTIM_DEFAULTS
 from pipelines.config.readout import allowed_readouts
 from pipelines.config.sources import JobConfigError
 from pipelines.models.shape import model_shape
-from pipelines.train import run
+from pipelines.training.loop import run
 
 TOY_SOURCE = "toy: an lr no shipped method declares, so finding it in result.json proves where it came from"
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from pipelines.models.cache import BaseModelCache, weights_fingerprint
 from pipelines.models.loading import load_model
-from pipelines.train import run
+from pipelines.training.loop import run
 
 CASES = [("tiny-t5", "capt", {}), ("tiny-llama", "lora", {"r": 4}), ("tiny-llama", "ptuning_v2", {"num_tokens": 4}),
          ("tiny-bert", "prompt_tuning", {"num_tokens": 4})]

@@ -13,7 +13,7 @@ from pipelines.config.load import load_job_config
 from pipelines.config.optim_defaults import FAMILIES, OPTIM_DEFAULTS, resolve_optim
 from pipelines.config.schema import METHOD_NAMES, JobConfig, flatten
 from pipelines.config.sources import JobConfigError
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.outputs import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -2,8 +2,8 @@
 
 Exactness: with dropout off, each member of a pack (mixed tasks, seeds, learning rates, step budgets) ends with the
 capsule (and head), per-step losses and validation scores of the same member trained alone by the same code (K=1),
-within relative 1e-5 in fp32; and a pack of one equals the single job `pipelines.train.run` on the same config (the
-capsule after its last step, the validation history). Real tiny models and MiniLM, real task files when
+within relative 1e-5 in fp32; and a pack of one equals the single job `pipelines.training.loop.run` on the same config
+(the capsule after its last step, the validation history). Real tiny models and MiniLM, real task files when
 CAPT_DATA_DIR is set (generated data otherwise).
 """
 
@@ -94,10 +94,10 @@ def test_members_learn_their_own_capsule(pack_and_alone):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_a_pack_of_one_is_the_single_job(model, tmp_path):
-    """`pipelines.train.run` on the same config: same optimiser, schedule, batch order and validation points, so the
-    capsule after the last step (its latest checkpoint) and the history agree. Dropout stays on, as in the job:
+    """`pipelines.training.loop.run` on the same config: same optimiser, schedule, batch order and validation points,
+    so the capsule after the last step (its latest checkpoint) and the history agree. Dropout stays on, as in the job:
     MiniLM's masks come from the same seeded stream in the same order, so they agree too."""
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     config = job(model, "cb", 3, tmp_path, "optim.lr=0.05", "train.max_steps=4", "train.eval_every_steps=2")
     single = run(config)

@@ -19,7 +19,7 @@ from pipelines.evaluation import predict
 from pipelines.methods import load_artifact
 from pipelines.models.cache import BaseModelCache
 from pipelines.models.loading import load_model
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.setup import load_data
 
 

@@ -18,7 +18,7 @@ from capt.heads import TaskHead, TaskHeads, linear_head, linear_head_problem
 from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
 from pipelines.evaluation import _to
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
-from pipelines.train import run
+from pipelines.training.loop import run
 
 ATOL = 1e-5
 """fp32: the mixed batch pads rows to a longer width and applies the heads with bmm instead of a linear."""

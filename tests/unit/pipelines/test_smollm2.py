@@ -20,7 +20,7 @@ from pipelines.models import smollm2
 from pipelines.models.loading import load_model
 from pipelines.models.shape import forget_model_shapes, model_shape
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.setup import build_job
 
 pytestmark = pytest.mark.slow

@@ -160,7 +160,7 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     from pipelines.config.load import validate_job_config
     from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags
     from pipelines.tracking.packs import tracked_pack
-    from pipelines.training import pack_results
+    from pipelines.training import packed as pack_training
 
     monkeypatch.chdir(tmp_path)  # the SQLite store's artifacts go under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -173,15 +173,15 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     def killed(pack, reports):
         raise KeyboardInterrupt("killed")
 
-    real = pack_results.fit_pack
-    monkeypatch.setattr(pack_results, "fit_pack", killed)
+    real = pack_training.fit_pack
+    monkeypatch.setattr(pack_training, "fit_pack", killed)
     with pytest.raises(KeyboardInterrupt):
         tracked_pack(configs, plans)
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("packs").experiment_id
     first = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
     assert {s: r.info.status for s, r in first.items()} == {"0": "FINISHED", "1": "FAILED", "2": "FAILED"}
-    monkeypatch.setattr(pack_results, "fit_pack", real)
+    monkeypatch.setattr(pack_training, "fit_pack", real)
     done = tracked_pack(configs, plans)  # the resumed pack
     assert [d.reused for d in done] == [True, False, False] and done[1].result["pack"]["members"] == 2
     again = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
@@ -201,8 +201,8 @@ def test_the_console_line_of_an_ended_pack_trial_counts_its_members():
 @pytest.mark.slow
 def test_a_members_untrained_score_is_the_one_its_single_job_measures(tmp_path):
     from pipelines.config.load import validate_job_config
-    from pipelines.train import run
-    from pipelines.training.pack_results import train_members
+    from pipelines.training.loop import run
+    from pipelines.training.packed import train_members
 
     sweep = packed(tmp_path, "pack.max_members=2", "tasks=[cb]", "seeds=[0]", "job.train.score_untrained=true",
                    "job.train.max_steps=2", "job.task.generated_size=16", "job.task.max_eval_examples=8")

@@ -14,7 +14,7 @@ from helpers.jobs import tiny_job
 from pipelines.services import ServiceError, free_port
 from pipelines.tracking.job_cli import NOT_TRACKED, job_plan, tracking_line
 from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags, tracked_job
-from pipelines.train import run
+from pipelines.training.loop import run
 
 STEPS = {"max_steps": 4, "eval_every_steps": 2, "resume": True}
 

@@ -11,12 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import requests
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.promote import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.reporting.tables import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
+from pipelines.tracking.promotion import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
 from pipelines.tracking.scope import state_dirs
 from pipelines.tracking.spool import (
@@ -68,8 +69,13 @@ def test_retry_backs_off_then_succeeds_and_gives_up_after_the_budget() -> None:
         call_with_retry(lambda: int("x"), is_transient, policy, "x", clock.sleep, lambda: clock.now)
 
 
-def test_transient_errors_are_connection_problems_and_5xx_only() -> None:
-    assert is_transient(MlflowException("API request to http://h/api failed with exception refused"))
+def test_transient_errors_are_connection_problems_and_5xx_only(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(MlflowException) as refused:  # a real client against a closed port, as MLflow raises it
+        MlflowClient(f"http://127.0.0.1:{free_port()}").get_experiment("0")
+    assert is_transient(refused.value)
+    assert not is_transient(MlflowException("API request to http://h/api failed with exception refused")), \
+        "the message alone decides nothing"
     assert is_transient(RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "busy"}))
     assert is_transient(requests.ConnectionError("refused"))
     assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad"}))

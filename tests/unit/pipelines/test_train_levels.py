@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers.jobs import tiny_job
 
 from capt.tasks.levels import chance_score, majority_score
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.setup import load_data
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.jobs import tiny_job
 
-from pipelines.train import run
+from pipelines.training.loop import run
 
 STEPS = 23
 """Not a multiple of the window: the last point covers the 3 steps after the last full window."""

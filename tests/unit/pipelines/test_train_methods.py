@@ -13,7 +13,7 @@ from pipelines.config.schema import METHOD_NAMES
 from pipelines.evaluation import predict
 from pipelines.methods import load_artifact, sequence_overhead
 from pipelines.models.loading import load_model
-from pipelines.train import run
+from pipelines.training.loop import run
 from pipelines.training.setup import load_data
 
 MODELS = ["tiny-t5", "tiny-llama", "tiny-bert"]

@@ -68,7 +68,7 @@ def test_killed_job_resumes_to_the_same_result(tmp_path):
 def test_resuming_a_finished_job_returns_its_result_without_training_again(tmp_path):
     from helpers.jobs import tiny_job
 
-    from pipelines.train import run
+    from pipelines.training.loop import run
     from pipelines.training.outputs import JobFolderError
 
     config = tiny_job(tmp_path, train={"max_steps": 4, "eval_every_steps": 2, "resume": True})
@@ -95,7 +95,7 @@ def test_a_job_killed_while_reporting_a_validation_reports_it_again_when_resumed
     step again, so no validation is checkpointed that no tracker logged."""
     from helpers.jobs import tiny_job
 
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     config = tiny_job(tmp_path, train={"max_steps": 6, "eval_every_steps": 2, "resume": True})
     reported: list[int] = []
@@ -119,7 +119,7 @@ def test_a_job_with_dropout_resumed_mid_epoch_ends_as_an_uninterrupted_one(tmp_p
     (starting the resumed epoch's DataLoader iterator again must not move torch's random stream)."""
     from helpers.jobs import tiny_job
 
-    from pipelines.train import run
+    from pipelines.training.loop import run
 
     def job(folder: Path):
         return tiny_job(folder, "minilm", "capt", "task.generated_size=48", "task.max_eval_examples=4",
