@@ -16,7 +16,6 @@ from capt.fingerprint import reused_samples
 from capt.heads import HeadRows, TaskHead, TaskHeads, head_installed
 from capt.inject import CapsuleModel
 from capt.io import CapsuleMetadata
-from capt.names import NameTable
 from capt.stack import CapsuleStack
 
 Directory = str | os.PathLike
@@ -44,7 +43,7 @@ class CapsuleBank(CapsuleModel):
             missing = [name for name in capsules if name not in heads]
             if missing:
                 raise CapsuleArtifactError(f"No task head for capsule(s) {missing}: each capsule needs its head.")
-        names = NameTable()
+        names: dict[str, None] = {}  # in reading order; a dict finds a repeated name without a scan
         head_rows = None if heads is None else HeadRows(spec_for(base_model).hidden_size(base_model))
         # read one at a time, each copied into the stacks at once: 1,000 capsules keep their values, never 1,000
         # modules, heads and metadata; each is checked against the same base, whose weights' samples are taken once
@@ -52,7 +51,7 @@ class CapsuleBank(CapsuleModel):
             stack = CapsuleStack(_read_each(base_model, capsules, heads, strict, names, head_rows))
         if not names:
             raise CapsuleArtifactError("CapsuleBank needs at least one capsule directory.")
-        super().__init__(base_model, stack, names=names)
+        super().__init__(base_model, stack, names=list(names))
         self.heads: TaskHeads | None = None
         if head_rows is not None:
             device = next(base_model.parameters()).device
@@ -146,7 +145,7 @@ def read_with_head(base_model: nn.Module, directory: str | os.PathLike, head: Ta
 
 def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterable[tuple[str, Directory]],
                heads: Mapping[str, TaskHead] | Callable[[Directory], TaskHead] | None, strict: bool,
-               names: NameTable, head_rows: HeadRows | None) -> Iterator[Capsule]:
+               names: dict[str, None], head_rows: HeadRows | None) -> Iterator[Capsule]:
     """Each capsule of `capsules` read and checked (its head in place), its name added to `names` and its head to
     `head_rows` as it is read."""
     for name, directory in capsules.items() if isinstance(capsules, Mapping) else capsules:
@@ -161,7 +160,7 @@ def _read_each(base_model: nn.Module, capsules: Mapping[str, Directory] | Iterab
         else:
             head = heads(directory)
         capsule = read_with_head(base_model, directory, head, strict)[0]
-        names.append(name)
+        names[name] = None
         if head_rows is not None:
             head_rows.add(head)
         yield capsule

@@ -7,7 +7,6 @@ from collections.abc import Iterable
 import torch
 
 from capt.errors import CaptError
-from capt.names import NameTable
 
 
 def insert_slots(tensor: torch.Tensor, start: int, stop: int, fill: float | int) -> torch.Tensor:
@@ -45,24 +44,29 @@ def match_batch(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 class CapsuleSelector:
     """Turns a per-row capsule choice (names, indices or a tensor) into a (B,) index tensor."""
 
-    def __init__(self, names: Iterable[str] | NameTable) -> None:
-        self.names = names if isinstance(names, NameTable) else NameTable(names)
-        """Capsule names by index, with a hash index (a bank of 1,000 capsules routes a row without a scan)."""
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names: list[str] = []
+        """Capsule names by index (repeats allowed: capsules attached without names are all "default")."""
+        self._first: dict[str, int] = {}
+        """The index of each name's first capsule: a bank of 1,000 capsules routes a row without a scan."""
+        for name in names:
+            self.append(name)
 
     def append(self, name: str) -> None:
         """One more capsule, at the next index."""
+        self._first.setdefault(name, len(self.names))
         self.names.append(name)
 
     def position(self, name: str) -> int | None:
         """The index of capsule `name` (the first of equal names), or None when no capsule has that name."""
-        return self.names.position(name)
+        return self._first.get(name)
 
     def rows(self, capsule, batch: int, count: int) -> torch.Tensor | None:
         """(B,) capsule index per row on the host (CPU), or None when every row uses the only capsule. A tensor on an
         accelerator is read back here, once per call, so that no capsule layer waits for the device."""
         if capsule is None:
             if count > 1:
-                raise CaptError(f"This model holds {count} capsules {list(self.names)}: pass capsule=[...] per row.")
+                raise CaptError(f"This model holds {count} capsules {self.names}: pass capsule=[...] per row.")
             return None
         if isinstance(capsule, str | int):
             capsule = [capsule] * batch
@@ -79,11 +83,11 @@ class CapsuleSelector:
     def _index(self, choice: str | int, count: int) -> int:
         if isinstance(choice, int) and not isinstance(choice, bool):
             return choice
-        index = self.names.position(choice) if isinstance(choice, str) else None
+        index = self.position(choice) if isinstance(choice, str) else None
         if index is not None:
             return index
-        raise CaptError(f"Unknown capsule {choice!r}; this model holds {list(self.names)} (or indices 0..{count - 1}).")
+        raise CaptError(f"Unknown capsule {choice!r}; this model holds {self.names} (or indices 0..{count - 1}).")
 
     def __repr__(self) -> str:
-        return f"CapsuleSelector({list(self.names)})"
+        return f"CapsuleSelector({self.names})"
 

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.limits import Limits
-from pipelines.serving.memory import REPLICA_HEAP_ENV, heap_in_force, resident_mb
+from pipelines.serving.memory import resident_mb
 from pipelines.serving.records import Answer, ServedCapsule
 from pipelines.serving.reload import Reloader
 from pipelines.serving.routes import Catalog, Front
@@ -118,14 +118,13 @@ class CapsuleServer:
         return answer_body(name, await self.answer_batch((name, examples)))
 
     def describe(self) -> dict[str, Any]:
-        """What this replica serves: each capsule's registry model, version and digest; base model; memory and the
-        glibc heap settings it started with."""
+        """What this replica serves: each capsule's registry model, version and digest; base model; memory."""
         served = {name: self.engine.served(name) for name in self.engine.names}
         return {"base_model": self.engine.base_name, "alias": self.settings.alias,
                 "tasks": {name: {"task": c.task, "model": c.model_name, "version": c.version, "digest": c.digest}
                           for name, c in served.items()},
                 "versions": self.engine.versions(), "base_rss_mb": self.engine.base_rss_mb,
-                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": resident_mb(), "heap": heap_in_force()}
+                "loaded_rss_mb": self.loaded_rss_mb, "rss_mb": resident_mb()}
 
 
 
@@ -138,10 +137,8 @@ def deployment(settings: ServeSettings, capsules: Sequence[ServedCapsule] | None
 
 
 def actor_options(settings: ServeSettings) -> dict[str, Any]:
-    """A replica's Ray actor options: its CPUs and GPUs, and the glibc heap settings it starts with
-    (`memory.REPLICA_HEAP_ENV`)."""
-    return {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus,
-            "runtime_env": {"env_vars": dict(REPLICA_HEAP_ENV)}}
+    """A replica's Ray actor options: its CPUs and GPUs."""
+    return {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus}
 
 
 def build(args: dict[str, Any]) -> serve.Application:

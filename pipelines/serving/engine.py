@@ -32,7 +32,7 @@ from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving import batch as mixed
 from pipelines.serving.memory import release_freed_heap, resident_mb
-from pipelines.serving.records import Answer, ServedCapsule, ServedRecord, ServedRecords
+from pipelines.serving.records import Answer, ServedCapsule, ServedRecord
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class CapsuleEngine:
                                 first.result["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
         self._collators: dict[tuple, Collator] = {}
-        self.records = ServedRecords()
+        self.records: list[ServedRecord] = []
         """Each capsule's registry identity and serving settings, by its index in the bank."""
         unread = [first]
         del first  # the bank reads it from `unread`, and nothing here holds it (or its result) after that
@@ -112,7 +112,7 @@ class CapsuleEngine:
 
     def served(self, name: str) -> ServedRecord:
         """The capsule answering under `name` now."""
-        return self.records.get(self.bank.index_of(name))
+        return self.records[self.bank.index_of(name)]
 
     def max_length(self, name: str) -> int:
         """Most tokens capsule `name` reads (its collator's max_length)."""
@@ -140,7 +140,7 @@ class CapsuleEngine:
         capsule, head, record = self._loaded(served)
         with self.lock:
             self.bank.replace(served.name, capsule, head)
-            self.records.set(self.bank.index_of(served.name), record)
+            self.records[self.bank.index_of(served.name)] = record
             self.retired.discard(served.name)
             self.revision += 1
         logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)

@@ -14,17 +14,6 @@ import ctypes.util
 import functools
 from collections.abc import Callable
 
-from pipelines.services.ray_connect import environment_values
-
-REPLICA_HEAP_ENV = {"MALLOC_ARENA_MAX": "1"}
-"""glibc heap settings of a serving replica (Ray runtime_env variables; glibc reads them when the process starts).
-
-Serve runs a replica's constructor, and so the reading of every capsule, in a thread of its own, which glibc gives
-an arena of its own; `malloc_trim` returns the free pages inside a thread arena but never its top, where what
-loading freed ends up. With one arena, every thread allocates from the main heap, whose top `malloc_trim` returns
-too. Measured in process, 1,000 tiny-t5 capsules read in a thread: 1.38-1.56 MB once loaded with the default
-arenas, 1.06-1.07 MB with one (as when read in the main thread)."""
-
 
 @functools.cache
 def _trim() -> Callable[[int], int] | None:
@@ -43,11 +32,6 @@ def release_freed_heap() -> bool:
         return False
     trim(0)
     return True
-
-
-def heap_in_force() -> dict[str, str]:
-    """The `REPLICA_HEAP_ENV` settings this process started with (GET /tasks shows them)."""
-    return environment_values(REPLICA_HEAP_ENV)
 
 
 def resident_mb() -> float:

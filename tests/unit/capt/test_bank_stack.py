@@ -89,8 +89,8 @@ def _heap_growth(build) -> tuple[object, int]:
 @pytest.mark.slow  # 1,002 capsules built under tracemalloc: about 6 s
 def test_a_capsule_costs_the_bank_its_values_and_a_few_hundred_bytes(tmp_path):
     """The capsules' tensor storage is exactly their values plus a 16-byte index each; what else a capsule adds is
-    its name in the selector's `capt.names.NameTable` (its bytes, an offset, its index slots): under 40 bytes (27
-    measured; a string and a dict entry per name came to 60), not a module and its metadata."""
+    its name's list slot and dict entry in the selector (64 bytes measured; the names are the caller's strings), not
+    a module and its metadata (several KB)."""
     directory = _saved("t5", capt.CapsuleConfig(), 0, tmp_path / "one")
     values = read_capsule(BUILDERS["t5"](), directory)[0].vectors.nbytes  # (L, k, D) float32
     sizes, heaps = (2, 2, 1002), []  # the first build warms what any first build caches
@@ -101,7 +101,7 @@ def test_a_capsule_costs_the_bank_its_values_and_a_few_hundred_bytes(tmp_path):
         heaps.append(heap)
         bank.detach()
     per_capsule = (heaps[2] - heaps[1]) / (sizes[2] - sizes[1])
-    assert per_capsule < 40, per_capsule
+    assert per_capsule < 100, per_capsule
 
 
 def _head(labels: int, seed: int, bias: bool = True) -> TaskHead:
