@@ -13,8 +13,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from pipelines.config.load import load_job_config
-from pipelines.training.loop import fit
 from pipelines.training.checkpoint import trainable_state
+from pipelines.training.loop import fit
 from pipelines.training.setup import build_job
 
 LATE_RANK = "DDP_JOB_LATE_CHECKPOINT_RANK"

@@ -23,8 +23,8 @@ from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError, check_provenance, verify_job_artifact
 from pipelines.tracking.reuse import score_mismatches
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name
-from pipelines.training.loop import run
 from pipelines.training.cached import CachedResultError, result_digest
+from pipelines.training.loop import run
 
 TRAIN = {"max_steps": 2, "eval_every_steps": 2, "resume": True}
 

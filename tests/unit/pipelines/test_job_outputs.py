@@ -17,8 +17,8 @@ from helpers.bad_inputs import call_entry
 from helpers.jobs import tiny_job
 
 from pipelines.config.load import load_job_config
-from pipelines.training.loop import run
 from pipelines.training.checkpoint import DamagedCheckpointError
+from pipelines.training.loop import run
 from pipelines.training.outputs import CLAIM_FILE, JobFolderError, claim_job_folder, config_hash
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from helpers.jobs import tiny_job
 
 from capt.tasks.levels import chance_score, majority_score
-from pipelines.training.loop import run
 from pipelines.training.checkpoint import LoopState
+from pipelines.training.loop import run
 from pipelines.training.setup import load_data
 
 

@@ -18,8 +18,8 @@ from capt import tasks
 from pipelines.evaluation import predict
 from pipelines.methods import load_artifact
 from pipelines.models.loading import load_model
-from pipelines.training.loop import run
 from pipelines.training.checkpoint import PHASE_FILE, DamagedCheckpointError
+from pipelines.training.loop import run
 from pipelines.training.setup import build_job, load_data
 
 TOKENS, PIECES = 4, 4
