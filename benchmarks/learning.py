@@ -63,12 +63,12 @@ def override_problems(overrides: list[str], quick: bool) -> list[str]:
     """What is wrong with the user's `--learning-override`s (an unknown key, a bad value, a trial they break),
     found before any benchmark runs: the learning grid is loaded with them as the benchmark would load it (on
     generated data, which needs no data folder)."""
-    from pipelines.config.sources import JobConfigError
+    from pipelines.config.sources import PipelineConfigError
     from pipelines.sweeps.config import load_sweep_config
 
     try:
         load_sweep_config(REPO / CONFIG, [*settings(quick)["overrides"], *overrides, "data_source=generated"])
-    except JobConfigError as err:
+    except PipelineConfigError as err:
         return [f"--learning-override: {err}"]
     return []
 

@@ -23,7 +23,7 @@ from typing import Any
 from capt.methods import METHODS
 from capt.optim_defaults import FAMILIES, Setting
 from pipelines.config.load import validate_job_config
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -93,7 +93,7 @@ def plain_job(method: str, family: str) -> Any | None:
     try:
         return validate_job_config({"model": {"name": FAMILY_MODELS[family]}, "method": {"name": method},
                                     "task": {"name": "rte", "source": "generated"}})
-    except JobConfigError:
+    except PipelineConfigError:
         return None
 
 

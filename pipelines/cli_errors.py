@@ -22,7 +22,7 @@ from pipelines.services.probe import ServiceError
 EXIT_BAD_INPUT = 2
 """Exit status of an expected failure (argparse uses 2 for a bad command line too)."""
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (CaptError, ServiceError, ValueError)
-"""Failures of every entry point: the project's input errors (`CaptError`, which `JobConfigError` and
+"""Failures of every entry point: the project's input errors (`CaptError`, which `PipelineConfigError` and
 the task, capsule and artifact errors derive from), services that cannot be reached, and `ValueError`,
 which the pre-flight checks raise for an impossible combination of settings."""
 

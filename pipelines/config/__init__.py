@@ -10,7 +10,7 @@ Importing this package imports no torch.
 
 from pipelines.config.load import load_job_config, require_resolved, validate_job_config
 from pipelines.config.schema import JobConfig, ResolvedJobConfig
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 
-__all__ = ["JobConfig", "JobConfigError", "ResolvedJobConfig", "load_job_config", "require_resolved",
+__all__ = ["JobConfig", "PipelineConfigError", "ResolvedJobConfig", "load_job_config", "require_resolved",
            "validate_job_config"]

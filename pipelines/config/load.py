@@ -26,7 +26,7 @@ from pipelines.config.kinds import other_kind_hint
 from pipelines.config.optim_defaults import resolve_optim, resolve_training
 from pipelines.config.readout import resolve_readout
 from pipelines.config.schema import JobConfig, ResolvedJobConfig
-from pipelines.config.sources import JobConfigError, merge_sources
+from pipelines.config.sources import PipelineConfigError, merge_sources
 
 
 def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
@@ -41,9 +41,9 @@ def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[s
 
 def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) -> ResolvedJobConfig:
     """Check types, ranges, unknown keys and the cross-field rules, then resolve the defaults; raise once with
-    every problem (`JobConfigError`), `more_problems` (the caller's) among them."""
+    every problem (`PipelineConfigError`), `more_problems` (the caller's) among them."""
     if hint := other_kind_hint(raw, "job"):  # its keys would all be unknown: name the command instead
-        raise JobConfigError(f"Invalid job config: {hint}.")
+        raise PipelineConfigError(f"Invalid job config: {hint}.")
     problems: list[str] = list(more_problems)
     config = None
     try:
@@ -56,7 +56,7 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
             return _resolve(config, raw)
         except ValueError as err:
             problems.append(str(err))
-    raise JobConfigError(_format_problems(problems))
+    raise PipelineConfigError(_format_problems(problems))
 
 
 def _resolve(config: JobConfig, raw: dict[str, Any]) -> ResolvedJobConfig:

@@ -1,6 +1,6 @@
 """Reading config sources: a YAML file, a dict and `key.sub=value` overrides, merged by OmegaConf.
 
-Every problem with a source is a `JobConfigError` that names it: the file (and the line and column
+Every problem with a source is a `PipelineConfigError` that names it: the file (and the line and column
 of a YAML syntax error, or of a byte that is not UTF-8), or the override.
 """
 
@@ -16,12 +16,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from capt.errors import CaptError
+from capt.errors import ConfigError
 from pipelines.config.plain_yaml import plain_yaml_problem
 
 
-class JobConfigError(CaptError, ValueError):
-    """A job config is invalid; the message lists every problem (key, value given, what is allowed)."""
+class PipelineConfigError(ConfigError):
+    """A job, sweep or serve config is invalid; the message lists every problem (key, value given, what is allowed)."""
 
 
 def merge_sources(path: str | os.PathLike | None, overrides: Sequence[str],
@@ -34,48 +34,48 @@ def merge_sources(path: str | os.PathLike | None, overrides: Sequence[str],
     except OmegaConfBaseException as err:  # an interpolation such as ${missing.key}
         key = getattr(err, "full_key", None)
         where = "".join([f" {path}" if path else "", f" at key {key}" if key else ""])
-        raise JobConfigError(f"Cannot resolve the config{where}: {str(err).splitlines()[0]}.") from None
+        raise PipelineConfigError(f"Cannot resolve the config{where}: {str(err).splitlines()[0]}.") from None
 
 
 def read_yaml_config(path: str | os.PathLike) -> DictConfig:
-    """A YAML config file as an OmegaConf mapping; `JobConfigError` names the file (and line and column)."""
+    """A YAML config file as an OmegaConf mapping; `PipelineConfigError` names the file (and line and column)."""
     text = _config_text(Path(path))
     if problem := plain_yaml_problem(text):
-        raise JobConfigError(f"The config {path} is not a plain config: {problem}.")
+        raise PipelineConfigError(f"The config {path} is not a plain config: {problem}.")
     try:
         loaded = OmegaConf.load(io.StringIO(text))  # OmegaConf's loader: typed floats, duplicate keys refused
     except yaml.YAMLError as err:
         if NODE_LIMIT_TEXT in str(err):
-            raise JobConfigError(f"The config {path} holds more values than one config may: {TOO_MANY_NODES}.") \
+            raise PipelineConfigError(f"The config {path} holds more values than one config may: {TOO_MANY_NODES}.") \
                 from None
-        raise JobConfigError(f"The config {path} is not valid YAML: {yaml_problem(err)}. Fix the file there "
+        raise PipelineConfigError(f"The config {path} is not valid YAML: {yaml_problem(err)}. Fix the file there "
                              "(YAML indents with spaces, one `key: value` per line, each key once).") from None
     except OSError:  # what OmegaConf raises for a single value at the top level
         loaded = None
     if not isinstance(loaded, DictConfig):
         found = "a list" if loaded is not None else f"a single value ({type(yaml.safe_load(text)).__name__})"
-        raise JobConfigError(f"The config {path} must be a mapping of sections at the top level (lines like "
+        raise PipelineConfigError(f"The config {path} must be a mapping of sections at the top level (lines like "
                              f"`model:` and `train:`, see pipelines/configs/), but it holds {found}.")
     return loaded
 
 
 def _config_text(path: Path) -> str:
-    """The text of a config file; a missing, unreadable or non-UTF-8 file is a `JobConfigError`."""
+    """The text of a config file; a missing, unreadable or non-UTF-8 file is a `PipelineConfigError`."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise JobConfigError(f"The config file {path} does not exist; check --config (the shipped configs are "
+        raise PipelineConfigError(f"The config file {path} does not exist; check --config (the shipped configs are "
                              "in pipelines/configs/).") from None
     except IsADirectoryError:
-        raise JobConfigError(f"The config {path} is a folder; --config takes a YAML file.") from None
+        raise PipelineConfigError(f"The config {path} is a folder; --config takes a YAML file.") from None
     except UnicodeDecodeError as err:
         data = path.read_bytes()
         line = data[:err.start].count(b"\n") + 1
         column = err.start - data.rfind(b"\n", 0, err.start)
-        raise JobConfigError(f"The config {path} is not UTF-8 text: byte {data[err.start]:#04x} at line {line}, "
+        raise PipelineConfigError(f"The config {path} is not UTF-8 text: byte {data[err.start]:#04x} at line {line}, "
                              f"column {column}. Save it as UTF-8.") from None
     except OSError as err:
-        raise JobConfigError(f"Cannot read the config {path}: {err.strerror or err}.") from None
+        raise PipelineConfigError(f"Cannot read the config {path}: {err.strerror or err}.") from None
 
 
 NODE_LIMIT_TEXT = "node expansion exceeds the configured limit"
@@ -104,7 +104,7 @@ def parse_overrides(overrides: Sequence[str]) -> list[DictConfig]:
             else:
                 problems.append(f"{_shown(text)} has a value that is not valid YAML ({problem}; quote it)")
     if problems:
-        raise JobConfigError("Invalid overrides: " + "; ".join(problems) + " (e.g. train.max_steps=20).")
+        raise PipelineConfigError("Invalid overrides: " + "; ".join(problems) + " (e.g. train.max_steps=20).")
     return parsed
 
 

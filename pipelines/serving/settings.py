@@ -8,7 +8,7 @@ from pydantic import Field, PositiveInt, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
 from pipelines.config.schema import STRICT, NonNegativeFloat, PositiveFloat
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 
 
 @dataclass(config=STRICT)
@@ -66,7 +66,7 @@ class ServeSettings:
         try:
             return cls(**args)
         except (ValidationError, TypeError) as err:
-            raise JobConfigError(f"Serve settings: {_problems(err)}. Allowed keys: "
+            raise PipelineConfigError(f"Serve settings: {_problems(err)}. Allowed keys: "
                                  f"{', '.join(cls.__dataclass_fields__)}.") from err
 
 

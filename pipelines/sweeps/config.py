@@ -28,7 +28,7 @@ from pipelines.config.checks import ignored_data_dir_note as job_data_dir_note
 from pipelines.config.kinds import other_kind_hint
 from pipelines.config.load import pydantic_problems, validate_job_config
 from pipelines.config.schema import STRICT, Seed, model_slug
-from pipelines.config.sources import JobConfigError, merge_sources
+from pipelines.config.sources import PipelineConfigError, merge_sources
 from pipelines.config.tracking import TrackingSection
 from pipelines.sweeps.pack_rules import PackSection, member_problems, pack_option_problems
 from pipelines.sweeps.resources import ResourcesSection
@@ -172,10 +172,10 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
         sweep = TypeAdapter(SweepConfig).validate_python(raw)
     except ValidationError as err:
         if hint := other_kind_hint(raw, "sweep"):  # its keys would all be unknown: name the command instead
-            raise JobConfigError(f"Invalid sweep config {path or ''}: {hint}.") from None
+            raise PipelineConfigError(f"Invalid sweep config {path or ''}: {hint}.") from None
         problems = pydantic_problems(err, SweepConfig)
         problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)
-        raise JobConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
+        raise PipelineConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
                              + ".") from None
     if problems := _grid(sweep)[1] + (more_checks(sweep) if more_checks else []):
         raise _invalid_sweep(problems)
@@ -191,7 +191,7 @@ def _problems_beside(raw: Any, bad_keys: set[Any], more_checks: SweepChecks | No
     try:
         rest = TypeAdapter(SweepConfig).validate_python({k: v for k, v in raw.items() if k not in bad_keys})
         return _grid(rest)[1] + (more_checks(rest) if more_checks else [])
-    except (ValidationError, JobConfigError):
+    except (ValidationError, PipelineConfigError):
         return []
 
 
@@ -214,9 +214,9 @@ def trials(sweep: SweepConfig) -> list[Trial]:
     return points
 
 
-def _invalid_sweep(problems: list[str]) -> JobConfigError:
+def _invalid_sweep(problems: list[str]) -> PipelineConfigError:
     """One error listing each distinct problem once."""
-    return JobConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
+    return PipelineConfigError("Invalid sweep: " + " | ".join(dict.fromkeys(problems)))
 
 
 def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
@@ -241,7 +241,7 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
                     try:
                         validate_job_config(job)
                         found = member_problems(sweep.pack, job)
-                    except JobConfigError as err:
+                    except PipelineConfigError as err:
                         found = [str(err)]
                     where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
                     for problem in found:
@@ -273,7 +273,7 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
     job.setdefault("train", {})["resume"] = True  # a retried or resumed trial continues from its checkpoint
     try:
         digest = config_hash(validate_job_config(job))
-    except JobConfigError:  # `trials` reports the problem; the name only has to be stable
+    except PipelineConfigError:  # `trials` reports the problem; the name only has to be stable
         digest = config_hash(job)
     name = f"{Trial(task, model, entry.key, seed, {}).name}-{digest[:TRIAL_HASH_CHARS]}"
     job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)

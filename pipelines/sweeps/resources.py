@@ -25,7 +25,7 @@ import math
 from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ResourcesSection:
         return value
 
 
-class ResourcesError(JobConfigError):
+class ResourcesError(PipelineConfigError):
     """One trial asks for resources the Ray cluster cannot give; the message names the request and the cluster."""
 
 

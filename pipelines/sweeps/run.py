@@ -17,7 +17,7 @@ from typing import Any
 
 from capt.errors import CaptError
 from pipelines.config.schema import model_slug
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
@@ -160,7 +160,7 @@ def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
                 if (problem := folder_problem(key, path))]
     try:
         points = trials(sweep)
-    except JobConfigError:  # the trials' own problems are reported beside these; their data is checked once valid
+    except PipelineConfigError:  # the trials' own problems are reported beside these; their data is checked once valid
         points = []
     problems += local_data_problems([(t.name, t.job.get("task", {})) for t in points])
     return problems + ray_job_folder_problems(folders)
@@ -268,7 +268,7 @@ def refuse_credentials_in_uri(uri: str) -> None:
     from pipelines.services.mlflow_probe import credentials_in_uri
 
     if (shown := credentials_in_uri(uri)) is not None:
-        raise JobConfigError(
+        raise PipelineConfigError(
             f"tracking.uri (or MLFLOW_TRACKING_URI) holds credentials ({shown} with a user name or password in "
             "it): they would be visible in Ray's job metadata and in every trial's run record. Give the URI "
             "without them and set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD in the environment of the "

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipelines.config.load import validate_job_config
 from pipelines.config.schema import JobConfig, flatten, model_slug
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.models import smollm2
 from pipelines.tracking.spool import numeric_metrics
 from pipelines.training.outputs import claim_job_folder, config_hash, hashed_config
@@ -199,7 +199,7 @@ def method_defaults(config: JobConfig) -> JobConfig | None:
             "method": {"name": config.method.name}, "seed": config.seed}
     try:
         return validate_job_config(bare)
-    except JobConfigError:
+    except PipelineConfigError:
         return None
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from capt.tasks import TaskDataError
 from pipelines.cli_errors import EXIT_BAD_INPUT, run_cli
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.services import ServiceError
 
 
@@ -17,7 +17,7 @@ def _raise(err: BaseException):
     return body
 
 
-@pytest.mark.parametrize("err", [JobConfigError("bad key"), TaskDataError("bad row", path="f.jsonl", row=3),
+@pytest.mark.parametrize("err", [PipelineConfigError("bad key"), TaskDataError("bad row", path="f.jsonl", row=3),
                                  ServiceError("server down")], ids=["config", "data", "service"])
 def test_an_expected_error_is_one_paragraph_and_exit_2(err, capsys):
     assert run_cli(_raise(err), debug=False) == EXIT_BAD_INPUT
@@ -26,7 +26,7 @@ def test_an_expected_error_is_one_paragraph_and_exit_2(err, capsys):
 
 
 def test_debug_prints_the_traceback_before_the_same_paragraph(capsys):
-    assert run_cli(_raise(JobConfigError("bad key")), debug=True) == EXIT_BAD_INPUT
+    assert run_cli(_raise(PipelineConfigError("bad key")), debug=True) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and err.endswith("error: bad key\n")
 
@@ -70,7 +70,7 @@ def test_every_entry_point_main_is_the_one_skeleton(capsys):
         return made
 
     assert cli_main(parser(), ["--size", "3"], lambda args: args.size) == 3
-    assert cli_main(parser(), ["--debug"], _raise_with(JobConfigError("size=0 (allowed: an int >= 1)"))) == 2
+    assert cli_main(parser(), ["--debug"], _raise_with(PipelineConfigError("size=0 (allowed: an int >= 1)"))) == 2
     assert capsys.readouterr().err.endswith("error: size=0 (allowed: an int >= 1)\n")
     with pytest.raises(SystemExit) as exit_info:
         cli_main(parser(), ["--size", "big"], lambda args: 0)

@@ -11,7 +11,7 @@ from helpers.bad_inputs import call_entry
 from capt.config import CapsuleConfig
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import flatten, model_slug
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.training.outputs import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,7 +46,7 @@ def test_the_method_defaults_are_part_of_the_resolved_config_and_its_hash():
 
 
 def test_every_problem_is_listed_at_once():
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_job_config(None, ["method.name=dora", "task.name=squad", "train.batch_size=-2", "train.warp=9",
                                "model.dtype=int3", "task.source=generated"])
     message = str(err.value)
@@ -57,16 +57,16 @@ def test_every_problem_is_listed_at_once():
 
 
 def test_an_option_of_another_method_is_refused():
-    with pytest.raises(JobConfigError, match=r"method.options for method 'lora'.*num_tokens"):
+    with pytest.raises(PipelineConfigError, match=r"method.options for method 'lora'.*num_tokens"):
         load_job_config(None, ["method.name=lora", "method.options.num_tokens=20", "task.source=generated"])
-    with pytest.raises(JobConfigError, match=r"method.options for method 'capt'.*fusion='glue'"):
+    with pytest.raises(PipelineConfigError, match=r"method.options for method 'capt'.*fusion='glue'"):
         load_job_config(None, ["method.options.fusion=glue", "task.source=generated"])
 
 
 def test_unknown_model_and_missing_data_dir(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("CAPT_DATA_DIR", raising=False)
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_job_config(None, ["model.name=nobody/no-such-model", "task.source=local"])
     message = str(err.value)
     assert "model.name='nobody/no-such-model'" in message and "not in the local Hugging Face cache" in message
@@ -90,7 +90,7 @@ def test_model_slug():
 
 
 def _problems(*overrides: str) -> str:
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_job_config(None, [*overrides, "task.source=generated"])
     return str(err.value)
 

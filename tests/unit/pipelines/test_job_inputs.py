@@ -7,7 +7,7 @@ import torch
 from helpers.jobs import tiny_job
 
 from capt import tasks
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.methods import load_artifact
 from pipelines.models.cache import BaseModelCache
 from pipelines.models.loading import load_model
@@ -21,7 +21,7 @@ from pipelines.training.setup import load_data
     ("tiny-t5", "csqa", "T5's mixture had no csqa format"),
 ])
 def test_the_t5_format_is_refused_where_t5_never_saw_it(tmp_path, model, task, message):
-    with pytest.raises(JobConfigError, match=message):
+    with pytest.raises(PipelineConfigError, match=message):
         tiny_job(tmp_path, model, "capt", task={"name": task, "input_format": "t5_superglue"})
 
 

@@ -16,7 +16,7 @@ from capt.optim_defaults import OptimDefault
 from pipelines.config import load_job_config
 from pipelines.config.optim_defaults import OPTIM_DEFAULTS
 from pipelines.config.readout import allowed_readouts
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.models.shape import model_shape
 from pipelines.training.loop import run
 
@@ -87,7 +87,7 @@ def test_a_method_registered_from_outside_trains_with_the_lr_it_declares(tmp_pat
 def test_a_method_without_a_default_for_the_models_family_is_refused_naming_both():
     with registered_method("t5_only", Method(T5OnlyConfig, PROMPT_MODEL)):
         assert job("tiny-t5", "t5_only", SHORT_PROMPT).optim.lr == 0.0625
-        with pytest.raises(JobConfigError) as err:
+        with pytest.raises(PipelineConfigError) as err:
             job("tiny-bert", "t5_only", SHORT_PROMPT)
         explicit = job("tiny-bert", "t5_only", SHORT_PROMPT, "optim.name=adamw", "optim.lr=0.01")
     message = str(err.value)
@@ -97,7 +97,7 @@ def test_a_method_without_a_default_for_the_models_family_is_refused_naming_both
 
 def test_a_method_borrows_no_defaults_from_the_config_class_it_extends():
     with registered_method("undeclared", Method(UndeclaredConfig, PROMPT_MODEL)), \
-            pytest.raises(JobConfigError, match="'undeclared' on model family 't5'.*set optim.name and optim.lr"):
+            pytest.raises(PipelineConfigError, match="'undeclared' on model family 't5'.*set optim.name and optim.lr"):
         job("tiny-t5", "undeclared", SHORT_PROMPT)
 
 
@@ -117,7 +117,8 @@ def test_the_capsule_readout_asks_the_registry_which_methods_have_a_slot():
         assert "capsule" in allowed_readouts(encoder, "toy_capsule")
         config = job("tiny-bert", "toy_capsule", "model.readout=capsule")
         assert config.model.readout == "capsule" and config.optim.lr == 0.025
-        with pytest.raises(JobConfigError, match=r"method 'lora' has no capsule slot \(only capt, toy_capsule have"):
+        with pytest.raises(PipelineConfigError,
+                           match=r"method 'lora' has no capsule slot \(only capt, toy_capsule have"):
             job("tiny-bert", "lora", "model.readout=capsule")
 
 

@@ -12,7 +12,7 @@ from helpers.jobs import tiny_job
 from pipelines.config.load import load_job_config
 from pipelines.config.optim_defaults import FAMILIES, OPTIM_DEFAULTS, resolve_optim
 from pipelines.config.schema import METHOD_NAMES, JobConfig, flatten
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.training.loop import run
 from pipelines.training.outputs import config_hash
 
@@ -85,7 +85,7 @@ def test_the_hash_keys_the_resolved_config(tmp_path):
 
 
 def test_an_optimiser_without_its_lr_is_refused_naming_both():
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_job_config(None, ["task.source=generated", "optim.name=adamw"])
     message = str(err.value)
     assert "optim.name='adamw'" in message and "optim.lr" in message and "0.3" in message and "adafactor" in message

@@ -6,7 +6,7 @@ import pytest
 
 from pipelines.config.load import load_job_config
 from pipelines.config.plain_yaml import MAX_NESTING, plain_yaml_problem
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 
 
 @pytest.mark.parametrize("text", ["a: 1\nb: [x, {c: null}]\n", "a: !!str 5\n", "a: !!int '5'\nb: !!float 1\n",
@@ -36,13 +36,13 @@ def test_nesting_is_allowed_up_to_the_limit_and_refused_past_it():
 
 def test_syntax_errors_are_left_to_the_loader_that_names_them():
     assert plain_yaml_problem("a: [\n") is None
-    with pytest.raises(JobConfigError, match="is not valid YAML"):
+    with pytest.raises(PipelineConfigError, match="is not valid YAML"):
         load_job_config(None, ["task.source=generated", "train.max_steps=[1,"])
 
 
 def test_a_huge_override_is_refused_without_echoing_all_of_it():
     override = "train.max_steps=" + "[" * 20_000 + "]" * 20_000
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_job_config(None, [override])
     assert "nest more than 32 levels deep" in str(err.value) and "(40016 characters)" in str(err.value)
     assert len(str(err.value)) < 400
@@ -56,7 +56,7 @@ def test_a_grid_beyond_omegaconfs_node_limit_is_called_too_large_not_invalid(tmp
     path = tmp_path / "big.yaml"
     path.write_text(f"tasks: [rte]\nmodels: [tiny-t5]\nseeds: {seeds}\n")
     for refused in (lambda: load_sweep_config(None, [f"seeds={seeds}"]), lambda: load_sweep_config(path)):
-        with pytest.raises(JobConfigError) as caught:
+        with pytest.raises(PipelineConfigError) as caught:
             refused()
         message = str(caught.value)
         assert "more values than one config may" in message and "at most 10,000" in message, message[-500:]

@@ -14,7 +14,7 @@ from capt.arch.readout import install_readout, installed_readout
 from capt.digest import MANIFEST_NAME
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.config.readout import ENCODER_READOUT
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.evaluation import predict
 from pipelines.methods import load_artifact
 from pipelines.models.cache import BaseModelCache
@@ -37,7 +37,7 @@ def test_an_unset_readout_resolves_by_family(tmp_path):
     ("tiny-bert", "capt", "avg", "model.readout='avg'"),
 ])
 def test_readouts_that_cannot_apply_are_refused(tmp_path, model, method, readout, message):
-    with pytest.raises(JobConfigError, match=message):
+    with pytest.raises(PipelineConfigError, match=message):
         tiny_job(tmp_path, model, method, model={"readout": readout})
 
 

@@ -17,7 +17,7 @@ from ray.serve.schema import ServeDeploySchema
 from capt.errors import CapsuleArtifactError
 from capt.tasks import TaskDataError
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.serving.app import build
 from pipelines.serving.auth import TOKEN_ENV, digest
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
@@ -135,13 +135,13 @@ def test_the_serve_config_file_is_valid_and_builds_the_app(monkeypatch: pytest.M
 
 
 def test_bad_serve_settings_name_the_key() -> None:
-    with pytest.raises(JobConfigError, match="auth is on but no token_sha256"):
+    with pytest.raises(PipelineConfigError, match="auth is on but no token_sha256"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x"})
-    with pytest.raises(JobConfigError, match=r"poll_s: .*greater than 0 \(given -1\)"):
+    with pytest.raises(PipelineConfigError, match=r"poll_s: .*greater than 0 \(given -1\)"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "poll_s": -1,
                                  "auth": False})
-    with pytest.raises(JobConfigError, match=r"poll_s: .*finite"):  # inf would never poll again
+    with pytest.raises(PipelineConfigError, match=r"poll_s: .*finite"):  # inf would never poll again
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x",
                                  "poll_s": float("inf"), "auth": False})
-    with pytest.raises(JobConfigError, match="Allowed keys: model, tasks"):
+    with pytest.raises(PipelineConfigError, match="Allowed keys: model, tasks"):
         ServeSettings.from_args({"model": "t5-base", "tasks": ["rte"], "tracking_uri": "http://x", "polls": 3})

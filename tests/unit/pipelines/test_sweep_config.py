@@ -9,7 +9,7 @@ import pytest
 from helpers.hub_cache import use_hub_cache
 
 from pipelines.config.load import validate_job_config
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.run import max_concurrent, sweep_folder_problems
 from pipelines.training.outputs import config_hash
@@ -79,17 +79,17 @@ def test_a_bad_sweep_lists_every_problem(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks: [rte, squad]\nmethods: [{name: capt, options: {fusion: glue}}]\n"
                    "resources: {num_workers: 0}\n")
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_sweep_config(bad)
     message = str(err.value)  # a section the schema refuses does not hide the trials' own problems
     assert "resources.num_workers=0" in message and "task.name='squad'" in message and "fusion='glue'" in message
     bad.write_text("tasks: [rte, squad]\nmethods: [{name: capt, options: {fusion: glue}}]\n")
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_sweep_config(bad, ["data_source=generated"])
     message = str(err.value)
     assert "task.name='squad'" in message and "fusion='glue'" in message
     bad.write_text("tasks: [rte]\nseeds: [0, 1, 2]\nmethods: [{name: capt, options: {fusion: glue}}]\n")
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_sweep_config(bad, ["data_source=generated"])
     assert str(err.value).count("fusion='glue'") == 1 and "3 trial(s)" in str(err.value), "reported once"
 
@@ -149,7 +149,7 @@ def test_the_data_source_is_decided_by_the_driver_not_by_a_workers_environment(t
 
 
 def _refusal(*overrides: str) -> str:
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         load_sweep_config(CONFIGS / "smoke.yaml", [*overrides, "data_source=generated"])
     return str(err.value)
 
@@ -174,7 +174,7 @@ def test_a_refused_sweep_section_and_the_trials_problems_are_reported_together()
 
 def test_the_sweep_command_reports_its_folders_with_the_configs_problems():
     for overrides in (["tasks=[rtx]"], ["seeds=[-1]"]):  # beside a trial's problem, and beside a refused section
-        with pytest.raises(JobConfigError) as err:
+        with pytest.raises(PipelineConfigError) as err:
             load_sweep_config(CONFIGS / "smoke.yaml", [*overrides, "storage_path=/proc/capt-sweeps",
                                                        "data_source=generated"], more_checks=sweep_folder_problems)
         message = str(err.value)
@@ -225,7 +225,7 @@ def test_capsule_layers_beyond_the_model_are_refused_before_ray(tmp_path):
     assert "model.name='minilm'" not in message
     paper = load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["methods=[{name: capt, options: {layers: [11]}}]"])
     assert trials(paper)
-    with pytest.raises(JobConfigError, match=r"'google-t5/t5-base' has 12 encoder layers.*0\.\.11"):
+    with pytest.raises(PipelineConfigError, match=r"'google-t5/t5-base' has 12 encoder layers.*0\.\.11"):
         load_sweep_config(CONFIGS / "paper" / "t5-base.yaml", ["methods=[{name: capt, options: {layers: [12]}}]"])
 
 
@@ -246,7 +246,7 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
     from pipelines.sweeps.run import refuse_credentials_in_uri
 
     refuse_credentials_in_uri("http://127.0.0.1:5000")  # no user info: accepted
-    with pytest.raises(JobConfigError, match="holds credentials") as caught:
+    with pytest.raises(PipelineConfigError, match="holds credentials") as caught:
         refuse_credentials_in_uri("https://ann:s3cret@mlflow.example:5443/")
     assert "s3cret" not in str(caught.value) and "mlflow.example:5443" in str(caught.value)
 
@@ -263,10 +263,10 @@ def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the hub allowed (the models' configs still come from the cache)
     assert {p.job["task"]["source"] for p in trials(load_sweep_config(path))} == {"hub"}
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(JobConfigError, match="CAPT_DATA_DIR is not set and the hub is off"):
+    with pytest.raises(PipelineConfigError, match="CAPT_DATA_DIR is not set and the hub is off"):
         load_sweep_config(path)
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
-    with pytest.raises(JobConfigError, match="set task.source='generated'"):
+    with pytest.raises(PipelineConfigError, match="set task.source='generated'"):
         load_sweep_config(path, ["task_overrides.cb.task.source=generated"])
 
 
@@ -278,7 +278,7 @@ def test_a_ray_job_with_a_working_dir_refuses_relative_folders_with_the_flags_to
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_1"}}))
     small = ["models=[tiny-t5]", "tasks=[rte]", "data_source=generated"]
-    with pytest.raises(JobConfigError) as refused:
+    with pytest.raises(PipelineConfigError) as refused:
         load_sweep_config(CONFIGS / "smoke.yaml", small, more_checks=sweep_folder_problems)
     message = str(refused.value)
     assert "storage_path='outputs/sweeps' is relative" in message and "storage_path=/ABSOLUTE/FOLDER" in message
@@ -294,7 +294,7 @@ def test_local_data_the_trials_cannot_read_is_refused_before_anything_starts(tmp
     (tmp_path / "cb").mkdir()
     (tmp_path / "cb" / "train.jsonl").write_text("{}\n")
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
-    with pytest.raises(JobConfigError) as refused:
+    with pytest.raises(PipelineConfigError) as refused:
         load_sweep_config(CONFIGS / "smoke.yaml", ["models=[tiny-t5]", f"storage_path={tmp_path / 's'}",
                                                    "tracking.enabled=false"], more_checks=sweep_folder_problems)
     message = str(refused.value)
@@ -314,7 +314,7 @@ def test_a_grid_above_the_trial_bound_is_refused_at_once_naming_its_count_the_bo
 
     base = ["models=[tiny-t5]", "tasks=[rte]", "data_source=generated", f"storage_path={tmp_path}"]
     started = time.monotonic()
-    with pytest.raises(JobConfigError) as caught:
+    with pytest.raises(PipelineConfigError) as caught:
         load_sweep_config(CONFIGS / "smoke.yaml", [*base, f"seeds={list(range(9000))}"])
     message = str(caught.value)
     assert time.monotonic() - started < 5, "refused from the axes' lengths, before 9,000 job configs are validated"
@@ -324,5 +324,5 @@ def test_a_grid_above_the_trial_bound_is_refused_at_once_naming_its_count_the_bo
     assert len(trials(accepted)) == tune_trials(accepted) == MAX_TRIALS
     searched = [*base, "seeds=[0,1,2,3,4,5,6,7,8,9]", "num_samples=2",
                 "search={optim.lr: {grid: " + str([i / 1000 for i in range(1, 77)]) + "}}"]
-    with pytest.raises(JobConfigError, match="the grid has 1,520 trials"):
+    with pytest.raises(PipelineConfigError, match="the grid has 1,520 trials"):
         load_sweep_config(CONFIGS / "smoke.yaml", searched)

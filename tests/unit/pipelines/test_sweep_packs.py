@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.packs import member_points, pack_point, sweep_packs
 from pipelines.sweeps.summary import result_rows
@@ -53,7 +53,7 @@ def test_members_that_cannot_share_a_base_go_to_different_packs(tmp_path):
 
 
 def test_a_packed_sweep_refuses_unpackable_methods_and_options_at_once(tmp_path):
-    with pytest.raises(JobConfigError) as err:
+    with pytest.raises(PipelineConfigError) as err:
         packed(tmp_path, "pack.max_members=3", "methods=[{name: capt}, {name: lora}]", "scheduler=asha",
                "search={optim.lr: {grid: [0.1, 0.3]}}", "resources.num_workers=2", "job.train.grad_accum_steps=2")
     message = str(err.value)
@@ -67,9 +67,9 @@ def test_a_packed_sweep_refuses_unpackable_methods_and_options_at_once(tmp_path)
 
 
 def test_k_must_be_positive_and_given(tmp_path):
-    with pytest.raises(JobConfigError, match=r"pack.max_members=0: Input should be greater than 0"):
+    with pytest.raises(PipelineConfigError, match=r"pack.max_members=0: Input should be greater than 0"):
         packed(tmp_path, "pack.max_members=0")
-    with pytest.raises(JobConfigError, match=r"pack.max_members.*Field required"):
+    with pytest.raises(PipelineConfigError, match=r"pack.max_members.*Field required"):
         packed(tmp_path, "pack={}")
 
 
@@ -80,7 +80,7 @@ def test_a_packed_sweeps_trial_processes_start_with_the_tuned_heap_unless_told_o
     assert TUNED_HEAP_ENV["MALLOC_ARENA_MAX"] == "1" and TUNED_HEAP_ENV["MALLOC_MMAP_MAX_"] == "0"
     assert trial_process_env(packed(tmp_path, "pack.max_members=3", "pack.heap=default")) == {}
     assert trial_process_env(load_sweep_config(None, [f"storage_path={tmp_path}", *BASE])) == {}, "no pack"
-    with pytest.raises(JobConfigError, match=r"pack.heap='huge': Input should be 'tuned' or 'default'"):
+    with pytest.raises(PipelineConfigError, match=r"pack.heap='huge': Input should be 'tuned' or 'default'"):
         packed(tmp_path, "pack.max_members=3", "pack.heap=huge")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ray.tune import Result
 
-from pipelines.config.sources import JobConfigError
+from pipelines.config.sources import PipelineConfigError
 from pipelines.reporting.tables import build_tables, markdown, run_frame
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.select import chosen_labels
@@ -52,7 +52,7 @@ def test_select_expands_every_row_per_value_and_seed_and_a_row_can_have_its_own(
     ("select={optim.lrr: [0.1]}", "optim.lrr: unknown key"),
 ])
 def test_a_bad_select_is_refused_before_anything_runs(override, phrase):
-    with pytest.raises(JobConfigError, match="Invalid sweep") as err:
+    with pytest.raises(PipelineConfigError, match="Invalid sweep") as err:
         _sweep(override)
     assert phrase in str(err.value)
 
