@@ -82,6 +82,22 @@ def _app(rates: list[float], rss: float, capsule_bytes: int, base: float = 350.0
                        for r, rate in enumerate(rates)]}
 
 
+def test_capsules_under_4_kb_get_their_memory_figure_without_a_target() -> None:
+    """tiny-t5's 512-byte capsules: the replica's growth per capsule measures CPython, not the design."""
+    config = {**serving.settings(quick=False), "models": ["t"], "rounds": 1,
+              "task_counts": {"rte": [1, 1000], "mix": [7]}}
+    apps = {"t": {("rte", 1): _app([100], 400.0, 512), ("rte", 1000): _app([95], 402.0, 512 * 1000),
+                  ("mix", 7): _app([40], 400.0, 7 * 512)}}
+    adds = {"t": {"tasks": 1000, "add_s": 0.1, "call_s": 0.1, "first_answer_s": 0.2, "rss_mb": 402.0}}
+    engine = {"t": {"table": [{"model": "t", "batch": "1 capsule", "ms_per_batch": 1.0}],
+                    "extra_ops": [{"model": "t", "op": "aten::add", "extra_ms": 0.1}], "profile": "top ops"}}
+    result = serving.tabulate(BenchResult(serving.NAME, serving.TITLE, config), apps, adds, engine)
+    assert [t.name for t in result.targets] == ["t: throughput, rte rows, 1000 capsules / 1, worst of 1 round(s)"]
+    [note] = [n for n in result.notes if "replica memory" in n]
+    assert note.startswith("t: replica memory, 1000 RTE capsules over 1") and "4.100x, without a target" in note
+    assert "capsules of 512 bytes" in note
+
+
 def test_the_targets_take_the_worst_round_against_the_same_rows_and_the_memory_beyond_the_capsules() -> None:
     config = {**serving.settings(quick=False), "models": ["m"], "rounds": 3}
     mib = 2**20
@@ -152,7 +168,11 @@ def test_quick_mode_serves_encoder_capsules_with_their_heads_and_adds_one_while_
     most = max(config["task_counts"]["rte"])
     assert all(row["tasks_after_add"] == most + 1 and row["add_s"] > 0 for row in loads.rows)
     beyond_a_baseline = sum(len(counts) - 1 for counts in config["task_counts"].values())
-    assert len(result.targets) == (beyond_a_baseline + 1) * len(config["models"])  # throughput, memory
+    sized = [row for row in loads.rows
+             if row["capsules_mb"] * 2**20 / (row["tasks"] - 1) >= serving.MEMORY_TARGET_FROM_BYTES]
+    assert len(result.targets) == beyond_a_baseline * len(config["models"]) + len(sized)  # throughput, memory
+    assert sum("replica memory" in note and "without a target" in note for note in result.notes) == \
+        len(loads.rows) - len(sized)
     labels = ["1 capsule", "8 RTE capsules", "task mix", "task mix, all capsules loaded"]
     assert [row["batch"] for row in engine.rows] == labels * len(config["models"])
     assert all(row["ms_per_batch"] > 0 for row in engine.rows) and ops.rows
