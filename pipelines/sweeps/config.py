@@ -25,8 +25,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from pipelines.config.checks import ignored_data_dir_note as job_data_dir_note
-from pipelines.config.kinds import other_kind_hint
-from pipelines.config.load import pydantic_problems, validate_job_config
+from pipelines.config.load import other_kind_hint, pydantic_problems, validate_job_config
 from pipelines.config.schema import STRICT, Seed, model_slug
 from pipelines.config.sources import PipelineConfigError, merge_sources
 from pipelines.config.tracking import TrackingSection

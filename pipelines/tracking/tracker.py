@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -12,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.tracking.client import dir_lock, is_transient, now_ms, own_http_retries
+from pipelines.tracking.client import dir_lock, is_transient, mlflow_client, now_ms, own_http_retries
 from pipelines.tracking.experiment import run_url as ui_run_url
 from pipelines.tracking.operations import Replayer, dead_letter
-from pipelines.tracking.run_content import mlflow_metrics
+from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, mlflow_metrics, project_metric_name
 from pipelines.tracking.scope import ServerScope
 from pipelines.tracking.spool import (
     FAILED_FILE,
@@ -158,8 +159,7 @@ class TrialTracker:
 
     def verify_reused(self, result: Mapping[str, Any], result_path: str | os.PathLike[str]) -> None:
         """Refuse a result reused from an earlier attempt whose scores differ from those its finished run logged
-        (`pipelines.tracking.reuse`); nothing to compare while its finish is only spooled."""
-        from pipelines.tracking.reuse import verify_against_run
+        (`verify_against_run`); nothing to compare while its finish is only spooled."""
 
         record = read_run_record(self.state_dir)
         if record is not None and record.get("status") == "FINISHED" and record.get("run_id"):
@@ -289,3 +289,41 @@ def _publish_last_samples(monitor: Any) -> None:
             monitor.mlflow_logger.flush()
     except Exception as exc:  # noqa: BLE001 - system metrics are a nicety: never fail the run for them
         logger.warning("The last system metrics sample was not uploaded: %s", exc)
+
+
+# A finished trial's result.json, reused by a restarted sweep, must say what its MLflow run logged.
+# result.json carries its own digest (`pipelines.training.cached`), which catches an edit but not someone who
+# recomputes it; the run's metrics live in the tracking database, out of reach of whoever can only write the
+# output folder. So a reused result's scores are compared with the run's (the final metrics and the last
+# best-validation score it logged); any difference refuses the trial with the way out.
+
+def score_mismatches(logged: Mapping[str, float], result: Mapping[str, Any]) -> list[str]:
+    """``name: result.json X, run Y`` for every score of `result` that the run's `logged` metrics (MLflow names)
+    lack or hold another value of."""
+    expected = dict(final_metrics(result))
+    best = result.get("metrics", {}).get("best_validation_score")
+    if isinstance(best, int | float) and math.isfinite(best):
+        expected[mlflow_metric_name("best_validation_score")] = float(best)
+    return [f"{project_metric_name(name)}: result.json {value!r}, run {logged.get(name)!r}"
+            for name, value in sorted(expected.items())
+            if name not in logged or not math.isclose(logged[name], value, rel_tol=1e-9, abs_tol=1e-12)]
+
+
+def verify_against_run(uri: str, run_id: str, result: Mapping[str, Any], result_path: str) -> None:
+    """Refuse (`CachedResultError`) a reused result whose scores differ from those run `run_id` logged.
+
+    When the server cannot be read now, the result is reused on its own digests, with a warning.
+    """
+    from pipelines.training.cached import WAY_OUT, CachedResultError
+
+    try:
+        logged = mlflow_client(uri).get_run(run_id).data.metrics
+    except Exception as err:  # noqa: BLE001 - an unreachable server must not fail a verified result
+        logger.warning("Cannot compare the reused result %s with its MLflow run %s now (%s); reusing it on its "
+                       "own digests.", result_path, run_id, err)
+        return
+    mismatches = score_mismatches(logged, result)
+    if mismatches:
+        raise CachedResultError(
+            f"The finished result {result_path} is not reused: its scores differ from those its MLflow run {run_id} "
+            f"at {uri} logged ({'; '.join(mismatches)}); it was edited after the run finished. {WAY_OUT}")

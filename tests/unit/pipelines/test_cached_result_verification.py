@@ -3,7 +3,7 @@ artifact's task, base model and method must match where it is loaded (`pipelines
 
 Without tracking: a result.json edited by hand, or whose artifact changed, is refused with the way out and
 nothing in the folder changes; `train.overwrite=true` trains afresh. With tracking, the scores of a reused
-result must equal those its run logged (`pipelines.tracking.reuse.score_mismatches`; against a real server
+result must equal those its run logged (`pipelines.tracking.tracker.score_mismatches`; against a real server
 in tests/integration/test_artifact_integrity.py).
 """
 
@@ -21,8 +21,8 @@ from capt import digest
 from capt.errors import ArtifactIntegrityError
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError, check_provenance, verify_job_artifact
-from pipelines.tracking.reuse import score_mismatches
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name
+from pipelines.tracking.tracker import score_mismatches
 from pipelines.training.cached import CachedResultError, result_digest
 from pipelines.training.loop import run
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.config.load import load_job_config
-from pipelines.config.plain_yaml import MAX_NESTING, plain_yaml_problem
-from pipelines.config.sources import PipelineConfigError
+from pipelines.config.sources import MAX_NESTING, PipelineConfigError, plain_yaml_problem
 
 
 @pytest.mark.parametrize("text", ["a: 1\nb: [x, {c: null}]\n", "a: !!str 5\n", "a: !!int '5'\nb: !!float 1\n",
