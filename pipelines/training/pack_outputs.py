@@ -109,12 +109,16 @@ def checkpoint_path(member: Member) -> Path:
     return Path(member.config.resolved_output_dir()) / CHECKPOINT
 
 
+def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
+    """A CPU copy of `member`'s trainable tensors now (capsule, head)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
+
+
 def save_member(pack: Pack, member: Member) -> None:
     """Write `member`'s state now (after one of its validations), replacing its previous checkpoint atomically."""
     path = checkpoint_path(member)
     path.parent.mkdir(parents=True, exist_ok=True)
-    params = {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
-    state = {"params": params, "best": member.best, "optimizer": member.optimizer.state_dict(),
+    state = {"params": member_state(pack, member), "best": member.best, "optimizer": member.optimizer.state_dict(),
              "scheduler": member.scheduler.state_dict(), "loop": member.loop.to_json(), "losses": member.losses,
              "stopped_early": member.stopped_early}
     write_atomically(path, lambda staging: torch.save(state, staging))

@@ -52,7 +52,13 @@ from pipelines.training.cached import seal_result
 from pipelines.training.loop import Report, drive, schedule, training_loss
 from pipelines.training.outputs import RESULT_FILE
 from pipelines.training.pack_eval import evaluate_members
-from pipelines.training.pack_outputs import claimed_member_folders, restore_member, save_member, save_member_artifact
+from pipelines.training.pack_outputs import (
+    claimed_member_folders,
+    member_state,
+    restore_member,
+    save_member,
+    save_member_artifact,
+)
 from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
 from pipelines.training.result import result_record
 
@@ -185,7 +191,7 @@ def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) ->
     """Member `member`'s validation record from `metrics`; True when its patience ran out."""
     record, improved = member.loop.record_validation(metrics)
     if improved:
-        member.best = _state(pack, member)
+        member.best = member_state(pack, member)
     patience = member.config.train.patience
     member.stopped_early = patience is not None and member.loop.bad_evals >= patience
     # reported before it is checkpointed, as a single job does (`pipelines.training.loop`)
@@ -199,14 +205,10 @@ def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) ->
     return member.stopped_early
 
 
-def _state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
-    return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
-
-
 def _finish(pack: Pack) -> list[dict[str, Any]]:
     """Restore every member's best state, score the test splits (together), and describe each member's run as a
     single job's result does."""
-    finals = {m.index: _state(pack, m) for m in pack.members}
+    finals = {m.index: member_state(pack, m) for m in pack.members}
     with torch.no_grad():
         for member in pack.members:
             for name, param in pack.model.member_parameters(member.index).items():
