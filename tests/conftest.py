@@ -12,6 +12,11 @@ import torch  # noqa: E402
 from helpers.xdist_groups import assign_xdist_groups  # noqa: E402
 from tiny_models import BUILDERS  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Each xdist worker gets its share of the CPUs for torch's intra-op pool: with the default (every CPU per
+    # worker) two workers on two CPUs oversubscribe, and the tiny models' small ops run several times slower.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
