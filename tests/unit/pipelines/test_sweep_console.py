@@ -69,6 +69,9 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
     for key in QUIET_ENV:
         monkeypatch.delenv(key, raising=False)  # restored after the test
     caplog.set_level(logging.WARNING)
+    library = logging.getLogger("transformers")
+    propagates = library.propagate
+    library.propagate = True  # caplog sees only what reaches the root logger, whatever earlier tests configured
     try:
         BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)  # a new head: the report lists it
         assert any("LOAD REPORT" in r.getMessage() for r in caplog.records), "transformers reports the new head"
@@ -82,6 +85,7 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
         assert all(os.environ[key] == value for key, value in QUIET_ENV.items())
         assert not logging.getLogger("mlflow.system_metrics.system_metrics_monitor").isEnabledFor(logging.INFO)
     finally:
+        library.propagate = propagates
         loading.filters[:] = filters
         hf_logging.enable_progress_bar()
         for name, level in levels.items():
