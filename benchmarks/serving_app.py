@@ -3,7 +3,7 @@
 `TimedServer` is `pipelines.serving.app.CapsuleServer` unchanged but for three readings: resident memory at the
 start of its constructor, the constructor's time (base model and every capsule loaded), and an ``add`` method
 that a Serve handle calls to put one more capsule into the running replica through `CapsuleEngine.add` (what
-the registry poll, `pipelines.serving.reload.Reloader`, calls when a new task's version appears; the app has no
+the registry poll, `pipelines.serving.app.Reloader`, calls when a new task's version appears; the app has no
 HTTP route for it). Requests go over HTTP on 127.0.0.1 with the bearer token the app checks.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipelines.serving.app import CapsuleServer, actor_options
+from pipelines.serving.app import CapsuleServer, server_deployment
 from pipelines.serving.memory import resident_mb
 
 TOKEN = secrets.token_urlsafe(32)
@@ -55,13 +55,11 @@ class TimedServer(CapsuleServer):
 
 def deploy(settings: Any, manifest: Path, name: str) -> tuple[str, float]:
     """Run `TimedServer` as application `name`, serving the capsules of `manifest`
-    (`serving_capsules.write_manifest`), with the options `pipelines.serving.app.deployment` gives; (its route prefix,
-    seconds from `serve.run` to the application running)."""
+    (`serving_capsules.write_manifest`), deployed as `pipelines.serving.app.server_deployment` deploys the app's
+    replica; (its route prefix, seconds from `serve.run` to the application running)."""
     from ray import serve
 
-    server = serve.deployment(TimedServer, name="capsules", num_replicas=settings.num_replicas,
-                              ray_actor_options=actor_options(settings),
-                              max_ongoing_requests=settings.max_batch_requests * 4)
+    server = server_deployment(settings, TimedServer)
     started = time.perf_counter()
     serve.run(server.bind(asdict(settings), str(manifest)), name=name, route_prefix=f"/{name}")
     return f"/{name}", time.perf_counter() - started

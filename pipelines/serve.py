@@ -8,11 +8,12 @@ Each replica loads the base model once and the capsules of ``capt-<model-slug>-<
 `capt.CapsuleBank`; ``POST http://127.0.0.1:8000/`` with ``{"task": "rte", "inputs": [raw rows]}`` and
 ``Authorization: Bearer <token>`` answers labels, per-label scores (rank evaluation) and the registry
 version that answered. Requests for different tasks are batched together (`serve.batch`). Every ``--poll-s``
-seconds the replicas read the registry again (`pipelines.serving.reload`): a moved alias's capsule is loaded
+seconds the replicas read the registry again (`pipelines.serving.app.Reloader`): a moved alias's capsule is loaded
 without a restart, with ``--all`` a task given the alias later is added, a deleted model's task is dropped.
 ``GET /tasks`` lists what is served, ``GET /health`` answers without the token; the token comes from
 ``--token-file``, CAPT_SERVE_TOKEN or a new file whose path the start-up line prints
-(`pipelines.serving.auth`); request limits: `pipelines.serving.limits`.
+(`pipelines.serving.auth`); routes: `pipelines.serving.routes` (FastAPI, through Serve's ingress); request limits:
+`pipelines.serving.limits`.
 
 Without ``--tracking-uri`` / MLFLOW_TRACKING_URI it serves from the local store of ``make demo``
 (outputs/mlflow), started here; without RAY_ADDRESS it starts a local Ray. HTTP listens on 127.0.0.1
@@ -59,7 +60,6 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
 def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
     """ServeError naming the reason when the base model of the versions to serve cannot be served (before Ray
     starts: a replica would fail the same way a minute later)."""
-    from pipelines.serving.support import servable_problem
     from pipelines.tracking.serving import version_tags
 
     tagged = {version_tags(source.uri, source.name(t), v).get("base_model") for t, v in versions.items()} - {None}
@@ -69,6 +69,28 @@ def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
             raise ServeError(f"--model {source.model!r}: its capsules (trained on {base!r}) cannot be served: "
                              f"{problem}. Use the task's own predictor instead: mlflow.pyfunc.load_model("
                              f"'models:/{source.name('<task>')}@{source.alias}').predict(rows).")
+
+
+def servable_problem(name: str) -> str | None:
+    """Why the capsules of base model `name` cannot share one served bank (None when they can). The model is built
+    on the meta device (no weights, no memory): what matters is its structure, e.g. whether an encoder classifier's
+    head is one linear layer the bank can gather."""
+    from pipelines.models.shape import model_shape, read_model_config
+
+    try:
+        spec = model_shape(name).spec
+    except ValueError as err:  # unreadable config or an unsupported model_type, named
+        return str(err)
+    if not spec.classifier_head:  # text-to-text models answer with words: any task shares the batch
+        return None
+    import torch
+    import transformers
+
+    from capt.heads import linear_head_problem
+
+    with torch.device("meta"):  # structure only: no weights are allocated
+        model = getattr(transformers, spec.auto_model_class).from_config(read_model_config(name))
+    return linear_head_problem(model)
 
 
 def serve_until_stopped(settings: ServeSettings, host: str, port: int, token: Token | None) -> None:

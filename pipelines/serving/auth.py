@@ -1,8 +1,8 @@
-"""The Serve app's bearer token: where the driver finds it (or makes it), and the replicas' check.
+"""The Serve app's bearer token: where the driver finds it (or makes it).
 
 The token never enters the Serve settings (Ray keeps a deployment's arguments in its controller and can show
 them): the driver hands the replicas its SHA-256 only, and a replica compares the SHA-256 of the token a
-request presents with `hmac.compare_digest` (constant time). Order of sources: ``--token-file PATH`` (or
+request presents in constant time (`routes.authorized`). Order of sources: ``--token-file PATH`` (or
 ``token_file`` in a Serve config), else the environment variable ``CAPT_SERVE_TOKEN``, else a new random
 token written to a file only its owner can read (mode 600) below a private temporary folder, whose path the
 start-up line prints.
@@ -11,7 +11,6 @@ start-up line prints.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import secrets
 import stat
@@ -46,14 +45,6 @@ class Token:
 def digest(token: str) -> str:
     """SHA-256 (hex) of a token."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def authorized(header: str | None, expected_sha256: str) -> bool:
-    """True when an ``Authorization: Bearer <token>`` header holds the token whose SHA-256 is `expected_sha256`."""
-    scheme, _, given = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        return False
-    return hmac.compare_digest(digest(given.strip()), expected_sha256)
 
 
 def find_token(token_file: str | None, generated_dir: Path, port: int) -> Token:

@@ -1,4 +1,6 @@
-"""`CapsuleEngine`: one frozen base model, one `capt.CapsuleBank`, many requests answered in one mixed batch.
+"""`CapsuleEngine`: one frozen base model, one `capt.CapsuleBank`, many requests answered in one mixed batch: each
+request's rows tokenised by its own capsule's collator, then padded to one width (`candidate_batch`,
+`generation_batch`, `head_batch`) and run through the bank in one call, each row with its own capsule.
 
 No Ray and no MLflow here: the Serve deployment (`pipelines.serving.app`) feeds it requests and new
 registry versions; the benchmark and the tests can drive it directly.
@@ -11,26 +13,28 @@ import logging
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from capt import CapsuleBank
+from capt.arch import ArchSpec
 from capt.bank import read_with_head
 from capt.capsule import Capsule
 from capt.errors import CapsuleArtifactError
 from capt.heads import TaskHead
 from capt.inject import CapsuleModel
 from capt.methods import METHODS
-from capt.tasks import Collator, Example, rank_classify, texts_to_labels
+from capt.tasks import IGNORE_INDEX, Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
+from capt.tasks.collate import pad
 from pipelines.capsule_predictor import INVALID_LABEL, _quiet_when_head_follows, validated_examples
 from pipelines.evaluation import sequence_log_likelihood
 from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
-from pipelines.serving import batch as mixed
 from pipelines.serving.memory import release_freed_heap, resident_mb
 from pipelines.serving.records import Answer, ServedCapsule, ServedRecord
 
@@ -182,8 +186,8 @@ class CapsuleEngine:
                         answers[i] = ans
         return [a for a in answers if a is not None]
 
-    def _part(self, name: str, examples: list[Example]) -> mixed.Part:
-        return mixed.Part(name, examples, self.served(name).collator)
+    def _part(self, name: str, examples: list[Example]) -> Part:
+        return Part(name, examples, self.served(name).collator)
 
     def _answer(self, name: str, ids: list[int], scores: list[list[float]] | None) -> Answer:
         served = self.served(name)
@@ -191,8 +195,8 @@ class CapsuleEngine:
         labels = [label_names[i] if 0 <= i < len(label_names) else INVALID_LABEL for i in ids]
         return Answer(labels, scores, label_names, served.model_name, served.version)
 
-    def _rank(self, parts: list[mixed.Part]) -> list[Answer]:
-        inputs, capsules, counts = mixed.candidate_batch(parts, self.pad_id)
+    def _rank(self, parts: list[Part]) -> list[Answer]:
+        inputs, capsules, counts = candidate_batch(parts, self.pad_id)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         labels = inputs.pop("labels")
         extra = {"labels": labels} if self.spec.encoder_decoder else {}  # labels build T5's decoder inputs
@@ -205,9 +209,9 @@ class CapsuleEngine:
             answers.append(self._answer(part.capsule, rank_classify(block), block.tolist()))
         return answers
 
-    def _classify(self, parts: list[mixed.Part]) -> list[Answer]:
+    def _classify(self, parts: list[Part]) -> list[Answer]:
         """Encoder classifiers: one encoder pass, each row through its own task's head (`CapsuleBank.classify`)."""
-        inputs, capsules = mixed.head_batch(parts, self.pad_id)
+        inputs, capsules = head_batch(parts, self.pad_id)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         logits = self.bank.classify(**inputs, capsule=capsules).float()  # (B, C_max); -inf past a task's labels
         scores = torch.log_softmax(logits, dim=-1).cpu()  # log-probability of each label, as the task's head gives
@@ -219,8 +223,8 @@ class CapsuleEngine:
             answers.append(self._answer(part.capsule, block.argmax(-1).tolist(), block.tolist()))
         return answers
 
-    def _generate(self, parts: list[mixed.Part]) -> list[Answer]:
-        inputs, capsules = mixed.generation_batch(parts, self.pad_id, self.spec)
+    def _generate(self, parts: list[Part]) -> list[Answer]:
+        inputs, capsules = generation_batch(parts, self.pad_id, self.spec)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         longest = max(self.served(p.capsule).max_new_tokens for p in parts)
         generated = self.bank.generate(**inputs, capsule=capsules, max_new_tokens=longest, do_sample=False,
@@ -269,3 +273,56 @@ def _check_method(served: ServedCapsule) -> None:
         raise CapsuleArtifactError(
             f"{served.model_name} version {served.version} holds a {method!r} artifact, not a CaPT capsule: "
             "only capsules can share one frozen base model.")
+
+
+_PAD_VALUES = {"attention_mask": 0, "prompt_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}
+_MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids", "prompt_mask", "labels")
+
+
+@dataclass
+class Part:
+    """One request's share of a mixed batch."""
+
+    capsule: str
+    """The bank's name of the capsule that answers it."""
+    examples: list[Example]
+    """Its validated examples."""
+    collator: object
+    """The collator of that capsule (its max_length and slot count)."""
+
+
+def _padded(parts: Sequence[dict[str, torch.Tensor]], key: str, value: int, side: str) -> torch.Tensor:
+    rows = [row.tolist() for part in parts for row in part[key]]
+    return pad(rows, value, side)
+
+
+def concatenate(batches: Sequence[dict[str, torch.Tensor]], pad_id: int,
+                side: str = "right") -> dict[str, torch.Tensor]:
+    """Collated batches stacked along rows, every model input padded to the widest on `side`."""
+    keys = [k for k in _MODEL_KEYS if all(k in b for b in batches)]
+    return {k: _padded(batches, k, _PAD_VALUES.get(k, pad_id), side) for k in keys}
+
+
+def candidate_batch(parts: Sequence[Part], pad_id: int) -> tuple[dict[str, torch.Tensor], list[str], list[int]]:
+    """(model inputs, capsule per row, candidates per part) for rank classification of every part at once."""
+    batches = [part.collator.candidate_batch(part.examples) for part in parts]
+    capsules = [part.capsule for part, b in zip(parts, batches, strict=True) for _ in range(len(b["input_ids"]))]
+    counts = [len(b["input_ids"]) // max(1, len(part.examples)) for part, b in zip(parts, batches, strict=True)]
+    return concatenate(batches, pad_id), capsules, counts
+
+
+def generation_batch(parts: Sequence[Part], pad_id: int, spec: ArchSpec) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(model inputs, capsule per row) for generation over every part at once; prompts that generation continues
+    in place (decoder-only models) are left-padded."""
+    side = "left" if spec.generation_echoes_prompt else "right"
+    batches = [part.collator.generation_batch(part.examples, padding_side=side) for part in parts]
+    capsules = [part.capsule for part in parts for _ in part.examples]
+    return concatenate(batches, pad_id, side), capsules
+
+
+def head_batch(parts: Sequence[Part], pad_id: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(model inputs, capsule per row) for encoder classifiers, whose task heads answer every part at once."""
+    batches = [part.collator(part.examples) for part in parts]
+    inputs = [{k: v for k, v in b.items() if k != "labels"} for b in batches]  # (B,) placeholder labels: unused
+    capsules = [part.capsule for part in parts for _ in part.examples]
+    return concatenate(inputs, pad_id), capsules

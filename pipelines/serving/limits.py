@@ -7,9 +7,10 @@ object; then the parse itself refuses NaN/Infinity, a number too large for a flo
 `MAX_INT_DIGITS` digits and a key given twice in one object, and one walk over the (now small) result refuses lone
 surrogates and texts over the character limit. Each refusal is a `ClientError` naming the field and the rule.
 
-Why our own code: Starlette's ``request.json()`` reads the whole body with no cap and Python's json module
-accepts NaN and recursion deep enough to fail with RecursionError (a 500); neither Starlette nor Ray Serve
-has a body, depth or string limit.
+Why our own code: a FastAPI body parameter reads the whole body with no cap (FastAPI's ``max_body_size`` is fixed
+when the app is built, before a replica knows its settings) and Python's json module accepts NaN and recursion deep
+enough to fail with RecursionError (a 500); neither FastAPI nor Ray Serve has a depth or string limit. The routes
+run these checks as a dependency (`routes.checked_request`).
 """
 
 from __future__ import annotations
@@ -156,16 +157,16 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def check_strings(value: Any, max_chars: int, path: str = "") -> None:
     """Every string in `value` is valid Unicode (no lone surrogate) and at most `max_chars` long."""
     if isinstance(value, str):
+        where = (path or "body").encode("utf-8", "backslashreplace").decode()  # a key's lone surrogate, escaped
         if len(value) > max_chars:
-            raise ClientError(f"{path or 'body'} holds {len(value)} characters; at most {max_chars} (the model reads "
-                              "no further).", path or "body", "max_chars")
+            raise ClientError(f"{where} holds {len(value)} characters; at most {max_chars} (the model reads no "
+                              "further).", where, "max_chars")
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as err:
-                raise ClientError(f"{path or 'body'} holds a lone surrogate (\\u{ord(value[err.start]):04x}) at "
-                                  f"character {err.start}: not a Unicode character.", path or "body",
-                                  "unicode") from err
+                raise ClientError(f"{where} holds a lone surrogate (\\u{ord(value[err.start]):04x}) at character "
+                                  f"{err.start}: not a Unicode character.", where, "unicode") from err
     elif isinstance(value, dict):
         for key, item in value.items():
             check_strings(key, max_chars, f"{path}.{key}" if path else str(key))

@@ -1,75 +1,66 @@
-"""The replica's HTTP surface: three routes, the bearer token, request limits, 4xx answers that name the field.
+"""The replica's HTTP surface: a FastAPI app that Serve's ingress runs (`app.server_deployment`).
 
     POST /        {"task": "rte", "inputs": [raw rows]} -> labels, scores, version  (token)
     GET  /tasks   the capsules served: registry model, version, artifact digest      (token)
     GET  /health  {"status": "ok"}                                                   (no token)
 
-Any other path is 404 and any other method on these paths 405 (with ``Allow``). Every refusal is a JSON
-``{"error", "field", "rule"}``. No Ray here: `Front` drives an object with the `Served` methods (the Serve
-deployment in `app`, a stand-in in the unit tests).
-
-Why our own router: Serve's FastAPI ingress would give 404/405 too, but hides the class behind Serve (it
-cannot be driven without a running Serve) and FastAPI's docs routes would need turning off; three routes are a
-table here.
+Any other path is 404 and any other method 405 (with ``Allow``); FastAPI's docs routes are off. Every refusal is a
+JSON ``{"error", "field", "rule"}``: the handlers below give FastAPI's own 404 and 405 that body too. The replica
+comes in as a dependency (`replica`: Serve's servable object; a stand-in through ``app.dependency_overrides`` in the
+unit tests). A body is not a FastAPI body parameter, which FastAPI would read whole and parse with no limit:
+`checked_request` reads it under the byte cap and scans it (`limits`) before any JSON is built, then `InferRequest`
+validates the parsed value.
 """
 
 from __future__ import annotations
 
+import hmac
 import re
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import Annotated, Any, Protocol
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+from starlette.exceptions import HTTPException
 
 from capt.errors import CaptError
-from pipelines.serving.auth import authorized
+from pipelines.serving.auth import digest
 from pipelines.serving.limits import ClientError, Limits, check_strings, parse, read_body
 
-ROUTES: dict[str, tuple[str, ...]] = {"/": ("POST",), "/tasks": ("GET",), "/health": ("GET",)}
-"""Path -> allowed methods."""
-OPEN_ROUTES = ("/health",)
-"""Routes answered without the token."""
+app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+ROUTES = "POST /, GET /tasks, GET /health"
+"""The routes, as a refusal lists them."""
 _ROW_FIELD = re.compile(r"row (\d+): field '([^']+)': (.*)", re.S)
+_RANK = {"model_type": 0, "extra_forbidden": 1, "missing": 2}
+"""Which of several validation errors a refusal names: the body's type, an unknown field, a missing one, then the
+fields in order."""
 SHOWN_NAMES = 20
 """Names a refusal lists; past that it says how many more there are and where all are listed (a replica may serve
 1,000, and a refusal of 1,000 names helps nobody)."""
 
 
-@dataclass(frozen=True)
 class Catalog:
     """What a request's checks read of the served set, built once per change of it (load, hot add, swap, drop):
-    at 1,000 names, taking the largest character limit and listing the names on every request cost ~2 ms."""
+    at 1,000 names, taking the largest character limit and listing the names on every request cost ~2 ms. `limits`:
+    the request limits (characters: the largest of the served capsules'); `members`: the names, looked up rather
+    than searched; `shape` and `listing`: what a malformed body's and an unserved task's refusals say."""
 
-    names: Sequence[str]
-    """The names served, in the order the refusals list them."""
-    limits: Limits
-    """The request limits (characters: the largest of the served capsules')."""
-    members: frozenset[str] = field(init=False)
-    """`names` as a set: a request's task is looked up, not searched for."""
-    shape: str = field(init=False)
-    """What a body must look like, as the refusals of a malformed body say it."""
-    listing: str = field(init=False)
-    """The names served, as the refusal of a task not served lists them."""
-
-    def __post_init__(self) -> None:
-        names = list(self.names)
-        shown, more = names[:SHOWN_NAMES], _more(len(names))
-        object.__setattr__(self, "names", tuple(names))
-        object.__setattr__(self, "members", frozenset(names))
-        object.__setattr__(self, "shape", f"send {{\"task\": one of {shown}{more}, \"inputs\": [task rows]}}")
-        object.__setattr__(self, "listing", ", ".join(shown) + more)
-
-
-def _more(count: int) -> str:
-    """What a listing of `count` names says after the first `SHOWN_NAMES`: nothing when it showed them all."""
-    extra = count - SHOWN_NAMES
-    return f" ... and {extra} more (GET /tasks lists them all)" if extra > 0 else ""
+    def __init__(self, names: Sequence[str], limits: Limits) -> None:
+        self.names, self.limits, self.members = tuple(names), limits, frozenset(names)
+        extra = len(self.names) - SHOWN_NAMES
+        more = f" ... and {extra} more (GET /tasks lists them all)" if extra > 0 else ""
+        shown = list(self.names[:SHOWN_NAMES])
+        self.shape = f"send {{\"task\": one of {shown}{more}, \"inputs\": [task rows]}}"
+        self.listing = ", ".join(shown) + more
 
 
 class Served(Protocol):
-    """What `Front` needs from the replica."""
+    """What the routes need from the replica; `token_sha256` None turns authentication off."""
+
+    token_sha256: str | None
 
     def catalog(self) -> Catalog: ...
     def max_chars(self, name: str) -> int: ...
@@ -78,78 +69,112 @@ class Served(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-class Front:
-    """Routes, authenticates and checks requests for `served`; `token_sha256` None turns authentication off."""
+class InferRequest(BaseModel):
+    """A POST / body, once parsed (validated with the `Catalog` as context): strict, so a number is not taken for a
+    task name nor a string for rows."""
 
-    def __init__(self, served: Served, token_sha256: str | None) -> None:
-        self.served, self.token_sha256 = served, token_sha256
-        self._handlers: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
-            "/": self._infer, "/tasks": self._tasks, "/health": self._health}
+    model_config = ConfigDict(extra="forbid", strict=True)
+    task: str
+    inputs: list[dict[str, Any]] = Field(min_length=1)
 
-    async def respond(self, request: Request) -> JSONResponse:
-        """The answer to any request: 200, or 4xx with a JSON body naming the field and the rule."""
-        path = _relative_path(request)
-        try:
-            if path not in ROUTES:
-                raise ClientError(f"No route {path[:80]!r}; routes: {_listing()}.", "path", "route", 404)
-            if request.method not in ROUTES[path]:
-                raise ClientError(f"{request.method} {path}: method not allowed; routes: {_listing()}.", "method",
-                                  "method", 405)
-            if path not in OPEN_ROUTES and self.token_sha256 is not None \
-                    and not authorized(request.headers.get("authorization"), self.token_sha256):
-                raise ClientError("Missing or wrong bearer token: send 'Authorization: Bearer <token>' (the token "
-                                  "file the server's start-up line names).", "Authorization", "bearer_token", 401)
-            return JSONResponse(await self._handlers[path](request))
-        except ClientError as err:
-            return JSONResponse(err.body(), status_code=err.status, headers=_headers(err, path))
+    @field_validator("task")
+    @classmethod
+    def _served(cls, task: str, info: ValidationInfo) -> str:
+        if task not in info.context.members:
+            raise PydanticCustomError("served_task", "not served here")
+        return task
 
-    async def _health(self, request: Request) -> dict[str, Any]:
-        return {"status": "ok"}
 
-    async def _tasks(self, request: Request) -> dict[str, Any]:
-        return self.served.describe()
+async def replica() -> Served:
+    """The replica answering this request: the deployment's instance Serve runs the app in."""
+    from ray import serve
 
-    async def _infer(self, request: Request) -> dict[str, Any]:
-        catalog = self.served.catalog()
-        limits = catalog.limits
-        data = await read_body(request.headers.get("content-length"), request.stream(), limits.max_body_bytes)
-        body = parse(data, limits)
-        check_strings(body, limits.max_chars)  # before any message echoes a string back
-        name, rows = self._fields(body, catalog)
-        check_strings(rows, self.served.max_chars(name), "inputs")
-        try:
-            examples = self.served.examples(name, rows)
-        except CaptError as err:
-            raise _row_error(err) from err
-        return await self.served.answer(name, examples)
+    return serve.get_replica_context().servable_object
 
-    def _fields(self, body: Any, catalog: Catalog) -> tuple[str, list[dict[str, Any]]]:
-        """(task, rows) of a parsed body, each problem a ClientError naming the field."""
-        shape, limits = catalog.shape, catalog.limits
-        if not isinstance(body, dict):
-            raise ClientError(f"The body must be a JSON object; {shape}.", "body", "type")
-        for key in body:
-            if key not in ("task", "inputs"):
-                raise ClientError(f"Unknown field {key[:80]!r}; {shape}.", key[:80], "known_fields")
-        for key in ("task", "inputs"):
-            if key not in body:
-                raise ClientError(f"The field {key!r} is missing; {shape}.", key, "required")
-        name, rows = body["task"], body["inputs"]
-        if not isinstance(name, str) or name not in catalog.members:
-            shown = repr(name)[:80] if isinstance(name, str) else f"a {type(name).__name__}"
-            raise ClientError(f"task={shown} is not served here; tasks served: {catalog.listing}.", "task",
-                              "served_task")
-        if not isinstance(rows, list) or not rows:
-            raise ClientError("'inputs' must be a non-empty list of task rows (JSON objects).", "inputs",
-                              "non_empty_list")
-        if len(rows) > limits.max_rows:
-            raise ClientError(f"'inputs' holds {len(rows)} rows; at most {limits.max_rows} per request (split the "
-                              "request).", "inputs", "max_rows", 413)
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise ClientError(f"inputs[{i}] is a {type(row).__name__}; each row is a JSON object of the "
-                                  "task's official fields.", f"inputs[{i}]", "type")
-        return name, rows
+
+Replica = Annotated[Served, Depends(replica)]
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+
+
+async def authorized(served: Replica, given: Bearer) -> None:
+    """401 unless the request's bearer token has the SHA-256 the replica holds (compared in constant time)."""
+    if served.token_sha256 is not None and (
+            given is None or not hmac.compare_digest(digest(given.credentials), served.token_sha256)):
+        raise ClientError("Missing or wrong bearer token: send 'Authorization: Bearer <token>' (the token file the "
+                          "server's start-up line names).", "Authorization", "bearer_token", 401)
+
+
+async def checked_request(request: Request, served: Replica) -> InferRequest:
+    """The body read under the byte cap, scanned, parsed and validated; every problem a ClientError naming the field."""
+    catalog = served.catalog()
+    limits = catalog.limits
+    data = await read_body(request.headers.get("content-length"), request.stream(), limits.max_body_bytes)
+    body = parse(data, limits)
+    check_strings(body, limits.max_chars)  # before any message echoes a string back
+    try:
+        checked = InferRequest.model_validate(body, context=catalog)
+    except ValidationError as err:
+        raise _refusal(min(err.errors(), key=lambda e: _RANK.get(e["type"], 3)), catalog) from err
+    check_strings(checked.inputs, served.max_chars(checked.task), "inputs")
+    return checked
+
+
+@app.post("", dependencies=[Depends(authorized)], include_in_schema=False)  # the bare prefix, "/capt" for "/capt/"
+@app.post("/", dependencies=[Depends(authorized)])
+async def infer(checked: Annotated[InferRequest, Depends(checked_request)], served: Replica) -> JSONResponse:
+    try:
+        examples = served.examples(checked.task, checked.inputs)
+    except CaptError as err:
+        raise _row_error(err) from err
+    return JSONResponse(await served.answer(checked.task, examples))
+
+
+@app.get("/tasks", dependencies=[Depends(authorized)])
+async def tasks(served: Replica) -> JSONResponse:
+    return JSONResponse(served.describe())
+
+
+@app.get("/health")
+async def health() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@app.exception_handler(ClientError)
+async def refused(request: Request, err: ClientError) -> JSONResponse:
+    """A refusal: its status and ``{"error", "field", "rule"}``; a 401 says which scheme to use."""
+    return JSONResponse(err.body(), err.status, headers={"WWW-Authenticate": "Bearer"} if err.status == 401 else None)
+
+
+@app.exception_handler(HTTPException)
+async def no_route(request: Request, err: HTTPException) -> JSONResponse:
+    """FastAPI's 404 (no such path) and 405 (its ``Allow`` kept) as refusals that list the routes."""
+    path, root = request.scope["path"], request.scope.get("root_path", "").rstrip("/")
+    path = (path[len(root):] if root and path.startswith(root) else path) or "/"
+    if err.status_code == 405:
+        refusal = ClientError(f"{request.method} {path}: method not allowed; routes: {ROUTES}.", "method", "method")
+    elif err.status_code == 404:
+        refusal = ClientError(f"No route {path[:80]!r}; routes: {ROUTES}.", "path", "route")
+    else:
+        refusal = ClientError(str(err.detail), "request", "http")
+    return JSONResponse(refusal.body(), err.status_code, headers=err.headers)
+
+
+def _refusal(error: dict[str, Any], catalog: Catalog) -> ClientError:
+    """One validation error of a body as the ClientError that names its field and rule."""
+    kind, loc, given, shape = error["type"], error["loc"], error.get("input"), catalog.shape
+    if kind == "model_type":
+        return ClientError(f"The body must be a JSON object; {shape}.", "body", "type")
+    if kind == "extra_forbidden":
+        return ClientError(f"Unknown field {loc[0][:80]!r}; {shape}.", loc[0][:80], "known_fields")
+    if kind == "missing":
+        return ClientError(f"The field {loc[0]!r} is missing; {shape}.", loc[0], "required")
+    if loc[0] == "task":
+        shown = repr(given)[:80] if isinstance(given, str) else f"a {type(given).__name__}"
+        return ClientError(f"task={shown} is not served here; tasks served: {catalog.listing}.", "task", "served_task")
+    if len(loc) == 1:
+        return ClientError("'inputs' must be a non-empty list of task rows (JSON objects).", "inputs", "non_empty_list")
+    return ClientError(f"inputs[{loc[1]}] is a {type(given).__name__}; each row is a JSON object of the task's "
+                       "official fields.", f"inputs[{loc[1]}]", "type")
 
 
 def _row_error(err: CaptError) -> ClientError:
@@ -157,25 +182,5 @@ def _row_error(err: CaptError) -> ClientError:
     found = _ROW_FIELD.search(str(err))
     if not found:
         return ClientError(str(err), "inputs", "task_row")
-    row, field, rule = found.groups()
-    return ClientError(str(err), f"inputs[{int(row) - 1}].{field}", rule.strip().rstrip("."))
-
-
-def _relative_path(request: Request) -> str:
-    """The path below the application's route prefix (Serve puts the prefix in ``root_path``)."""
-    path, root = request.scope.get("path", "/"), request.scope.get("root_path", "").rstrip("/")
-    if root and path.startswith(root):
-        path = path[len(root):]
-    return path or "/"
-
-
-def _listing() -> str:
-    return ", ".join(f"{'/'.join(methods)} {path}" for path, methods in ROUTES.items())
-
-
-def _headers(err: ClientError, path: str) -> dict[str, str]:
-    if err.status == 401:
-        return {"WWW-Authenticate": "Bearer"}
-    if err.status == 405:
-        return {"Allow": ", ".join(ROUTES[path])}
-    return {}
+    row, name, rule = found.groups()
+    return ClientError(str(err), f"inputs[{int(row) - 1}].{name}", rule.strip().rstrip("."))

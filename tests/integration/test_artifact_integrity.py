@@ -31,8 +31,8 @@ from pipelines import promote
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError
 from pipelines.services import LocalMlflowServer
+from pipelines.serving.app import Reloader
 from pipelines.serving.engine import CapsuleEngine
-from pipelines.serving.reload import Reloader
 from pipelines.serving.source import RegistrySource
 from pipelines.sweeps.trial import tracked_job
 from pipelines.training.cached import CachedResultError, result_digest
@@ -158,7 +158,7 @@ def test_a_replica_checks_a_refused_version_again_and_serves_it_once_the_store_i
     tampered_bytes = tampered.read_bytes()
     client.set_registered_model_alias(NAME, "champion", "2")
     try:
-        with caplog.at_level("INFO", logger="pipelines.serving.reload"):
+        with caplog.at_level("INFO", logger="pipelines.serving.app"):
             reloader.poll()
             reloader.poll()
             assert engine.versions() == {"rte": 1} and len(list(tmp_path.iterdir())) == 1, "only version 1's copy"

@@ -127,9 +127,8 @@ def test_a_head_that_is_not_one_linear_layer_is_named() -> None:
 def test_the_driver_names_an_unservable_base_model_before_deploying(tmp_path: Path) -> None:
     from transformers import RobertaConfig
 
-    from pipelines.serve import refuse_unservable
+    from pipelines.serve import refuse_unservable, servable_problem
     from pipelines.serving.source import RegistrySource, ServeError
-    from pipelines.serving.support import servable_problem
 
     assert servable_problem("tiny-bert") is None and servable_problem("tiny-t5") is None
     roberta = tmp_path / "tiny-roberta"

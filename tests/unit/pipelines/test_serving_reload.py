@@ -4,14 +4,13 @@ keeps answering as before; the replica's route checks follow each change."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.asgi import respond
 from helpers.registry import train_capsule
-from starlette.requests import Request
 
 from capt.errors import CapsuleArtifactError
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
@@ -66,15 +65,8 @@ def test_a_capsule_of_another_base_model_is_refused_and_the_bank_is_unchanged(
 def _post(server: CapsuleServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """`body` POSTed to the replica's routes in process (answers stubbed: the checks are what is tested here)."""
     data = json.dumps(body).encode()
-    scope = {"type": "http", "method": "POST", "path": "/", "root_path": "", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]}
-    sent = [data]
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": sent.pop(), "more_body": False} if sent else {"type": "http.disconnect"}
-
-    response = asyncio.run(server.front.respond(Request(scope, receive)))
-    return response.status_code, json.loads(response.body)
+    headers = {"content-type": "application/json", "content-length": str(len(data))}
+    return respond(server, "POST", "/", headers, [data])[:2]
 
 
 def test_the_route_checks_follow_a_hot_add_a_swap_and_a_drop(jobs: dict[str, dict[str, Any]]) -> None:
