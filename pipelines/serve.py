@@ -67,7 +67,8 @@ def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
         problem = servable_problem(base)
         if problem is not None:
             raise ServeError(f"--model {source.model!r}: its capsules (trained on {base!r}) cannot be served: "
-                             f"{problem}. Use the task's own predictor instead: mlflow.pyfunc.load_model("
+                             f"{problem}. Use the task's own predictor instead (verified before it runs): "
+                             "pipelines.tracking.load_capsule_model("
                              f"'models:/{source.name('<task>')}@{source.alias}').predict(rows).")
 
 

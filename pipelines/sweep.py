@@ -173,7 +173,8 @@ def registry_line(name: str, uri: str, stopped: bool) -> str:
     # no retries and a 10 s timeout: with no server answering, the line fails in seconds instead of minutes
     return (f"Registry: {name}@champion   ({needs}rows are the task's fields: MLFLOW_TRACKING_URI={uri} "
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 MLFLOW_HTTP_REQUEST_TIMEOUT=10 python -c "
-            f"\"import mlflow; print(mlflow.pyfunc.load_model('models:/{name}@champion').predict({row}))\")")
+            f"\"from pipelines.tracking import load_capsule_model; "
+            f"print(load_capsule_model('models:/{name}@champion').predict({row}))\")")
 
 
 if __name__ == "__main__":

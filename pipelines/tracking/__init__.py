@@ -34,8 +34,9 @@ Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `oper
 of spooled operations), `finish` (what a finished trial logs), `run_content` (metric names, params, summary
 tags), `experiment` (the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and
 its summary), `tracker` (`TrialTracker`), `pyfunc` (`CapsulePyfunc` and its registration), `model_card`
-(a version's description), `registry` (`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync``
-command).
+(a version's description), `bundle` (the project code a version carries and its digest), `verified`
+(`load_capsule_model`: a version loaded only after its code and capsule are verified), `registry`
+(`Registry`, `VersionInfo`, `experiment_runs`), `cli` (the ``sync`` command).
 `uploader` (the background metric uploader), `spool` (the on-disk operation log), `scope` (what a sync may
 touch), `jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`,
 `tracked_pack`) and `job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no
@@ -53,7 +54,8 @@ _EXPORTS = {
     "main": "cli", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
     "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "registry",
     "RetryPolicy": "spool", "TrackingUnavailable": "spool", "FolderSync": "sync", "SyncSummary": "sync",
-    "sync_pending": "sync", "TrialTracker": "tracker",
+    "sync_pending": "sync", "TrialTracker": "tracker", "load_capsule_model": "verified",
+    "download_verified_model": "verified",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -34,9 +34,10 @@ def _digest_lines(result: Mapping[str, Any]) -> list[str]:
 
 
 def loading_snippet(model_uri: str, tracking_uri: str, rows: list[dict[str, Any]]) -> str:
-    """Python that loads `model_uri` from `tracking_uri` and predicts label names for `rows`."""
-    return (f"import mlflow\nimport pandas as pd\n\nmlflow.set_tracking_uri({tracking_uri!r})\n"
-            f"model = mlflow.pyfunc.load_model({model_uri!r})\n"
+    """Python that loads `model_uri` from `tracking_uri` with the verified loader (plain `mlflow.pyfunc.load_model`
+    would run the version's bundled code unchecked) and predicts label names for `rows`."""
+    return (f"import pandas as pd\n\nfrom pipelines.tracking import load_capsule_model\n\n"
+            f"model = load_capsule_model({model_uri!r}, tracking_uri={tracking_uri!r})\n"
             f"rows = pd.DataFrame({rows!r})\nprint(model.predict(rows))\n")
 
 
@@ -45,9 +46,11 @@ def code_line(logged_model: str, code: tuple[int, int] | None) -> list[str]:
     if code is None:
         return []
     size, files = code
-    return [f"The logged model `{logged_model}` holds more than the capsule: {_size(size)} in {files} files of it are "
-            "this project's code (`code/`: the `capt` and `pipelines` packages), copied into every version so that "
-            "loading it runs the code that trained and wrote this capsule.", ""]
+    return [f"The logged model `{logged_model}` holds more than the capsule: `code/project_code.zip` packs this "
+            f"project's code, {_size(size)} in {files} files (the `capt` and `pipelines` packages), copied into every "
+            "version so that loading it runs the code that trained and wrote this capsule; its digest, with the model "
+            "file's and MLmodel's, is the version's `code_digest` tag, which the loader below checks before anything "
+            "of it runs.", ""]
 
 
 def version_description(name: str, version: str, result: Mapping[str, Any], tracking_uri: str,
@@ -72,8 +75,9 @@ def version_description(name: str, version: str, result: Mapping[str, Any], trac
         "",
         *code_line(f"capsule-{result.get('model_slug', result['model'])}-{result['task']}", code),
         *_digest_lines(result),
-        "Load it and predict label names for raw task rows (needs this project's requirements; the base model is "
-        "rebuilt by name and the capsule loaded onto it):",
+        "Load it and predict label names for raw task rows (needs this project installed; the loader verifies the "
+        "version's code and capsule against its tags first, the base model is rebuilt by name and the capsule "
+        "loaded onto it):",
         "",
         "```python",
         loading_snippet(f"models:/{name}/{version}", tracking_uri, rows).rstrip("\n"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -22,8 +23,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from packaging.version import InvalidVersion, Version
 
-import capt
-import pipelines
+from pipelines.tracking.bundle import DATA_FOLDER, code_tags, write_code_archive
+from pipelines.tracking.bundle import code_size as bundle_code_size
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.model_card import registered_model_description, version_description
 from pipelines.tracking.spool import registered_model_name
@@ -88,27 +89,26 @@ def _requirements() -> list[str]:
     return pins
 
 
-def _code_paths() -> list[str]:
-    """The `capt` and `pipelines` packages, copied into every version (``code/``) and loaded from there.
+def _code_paths(folder: Path) -> list[str]:
+    """The `capt` and `pipelines` packages as one archive written in `folder`, which MLflow copies into every
+    version (``code/project_code.zip``) and `capsule_model.py` puts first on ``sys.path``.
 
     Why carry them although ``capt==X`` is a requirement: a capsule artifact and the code that reads
-    it (`pipelines.capsule_predictor`, `pipelines.methods`, `capt`) change together. MLflow puts a
-    version's ``code/`` first on ``sys.path`` before it runs the model file, so a load in a fresh
-    process uses exactly the code that trained and wrote this capsule, whatever checkout the caller
-    stands in (a cwd checkout at another commit would otherwise win) and even where the project is
-    not installed; only the third-party requirements must be there. The cost is a few hundred KB of
-    source per version. A process that already imported `capt`/`pipelines` (promote, tests) keeps
-    its own modules: MLflow only prepends to ``sys.path``, it does not re-import.
+    it (`pipelines.capsule_predictor`, `pipelines.methods`, `capt`) change together. The archive is first on
+    ``sys.path`` before the model file imports anything of the project, so a load in a fresh process uses
+    exactly the code that trained and wrote this capsule, whatever checkout the caller stands in (a cwd
+    checkout at another commit would otherwise win) and even where the project is not installed; only the
+    third-party requirements must be there. One archive rather than the packages' files: MLflow uploads a
+    logged model file by file, a few seconds per registration for two hundred files (`pipelines.tracking.bundle`).
+    A process that already imported `capt`/`pipelines` (promote, `load_capsule_model`, tests) keeps its own
+    modules: nothing re-imports them.
     """
-    return [str(Path(package.__file__).parent) for package in (capt, pipelines)]
+    return [str(write_code_archive(folder))]
 
 
 def code_size() -> tuple[int, int]:
-    """(bytes, files) of the code `_code_paths` puts in every logged model (MLflow copies it without
-    ``__pycache__``)."""
-    files = [p for root in _code_paths() for p in Path(root).rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
-    return sum(p.stat().st_size for p in files), len(files)
+    """(bytes, files) of the project code in every logged model (the members of its ``code/`` archive)."""
+    return bundle_code_size()
 
 
 def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
@@ -157,11 +157,12 @@ def log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict
 
     `step`: the run's metrics at that step are linked to the logged model (MLflow 3 logged models).
     """
-    return Model.log(
-        artifact_path=None, name=name, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
-        flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature, tags=dict(tags),
-        step=step, input_example=example, artifacts=artifacts, pip_requirements=_requirements(),
-        code_paths=_code_paths())
+    with tempfile.TemporaryDirectory() as code:
+        return Model.log(
+            artifact_path=None, name=name, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
+            flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature, tags=dict(tags),
+            step=step, input_example=example, artifacts=artifacts, pip_requirements=_requirements(),
+            code_paths=_code_paths(Path(code)))
 
 
 def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:
@@ -171,6 +172,17 @@ def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:
             "config_hash": str(result.get("config_hash")),
             **({"artifact_digest": str(result["artifact_digest"])} if result.get("artifact_digest") else {}),
             **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
+
+
+def _logged_code_tags(client: MlflowClient, model_id: str, folder: Path) -> dict[str, str]:
+    """`code_tags` of logged model `model_id` as the artifact store holds it: everything but its ``artifacts/``
+    folder (the capsule, checked by its own digests) downloaded into `folder` and hashed."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    for entry in client.list_logged_model_artifacts(model_id):
+        if entry.path != DATA_FOLDER:
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/{entry.path}", dst_path=str(folder))
+    return code_tags(folder)
 
 
 def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mapping[str, Any], artifact_dir: Path,
@@ -200,7 +212,9 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
                                capsule_model_name(result["model_slug"], result["task"]),
                                {**source, "task": result["task"], "base_model": result["model"]},
                                int(result.get("steps", 0)))
-        version = mlflow.register_model(info.model_uri, name, tags=tags)
+        # what runs on load, hashed as the store holds it, recorded where the store cannot change it
+        version = mlflow.register_model(info.model_uri, name, tags={**tags, **_logged_code_tags(
+            client, info.model_id, Path(tmp) / "logged")})
     code = code_size()
     client.update_model_version(name, version.version, description=version_description(
         name, str(version.version), result, ui_uri, example_rows(result["task"], 1), code))
@@ -210,6 +224,6 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
         if not client.get_registered_model(name).description:
             client.update_registered_model(name, description=registered_model_description(
                 name, result["task"], result["model"]))
-    logger.info("Registered %s version %s (run %s); its logged model carries %d KB of project code in %d files",
-                name, version.version, run_id, code[0] // 1024, code[1])
+    logger.info("Registered %s version %s (run %s); its logged model carries %d KB of project code in %d files "
+                "(one archive)", name, version.version, run_id, code[0] // 1024, code[1])
     return str(version.version), info.model_id

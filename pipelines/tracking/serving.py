@@ -75,7 +75,7 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
     try:  # the version's own location: a models:/ URI would be resolved against the default registry
         source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
         mlmodel = _download(uri, f"{source}/MLmodel", target)
-        artifacts = _pyfunc_artifacts(mlmodel, name, version)
+        artifacts = pyfunc_artifacts(mlmodel, name, version)
         if not all(isinstance(artifacts.get(key), dict) for key in ("capsule", "result")):
             raise TrackingError(f"Version {version} of {name!r} is not a CaPT capsule pyfunc: its MLmodel names no "
                                 f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).")
@@ -120,7 +120,7 @@ def _download(uri: str, artifact_uri: str, target: Path) -> Path:
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(target), tracking_uri=uri))
 
 
-def _pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
+def pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
     """The ``python_function`` flavor's artifacts table of an MLmodel file (YAML, never unpickled)."""
     if not mlmodel.is_file():
         raise TrackingError(f"Version {version} of {name!r} has no MLmodel file: it is not a logged model.")

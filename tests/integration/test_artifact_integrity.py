@@ -3,15 +3,20 @@
 One tiny capsule is trained once and registered three times under ``capt-tiny-t5-integrity-rte`` (module
 fixture): version 1 stays untouched, version 2's weights are then multiplied by -100 in the artifact store,
 version 3 is a consistent forgery (its capsule.json says task cb, its manifest and result.json re-sealed to
-match). Every reader (the pyfunc, the Serve source, promote) loads version 1 byte-identically and refuses 2
-and 3; a forged version tag is refused; a reused result whose scores were edited (and re-sealed) is refused
-by comparison with its MLflow run.
+match). Every reader (the pyfunc, the verified loader, the Serve source, promote) loads version 1
+byte-identically and refuses 2 and 3; a forged version tag is refused; a reused result whose scores were edited
+(and re-sealed) is refused by comparison with its MLflow run; a version whose bundled code was rewritten in the
+store is refused by the verified loader before any of it runs (issue 56).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,8 @@ from pipelines.serving.app import Reloader
 from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.source import RegistrySource
 from pipelines.sweeps.trial import tracked_job
+from pipelines.tracking import load_capsule_model
+from pipelines.tracking.bundle import CODE_ARCHIVE, CODE_DIGEST_TAG, code_digest, code_table
 from pipelines.training.cached import CachedResultError, result_digest
 from pipelines.training.loop import run
 
@@ -103,8 +110,8 @@ def registered(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPa
     weights = _store_files(mlflow_server, "2", "capsule.safetensors")
     original = weights.read_bytes()
     save_file({k: t * -100 for k, t in load_file(weights).items()}, weights, metadata={"format": "pt"})
-    return {"uri": uri, "job": root / "job", "result": result, "versions": versions, "tampered": weights,
-            "original": original, "root": root}
+    return {"uri": uri, "server": mlflow_server, "job": root / "job", "result": result, "versions": versions,
+            "tampered": weights, "original": original, "root": root}
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -135,7 +142,9 @@ def test_weights_tampered_in_the_artifact_store_are_refused_by_every_reader(regi
         mlflow.pyfunc.load_model(f"models:/{NAME}/2")
     with pytest.raises(ArtifactIntegrityError) as serving:
         RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 2)
-    for message in (str(loading.value), str(serving.value)):
+    with pytest.raises(ArtifactIntegrityError) as verified:
+        load_capsule_model(f"models:/{NAME}/2", tracking_uri=uri)
+    for message in (str(loading.value), str(serving.value), str(verified.value)):
         assert "capsule.safetensors" in message and found in message and expected in message, message
     assert f"Version 2 of {NAME}" in str(serving.value)
     client = MlflowClient(uri)
@@ -180,6 +189,8 @@ def test_a_capsule_registered_under_another_task_is_refused(registered) -> None:
     mlflow.set_tracking_uri(uri)
     with pytest.raises(Exception, match="capsule.json records task 'cb'"):
         mlflow.pyfunc.load_model(f"models:/{NAME}/3")
+    with pytest.raises(ProvenanceError, match="capsule.json records task 'cb'"):
+        load_capsule_model(f"models:/{NAME}/3", tracking_uri=uri)
 
 
 def test_a_forged_version_tag_is_refused(registered) -> None:
@@ -188,6 +199,8 @@ def test_a_forged_version_tag_is_refused(registered) -> None:
     try:
         with pytest.raises(ArtifactIntegrityError, match="disagree"):
             RegistrySource(uri, SLUG, "champion", registered["root"]).fetch("rte", 1)
+        with pytest.raises(ArtifactIntegrityError, match="disagree"):
+            load_capsule_model(f"models:/{NAME}/1", tracking_uri=uri)
     finally:
         client.set_model_version_tag(NAME, "1", "artifact_digest", registered["result"]["artifact_digest"])
 
@@ -230,3 +243,50 @@ def test_serve_refuses_a_bad_capsule_in_one_paragraph_before_ray_starts(register
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and f"Version {version} of {NAME}" in err and reason in err, err
     assert "Ray" not in err.split("error:", 1)[1], "refused before Ray was reached"
+
+
+TAMPERED_CAPT = """import os, pathlib
+pathlib.Path(os.environ["CAPT_TAMPER_MARKER"]).write_text("the rewritten code/ ran")
+"""
+LOAD_PLAINLY = "import sys, mlflow; mlflow.pyfunc.load_model(sys.argv[1])"
+
+
+def _rewrite_archive(archive: Path) -> None:
+    """The store's code/ archive, its capt/__init__.py ending in code that leaves a marker file when it runs."""
+    with zipfile.ZipFile(archive) as original:
+        members = {info.filename: original.read(info) for info in original.infolist()}
+    members["capt/__init__.py"] += b"\n" + TAMPERED_CAPT.encode()
+    with zipfile.ZipFile(archive, "w") as rewritten:
+        for name, data in members.items():
+            rewritten.writestr(name, data)
+
+
+def test_code_rewritten_in_the_artifact_store_is_refused_before_it_runs(registered, tmp_path, monkeypatch) -> None:
+    """Version 5's code/ archive is rewritten in the store so that importing capt leaves a marker: plain
+    mlflow.pyfunc.load_model in a fresh process runs it; the verified loader refuses the version, naming the file
+    and both digests, and nothing of it runs. The untouched version 1 loads through the verified loader and
+    predicts what the job's own predictor does."""
+    uri, result = registered["uri"], registered["result"]
+    _register_copy(uri, result, tmp_path / "5", 1.0)
+    client = MlflowClient(uri)
+    recorded = client.get_model_version(NAME, "5").tags[CODE_DIGEST_TAG]
+    model_dir = _store_files(registered["server"], "5", "MLmodel").parent
+    assert code_digest(code_table(model_dir)) == recorded, "the tag hashes the files as the store holds them"
+    _rewrite_archive(model_dir / "code" / CODE_ARCHIVE)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("CAPT_TAMPER_MARKER", str(marker))
+    with pytest.raises(ArtifactIntegrityError) as refused:
+        load_capsule_model(f"models:/{NAME}/5", tracking_uri=uri, dst=tmp_path / "verified")
+    message = str(refused.value)
+    assert message.startswith(f"Version 5 of {NAME} is refused before anything of it runs"), message
+    assert recorded in message and code_digest(code_table(model_dir)) in message
+    assert f"code/{CODE_ARCHIVE} (changed)" in message and not marker.exists()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MLFLOW_TRACKING_URI": uri}
+    plain = subprocess.run([sys.executable, "-c", LOAD_PLAINLY, str(model_dir)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    # what the refusal kept from running: a plain load runs the rewritten archive
+    assert marker.is_file() and marker.read_text() == "the rewritten code/ ran", plain.stderr[-3000:]
+
+    loaded = load_capsule_model(f"models:/{NAME}/1", tracking_uri=uri)
+    assert list(loaded.predict(pd.DataFrame(_rows()))) == CapsulePredictor(result["artifact_dir"], result).predict_rows(
+        _rows())

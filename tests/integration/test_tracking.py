@@ -306,7 +306,8 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     assert version.source.startswith("models:/m-"), version.source  # a logged model (MLflow 3)
     model_id = version.model_id or version.source.removeprefix("models:/")
     files = _artifact_files(client, model_id)
-    assert "MLmodel" in files and "capsule_model.py" in files and "code/pipelines/capsule_predictor.py" in files
+    assert "MLmodel" in files and "capsule_model.py" in files and "code/project_code.zip" in files
+    assert not [f for f in files if f.startswith("code/") and f != "code/project_code.zip"], "one upload, not 200"
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
     uri = f"models:/{MODEL_NAME}/{tracked['version']}"
     location = client.get_logged_model(model_id).artifact_location
@@ -327,7 +328,8 @@ def test_a_registered_version_holds_no_pickle_and_loads_in_a_fresh_process(
     local = CapsulePredictor(tracked["result"]["artifact_dir"], tracked["result"]).predict_rows(rows)
     assert answer["labels"] == local and len(local) == 6
     for module in ("capt", "capsule_predictor"):  # the version's own copy of the code, not a checkout's
-        assert "/code/" in answer[module] and not answer[module].startswith((str(ROOT), "/work/main")), answer
+        assert "/code/project_code.zip/" in answer[module], answer
+        assert not answer[module].startswith((str(ROOT), "/work/main")), answer
 
 
 @contextlib.contextmanager

@@ -36,7 +36,8 @@ def test_a_version_description_has_scores_size_and_a_snippet_that_is_python() ->
     assert "the majority class 52.00, chance 49.80, the untrained model -" in text
     [snippet] = SNIPPET_FENCE.findall(text)
     ast.parse(snippet)
-    assert "load_model('models:/capt-tiny-t5-rte/3')" in snippet and "It's raining." in snippet
+    assert "load_capsule_model('models:/capt-tiny-t5-rte/3', tracking_uri='http://127.0.0.1:5000')" in snippet
+    assert "It's raining." in snippet and "mlflow.pyfunc.load_model" not in snippet, "the verified loader, only"
 
 
 def test_a_version_description_says_why_its_logged_model_outweighs_the_capsule() -> None:
@@ -48,8 +49,8 @@ def test_a_version_description_says_why_its_logged_model_outweighs_the_capsule()
     assert size > 100 * 1024 and files > 50, "the capt and pipelines packages, as every logged model carries them"
     text = version_description("capt-minilm-rte", "1", result, "http://127.0.0.1:5000", [], (size, files))
     shown = f"{size / 1024:.1f} KiB" if size < 2**20 else f"{size / 2**20:.1f} MiB"  # the code passed 1 MiB
-    assert (f"The logged model `capsule-minilm-rte` holds more than the capsule: {shown} in {files} "
-            "files of it are this project's code") in text
+    assert (f"The logged model `capsule-minilm-rte` holds more than the capsule: `code/project_code.zip` packs this "
+            f"project's code, {shown} in {files} files") in text and "`code_digest` tag" in text
     assert "holds more than the capsule" not in version_description("capt-minilm-rte", "1", result, "u", [])
 
 
