@@ -13,14 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from capt.arch.readout import READOUTS
 from capt.methods import METHODS
-from pipelines.config.schema import JobConfig, raw_value
+from pipelines.config.schema import LM_HEAD, JobConfig, raw_value
 from pipelines.models.shape import model_shape
 
 if TYPE_CHECKING:
     from capt.arch import ArchSpec
 
-LM_HEAD = "lm_head"
-"""The readout of T5 and decoder-only models: the label word from the language-model head."""
 ENCODER_READOUT = "mean"
 """Default readout of encoder-only models, chosen on validation (benchmarks/README.md, "Readout of MiniLM"):
 the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""

@@ -32,6 +32,8 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 MAX_GENERATED_ROWS = 1_000_000
 """Most rows a generated train split may have: larger than any real task's (MultiRC's 27k) by far, small enough to
 generate in seconds (a size of 10**11 would run for days before the first step)."""
+LM_HEAD = "lm_head"
+"""The readout of T5 and decoder-only models: the label word from the language-model head."""
 
 
 @dataclass(config=STRICT)
