@@ -24,11 +24,10 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
-from pipelines.config.checks import ignored_data_dir_note as job_data_dir_note
+from pipelines.config.load import ignored_data_dir_note as job_data_dir_note
 from pipelines.config.load import other_kind_hint, pydantic_problems, validate_job_config
-from pipelines.config.schema import STRICT, Seed, model_slug
+from pipelines.config.schema import STRICT, Seed, TrackingSection, model_slug
 from pipelines.config.sources import PipelineConfigError, merge_sources
-from pipelines.config.tracking import TrackingSection
 from pipelines.sweeps.pack_rules import PackSection, member_problems, pack_option_problems
 from pipelines.sweeps.resources import ResourcesSection
 from pipelines.sweeps.rules import (
