@@ -35,8 +35,8 @@ from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.reload import Reloader
 from pipelines.serving.source import RegistrySource
 from pipelines.sweeps.trial import tracked_job
-from pipelines.training.cached import CachedResultError, result_digest
 from pipelines.training.loop import run
+from pipelines.training.outputs import CachedResultError, result_digest
 
 pytestmark = pytest.mark.integration
 
