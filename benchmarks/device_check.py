@@ -521,7 +521,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="only merge these result folders (earliest first) into --out, runs nothing")
     args = parser.parse_args(argv)
     if not args.check_imports:  # (imported here: --check-imports reports a missing package itself, as a paragraph)
-        from pipelines.training.folder_checks import folder_problem
+        from pipelines.services.folder_lock import folder_problem
 
         if problem := folder_problem("--out", args.out):
             parser.error(problem)

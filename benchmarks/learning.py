@@ -152,13 +152,13 @@ def trained_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 REFERENCE_LEVELS = ("majority", "chance")
-"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.reporting.levels`)."""
+"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.reporting`)."""
 
 
 def reference_levels(metrics: dict[str, Any]) -> dict[str, float | None]:
     """The trial's reference test scores, so pieces of the grid merged by `benchmarks.learning_merge` keep the
     report's reference rows."""
-    from pipelines.reporting.levels import LEVEL_METRICS
+    from pipelines.reporting import LEVEL_METRICS
 
     return {column: metrics.get(LEVEL_METRICS[column]) for column in REFERENCE_LEVELS}
 
@@ -208,7 +208,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
     import pandas as pd
 
     from pipelines.config.load import validate_job_config
-    from pipelines.reporting.tables import build_tables, markdown, plot
+    from pipelines.reporting import build_tables, markdown, plot
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.training.loop import run as train_run
 

@@ -133,7 +133,7 @@ def record_of(out: Path, trial) -> dict[str, Any] | None:
 
 def intact(record: dict[str, Any]) -> bool:
     """The record's result.json still has the digest its job sealed it with."""
-    from pipelines.training.cached import RESULT_DIGEST_KEY, result_digest
+    from pipelines.training.outputs import RESULT_DIGEST_KEY, result_digest
 
     result = record.get("result") or {}
     return result.get(RESULT_DIGEST_KEY) == result_digest(result)

@@ -206,7 +206,7 @@ def merge(folders: list[Path], out: Path) -> str:
     """Write `out/report.md` and `out/report.png` for the pieces in `folders`; returns the Markdown."""
     import pandas as pd
 
-    from pipelines.reporting.tables import build_tables, markdown, plot
+    from pipelines.reporting import build_tables, markdown, plot
 
     results, rows = collect(folders, out)
     marked = mark_other_settings(rows)

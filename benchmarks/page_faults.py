@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV
+from pipelines.sweeps.config import TUNED_HEAP_ENV
 
 KEEP_MAPPED = {k: v for k, v in TUNED_HEAP_ENV.items() if k != "MALLOC_ARENA_MAX"}
 """glibc settings under which freed activations stay in the heap instead of being unmapped and faulted in again."""

@@ -39,7 +39,7 @@ from benchmarks.common import (
     versions,
 )
 from benchmarks.report import write_report
-from pipelines.training.folder_checks import folder_problem
+from pipelines.services.folder_lock import folder_problem
 
 logger = logging.getLogger("benchmarks.run")
 

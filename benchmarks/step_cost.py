@@ -66,7 +66,7 @@ NOTES = [
     "counted from op shapes by torch.utils.flop_counter, so flop_ratio_to_floor is exact and free of "
     "noise: when wall-time ratios of two methods are closer than their ratio_range, it says which "
     "step does less work.",
-    "Optimizers: the pipeline's defaults for the method and model family (pipelines/config/optim_defaults.py: "
+    "Optimizers: the pipeline's defaults for the method and model family (pipelines/config/defaults.py: "
     "on T5, Adafactor for the prompt methods and full fine-tuning, AdamW for LoRA; on decoder-only models, "
     "AdamW); no gradient clipping.",
 ]
@@ -123,7 +123,7 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
 def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.optim.Optimizer:
     """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
     own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
-    from pipelines.config.optim_defaults import optim_default
+    from pipelines.config.defaults import optim_default
     from pipelines.methods import parameter_groups
     from pipelines.training.setup import new_optimizer
 

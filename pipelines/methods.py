@@ -18,7 +18,7 @@ from capt.arch.readout import ReadoutError, install_readout, installed_readout
 from capt.artifact import read_safetensors
 from capt.heads import TaskHead, head_from_weights
 from capt.methods import MethodModel, apply_method, get_method
-from pipelines.config.readout import LM_HEAD
+from pipelines.config.schema import LM_HEAD
 
 HEAD_WEIGHTS = "head.safetensors"
 METHOD_FILE = "method.json"
@@ -63,7 +63,7 @@ def save_artifact(adapted: MethodModel, model: nn.Module, method: str, directory
     head = _named_head(model)
     if head:
         save_file({n: p.detach().cpu().contiguous() for n, p in head.items()}, str(directory / HEAD_WEIGHTS))
-    readout = readout or (installed_readout(model) if head else "lm_head")
+    readout = readout or (installed_readout(model) if head else LM_HEAD)
     info = {"method": method, "task": task, "metrics": metrics, "readout": readout}
     (directory / METHOD_FILE).write_text(json.dumps(info, indent=2))
     digest.seal(directory)  # the method's own manifest, re-written to cover the head and method.json too

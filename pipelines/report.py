@@ -1,4 +1,4 @@
-"""The paper's results table of an experiment's MLflow runs (`pipelines.reporting.tables`), printed and written.
+"""The paper's results table of an experiment's MLflow runs (`pipelines.reporting`), printed and written.
 
     python -m pipelines.report --experiment capt-t5-base [--tracking-uri URI] [--out reports]
                                [--metric test_score] [--sweep NAME]
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pipelines.cli_errors import cli_main
-from pipelines.reporting.tables import build_report, check_writable_folder
+from pipelines.reporting import build_report, check_writable_folder
 
 
 def main(argv: list[str] | None = None) -> int:

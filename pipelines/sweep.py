@@ -21,10 +21,15 @@ if __package__ in (None, ""):  # run as a script (`python pipelines/sweep.py`, a
 from pipelines.cli_errors import cli_main  # noqa: E402
 from pipelines.services.ray_connect import ray_cluster  # noqa: E402
 from pipelines.services.reaper import reap_on_death  # noqa: E402
-from pipelines.sweeps.config import SweepConfig, ignored_data_dir_note, load_sweep_config, trials  # noqa: E402
+from pipelines.sweeps.config import (  # noqa: E402
+    SweepConfig,
+    ignored_data_dir_note,
+    load_sweep_config,
+    trial_process_env,
+    trials,
+)
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
 from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, upload_spooled  # noqa: E402
-from pipelines.sweeps.pack_rules import trial_process_env  # noqa: E402
 from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
     hold_sweep_folder,

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from pipelines.cli_errors import cli_main
-from pipelines.config.checks import ignored_data_dir_note
+from pipelines.config.load import ignored_data_dir_note
 from pipelines.config.schema import JobConfig
 from pipelines.tracking.job_cli import TRACKING_HELP, add_tracking_flags, train_from_cli
 from pipelines.training.loop import Log, Report, TrainingDivergedError, run

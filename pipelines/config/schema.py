@@ -1,4 +1,5 @@
-"""The job config's typed sections: pydantic dataclasses that check types, ranges and unknown keys.
+"""The typed sections of a job config, and the `tracking:` section of the sweep and serve configs: pydantic
+dataclasses that check types, ranges and unknown keys.
 
 This module imports nothing of `pipelines` and no torch; `pipelines.config.load` is the entry that merges the
 sources, checks the cross-field rules and resolves the defaults.
@@ -32,6 +33,8 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 MAX_GENERATED_ROWS = 1_000_000
 """Most rows a generated train split may have: larger than any real task's (MultiRC's 27k) by far, small enough to
 generate in seconds (a size of 10**11 would run for days before the first step)."""
+LM_HEAD = "lm_head"
+"""The readout of T5 and decoder-only models: the label word from the language-model head."""
 
 
 @dataclass(config=STRICT)
@@ -48,7 +51,7 @@ class ModelSection:
     max_new_tokens: PositiveInt = 10
     """Tokens generated per example by the paper's evaluation protocol."""
     readout: Literal["pooler", "cls", "mean", "capsule", "lm_head"] | None = None
-    """What the classifier reads (pipelines/config/readout.py): encoder-only heads read pooler ([CLS] through the
+    """What the classifier reads (pipelines/config/defaults.py): encoder-only heads read pooler ([CLS] through the
     pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the
     family's default, filled in by pipelines.config.load."""
 
@@ -106,10 +109,10 @@ class OptimSection:
     """Optimiser and schedule."""
 
     name: Literal["adafactor", "adamw"] | None = None
-    """Optimiser; None: the default of the method and model family (pipelines/config/optim_defaults.py), filled
+    """Optimiser; None: the default of the method and model family (pipelines/config/defaults.py), filled
     in by pipelines.config.load."""
     lr: PositiveFloat | None = None
-    """Learning rate; None: the default of the method and model family (pipelines/config/optim_defaults.py),
+    """Learning rate; None: the default of the method and model family (pipelines/config/defaults.py),
     filled in by pipelines.config.load."""
     head_lr: PositiveFloat = 1e-3
     """Learning rate of the linear head of encoder-only classifiers."""
@@ -195,6 +198,30 @@ class JobConfig:
 class ResolvedJobConfig(JobConfig):
     """A `JobConfig` with every default filled in (optimiser, lr, readout): what `pipelines.config.load` returns
     and everything below it takes. Built only there."""
+
+
+@dataclass(config=STRICT)
+class TrackingSection:
+    """The `tracking:` section (MLflow settings), shared by the entry points that talk to MLflow (`pipelines/sweep.py`,
+    `pipelines.serve`)."""
+
+    enabled: bool = True
+    """Track the sweep in MLflow (false: Tune's own results only, no server)."""
+    uri: str | None = None
+    """Tracking server (default: env MLFLOW_TRACKING_URI, else a local server the sweep starts)."""
+    experiment: str | None = None
+    """Experiment name (default: capt-<sweep name>)."""
+    register: bool = True
+    """Register every finished capsule in the Model Registry."""
+    retry_s: PositiveFloat = 30.0
+    """How long a worker, or the sweep for its own run, retries an unreachable server before keeping the call for
+    `sync` / --resume (a trial's run) or going on without it (the sweep's run)."""
+    promote: bool = True
+    """At the end, give the best version per (model, task) the alias champion."""
+    local_dir: str = "outputs/mlflow"
+    """Where the local server keeps its SQLite database and artifacts."""
+    system_metrics_interval_s: PositiveFloat = 10.0
+    """Seconds between system metric samples (CPU, memory, GPU) of a run; short runs want a short interval."""
 
 
 def model_slug(name: str) -> str:

@@ -4,8 +4,8 @@ Nothing here imports mlflow or ray: the services start through the command-line 
 interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own process group, so
 that stopping one never touches another MLflow or Ray on the same machine.
 
-Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `base` (what both
-services share), `mlflow_server` (`LocalMlflowServer`), `private` (owner-only token files and folders,
+Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `mlflow_server`
+(`LocalMlflowServer`, and `ManagedService`, what both services share), `private` (owner-only token files and folders,
 loopback-only listeners), `ray_connect` (the Ray address a command connects to, checked before it does).
 """
 

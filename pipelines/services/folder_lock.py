@@ -1,4 +1,7 @@
-"""The pipeline's locks between processes, all one `flock` idiom: the kernel releases a lock when its holder dies, so
+"""The folders the pipeline writes into (a job's output folder, a sweep's storage folder, a local MLflow store):
+checked before anything is written (`folder_problem`, `check_job_folder`), and locked between processes.
+
+The locks are all one `flock` idiom: the kernel releases a lock when its holder dies, so
 a killed holder never leaves anything locked.
 
 - `held_folder`: one writer per folder (a job's output folder, a sweep's storage folder, a local MLflow store: two
@@ -19,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from capt.errors import CaptError
 
 RETRY_INTERVAL_S = 0.5
 """How often a waiting claim tries the lock again."""
@@ -125,3 +130,61 @@ def own_command(limit: int = COMMAND_CHARS) -> str:
         words[0] = Path(words[0]).name  # "python", not the virtualenv's path
     text = shlex.join(words)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# Checks of a folder before anything is written to it
+#
+# Folders the pipeline writes into, checked before anything is written: a job's output folder, a sweep's storage
+# folder, a local MLflow store.
+#
+# Each check names the key, the path as resolved (relative paths are taken against the current directory), and
+# why it cannot be used: a file where a folder should be, a folder that cannot be created or written, a virtual
+# file system, or (for a job's folder) a non-empty folder that holds no job, which the job would write into.
+
+VIRTUAL_ROOTS = (Path("/proc"), Path("/sys"))
+"""Kernel file systems: writable-looking, but nothing written there is kept."""
+JOB_MARKERS = ("job_config.json", "result.json", "checkpoints", "artifact", "mlflow_run.json")
+"""Names that make a folder a job's folder (its claim record, or outputs of a job from before claims existed,
+which `pipelines.training.outputs` then judges by their config)."""
+
+
+class OutputFolderError(CaptError, RuntimeError):
+    """A folder the pipeline would write into cannot be used; the message names the key, the path and why."""
+
+
+def folder_problem(key: str, path: str | os.PathLike[str]) -> str | None:
+    """Why the folder `path` (given as `key`) cannot be created and written, or None."""
+    folder = Path(path).expanduser().absolute()
+    shown = f"{key}={str(path)!r}" + ("" if Path(path).is_absolute() else f" (resolved: {folder})")
+    if any(folder == root or root in folder.parents for root in VIRTUAL_ROOTS):
+        return f"{shown} is on a kernel file system ({folder.parts[1]}): nothing written there is kept"
+    if folder.exists() and not folder.is_dir():
+        return f"{shown} is a file, not a folder"
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{shown} cannot be created: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        verb = "is not writable" if existing == folder else f"cannot be created: {existing} is not writable"
+        return f"{shown} {verb} by this user"
+    return None
+
+
+def job_folder_problem(key: str, path: str | os.PathLike[str]) -> str | None:
+    """`folder_problem`, and a non-empty folder that holds no job (the user's own files)."""
+    if problem := folder_problem(key, path):
+        return problem
+    folder = Path(path).expanduser().absolute()
+    if not folder.is_dir() or any((folder / marker).exists() for marker in JOB_MARKERS):
+        return None
+    entries = sorted(p.name for p in folder.iterdir() if p.name != "job.lock")
+    if entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        return (f"{key}={str(path)!r} is a folder that holds no job but other files ({shown}); a job writes only "
+                "into a new or empty folder, or its own")
+    return None
+
+
+def check_job_folder(key: str, path: str | os.PathLike[str]) -> None:
+    """Raise `OutputFolderError` when the job folder `path` cannot be used."""
+    if problem := job_folder_problem(key, path):
+        raise OutputFolderError(f"{problem}. Give {key} another folder.")

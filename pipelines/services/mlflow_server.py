@@ -1,4 +1,5 @@
-"""`LocalMlflowServer`: a lean MLflow tracking server on SQLite, run as ``sys.executable -m mlflow``."""
+"""`LocalMlflowServer`: a lean MLflow tracking server on SQLite, run as ``sys.executable -m mlflow``, and
+`ManagedService`, the base of the local services (start, optionally without waiting; wait until ready; stop)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Self
 
-from pipelines.services.base import ManagedService
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.services.probe import (
     LOCALHOST,
@@ -27,6 +28,31 @@ from pipelines.services.probe import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class ManagedService:
+    """What both services share: ``start(wait=False)`` then ``wait_ready()`` lets several start at
+    once; ``with Service(...) as s:`` starts, waits and stops."""
+
+    def start(self, wait: bool = True) -> Self:
+        """Launch the service; with ``wait``, also :meth:`wait_ready`."""
+        raise NotImplementedError
+
+    def wait_ready(self) -> Self:
+        """Block until the launched service answers; stop it and raise ServiceError if it cannot."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the service; a no-op when it is not running."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 STORE_LOCK_FILE = "mlflow-server.lock"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.config.tracking import TrackingSection
+from pipelines.config.schema import TrackingSection
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.services.mlflow_server import LocalMlflowServer, serving_address
 from pipelines.services.probe import ServiceError

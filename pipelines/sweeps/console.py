@@ -76,7 +76,7 @@ def trial_lines():
 def _outcome(result: dict) -> str:
     """An ended trial in words: its best validation and test scores, and whether it trained, reused its job, or was
     stopped by the scheduler (ASHA) before its final report."""
-    if "members" in result:  # a pack trial (pipelines.sweeps.pack_trial)
+    if "members" in result:  # a pack trial (pipelines.sweeps.trial.run_pack_trial)
         return (f"trained {result.get('members_trained', 0):.0f} of {result['members']:.0f} pack members, reused "
                 f"{result.get('members_reused', 0):.0f}: best validation {result.get('validation_score', 0):.1f}")
     scores = ", ".join(f"{label} {result[key]:.1f}" for label, key in

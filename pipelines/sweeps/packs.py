@@ -1,6 +1,6 @@
 """Who packs with whom: a packed sweep's trials grouped into Tune trials of at most `pack.max_members` members.
 
-Trials pack together when they share the base model (`pack_rules.base_key`: model, dtype, precision, device and the
+Trials pack together when they share the base model (`config.base_key`: model, dtype, precision, device and the
 capsule's slot count); each base's trials, in grid order (task, model, method row, `select:` value, seed), are cut
 into packs of K, the last one smaller. A pack's name, `pack<NNN>-<model slug>-x<members>`, is the Tune trial's name
 and folder; it is the same for the same sweep config, so `--resume` meets the same packs. Each member keeps what a
@@ -13,8 +13,7 @@ import dataclasses
 from typing import Any
 
 from pipelines.config.schema import model_slug
-from pipelines.sweeps.config import SweepConfig, Trial, trials
-from pipelines.sweeps.pack_rules import base_key
+from pipelines.sweeps.config import SweepConfig, Trial, base_key, trials
 
 
 @dataclasses.dataclass(frozen=True)

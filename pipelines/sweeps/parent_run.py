@@ -113,7 +113,7 @@ class SweepRun:
     def _report(self) -> tuple[list[Path], str]:
         """report.md and report.png of the sweep's finished runs; none and why (logged) when there is nothing to
         report."""
-        from pipelines.reporting.tables import ReportError, build_report
+        from pipelines.reporting import ReportError, build_report
 
         try:
             _, markdown, picture = build_report(self.sweep.experiment_name(), self.uri, self.folder / REPORT_DIR,

@@ -1,5 +1,5 @@
-"""What every Tune trial process of a sweep shares, whether it runs one trial's job (`pipelines.sweeps.trial`) or a
-pack's (`pipelines.sweeps.pack_trial`): the process prepared for a job, the run's tracking dict, the final report."""
+"""What every Tune trial process of a sweep shares, whether it runs one trial's job or a pack's
+(`pipelines.sweeps.trial`): the process prepared for a job, the run's tracking dict, the final report."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
+from pipelines.services.folder_lock import folder_problem
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.services.probe import ServiceError
 from pipelines.tracking.jobs import (
@@ -25,7 +26,6 @@ from pipelines.tracking.jobs import (
     single_job_run_name,
     tracked_job,
 )
-from pipelines.training.folder_checks import folder_problem
 from pipelines.training.outputs import is_main_process
 
 URI_ENV = "MLFLOW_TRACKING_URI"
@@ -97,7 +97,7 @@ def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]])
 
 def _output_folder_problems(raw: dict[str, Any]) -> list[str]:
     """A given `output_dir` that cannot be written, reported with the config's other problems (the job checks its
-    folder again, fully, before writing: `pipelines.training.folder_checks.check_job_folder`)."""
+    folder again, fully, before writing: `pipelines.services.folder_lock.check_job_folder`)."""
     given = raw.get("output_dir")
     problem = folder_problem("output_dir", given) if isinstance(given, str) and given else None
     return [problem] if problem else []

@@ -292,7 +292,7 @@ def _publish_last_samples(monitor: Any) -> None:
 
 
 # A finished trial's result.json, reused by a restarted sweep, must say what its MLflow run logged.
-# result.json carries its own digest (`pipelines.training.cached`), which catches an edit but not someone who
+# result.json carries its own digest (`pipelines.training.outputs`), which catches an edit but not someone who
 # recomputes it; the run's metrics live in the tracking database, out of reach of whoever can only write the
 # output folder. So a reused result's scores are compared with the run's (the final metrics and the last
 # best-validation score it logged); any difference refuses the trial with the way out.
@@ -314,7 +314,7 @@ def verify_against_run(uri: str, run_id: str, result: Mapping[str, Any], result_
 
     When the server cannot be read now, the result is reused on its own digests, with a warning.
     """
-    from pipelines.training.cached import WAY_OUT, CachedResultError
+    from pipelines.training.outputs import WAY_OUT, CachedResultError
 
     try:
         logged = mlflow_client(uri).get_run(run_id).data.metrics

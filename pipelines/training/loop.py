@@ -37,7 +37,6 @@ from pipelines.config.schema import JobConfig
 from pipelines.evaluation import evaluate, per_example_nll
 from pipelines.methods import model_inputs, save_artifact
 from pipelines.models.cache import BaseModelCache
-from pipelines.training.cached import seal_result
 from pipelines.training.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -47,7 +46,7 @@ from pipelines.training.checkpoint import (
     trainable_state,
 )
 from pipelines.training.disk_full import no_space_reported
-from pipelines.training.outputs import claim_job_folder, finished_result
+from pipelines.training.outputs import claim_job_folder, finished_result, seal_result
 from pipelines.training.result import ranks_in_sync, result_record
 from pipelines.training.setup import Job, build_job, num_labels
 

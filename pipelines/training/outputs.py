@@ -5,7 +5,8 @@ spool) belongs to one resolved config, identified by `config_hash`. A job claims
 reads or writes anything there: it takes an exclusive lock held for its whole life (a second job on the
 same folder fails at once), refuses a folder that holds another config's outputs unless
 `train.overwrite` is set, and records its hash and config in ``job_config.json``. Only the main
-process of a distributed job (RANK 0) claims; the other ranks share its folder.
+process of a distributed job (RANK 0) claims; the other ranks share its folder. A finished result.json is
+sealed with its own digest and verified before it is reused (`seal_result`, `verify_result`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from capt import digest
 from capt.atomic import write_atomically
-from capt.errors import CaptError
+from capt.errors import ArtifactIntegrityError, CaptError
 from pipelines.config.load import require_resolved
 from pipelines.config.schema import JobConfig, flatten
-from pipelines.services.folder_lock import held_folder
-from pipelines.training.cached import CachedResultError, verify_result
-from pipelines.training.folder_checks import check_job_folder
+from pipelines.services.folder_lock import check_job_folder, held_folder
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def finished_result(config: JobConfig) -> dict[str, Any] | None:
     """The stored result.json of this exact config with its artifact, verified; None when missing, partial or of
     another config.
 
-    A result that fails verification (`pipelines.training.cached.verify_result`: edited, or its artifact changed)
+    A result that fails verification (`verify_result`: edited, or its artifact changed)
     is never reused: `CachedResultError` with the way out, or, with `train.overwrite`, its outputs are deleted
     (logged) and None returned, so the job trains afresh.
     """
@@ -208,3 +208,60 @@ def config_diff(old: Mapping[str, Any], new: JobConfig | Mapping[str, Any], limi
     return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
 
 
+# A finished result, verified before reuse
+#
+# A finished job's result.json is verified before it is reused, never believed.
+#
+# At the end of a job, `seal_result` records in result.json the digest of its artifact (`capt.digest`: the
+# artifact digest and the SHA-256 of each file) and, last, ``result_digest``: the SHA-256 of the canonical
+# JSON of every other field of result.json. The digest lives inside result.json rather than in a sidecar so
+# that the one file that travels (to MLflow, into a registered version, into a report) carries its own check,
+# and a sidecar cannot be lost or left stale beside it.
+#
+# `verify_result` checks both before a job or sweep reuses a finished result: a result.json edited by hand (a
+# score changed) or whose artifact changed is refused with the way out. That stops careless and accidental
+# edits; someone who rewrites result.json and recomputes its digest is caught, when tracking is on, by the
+# comparison of its scores with the metrics of its MLflow run (`pipelines.tracking.TrialTracker`).
+
+RESULT_DIGEST_KEY = "result_digest"
+ARTIFACT_DIGEST_KEY = "artifact_digest"
+ARTIFACT_FILES_KEY = "artifact_files"
+WAY_OUT = ("Set train.overwrite=true to delete this job's outputs and train it again, or delete its output folder "
+           "and run it again (a sweep retrains the trial).")
+
+
+class CachedResultError(CaptError, RuntimeError):
+    """A finished result.json (or its artifact) does not match its recorded digests; it is not reused."""
+
+
+def result_digest(result: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, compact) of `result` without its ``result_digest`` field."""
+    plain = json.loads(json.dumps({k: v for k, v in result.items() if k != RESULT_DIGEST_KEY}, default=str))
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal_result(result: dict[str, Any], artifact_dir: str | Path) -> dict[str, Any]:
+    """`result` with its artifact's digests (read from the artifact's manifest) and its own digest recorded."""
+    manifest = json.loads((Path(artifact_dir) / digest.MANIFEST_NAME).read_text(encoding="utf-8"))
+    result[ARTIFACT_DIGEST_KEY] = manifest["digest"]
+    result[ARTIFACT_FILES_KEY] = manifest["files"]
+    result[RESULT_DIGEST_KEY] = result_digest(result)
+    return result
+
+
+def verify_result(result: Mapping[str, Any], result_path: Path) -> None:
+    """Refuse (`CachedResultError`) a result.json that does not match its own digest, or whose artifact does not
+    match the digests it records; the message names the file, the expected and the found digest, and the way out."""
+    recorded = result.get(RESULT_DIGEST_KEY)
+    found = result_digest(result)
+    if recorded != found:
+        what = "records no result_digest" if recorded is None else f"records result_digest {recorded}"
+        raise CachedResultError(
+            f"The finished result {result_path} is not reused: it {what}, but its content has SHA-256 {found} "
+            f"(it was edited after the job wrote it, or written before results carried digests). {WAY_OUT}")
+    artifact_dir = Path(result.get("artifact_dir") or result_path.parent / "artifact")
+    try:
+        digest.verify(artifact_dir, f"The artifact of the finished result {result_path} ({artifact_dir})",
+                      result.get(ARTIFACT_DIGEST_KEY), result.get(ARTIFACT_FILES_KEY), f"{result_path.name}")
+    except ArtifactIntegrityError as err:
+        raise CachedResultError(f"{err} The finished result is not reused. {WAY_OUT}") from err

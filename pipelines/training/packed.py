@@ -48,9 +48,8 @@ import torch
 
 from capt.atomic import write_atomically
 from pipelines.config.load import require_resolved
-from pipelines.training.cached import seal_result
 from pipelines.training.loop import Report, drive, schedule, training_loss
-from pipelines.training.outputs import RESULT_FILE
+from pipelines.training.outputs import RESULT_FILE, seal_result
 from pipelines.training.pack_eval import evaluate_members
 from pipelines.training.pack_outputs import (
     claimed_member_folders,

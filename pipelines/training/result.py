@@ -14,7 +14,7 @@ import torch
 from capt import tasks
 from capt.tasks.levels import reference_levels
 from capt.tasks.loading import single_label_warning
-from pipelines.config.optim_defaults import model_family, optim_default
+from pipelines.config.defaults import model_family, optim_default
 from pipelines.config.schema import TaskSection, model_slug
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.outputs import config_hash

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from pipelines.services.base import ManagedService
+from pipelines.services.mlflow_server import ManagedService
 from pipelines.services.private import RAY_LOOPBACK_ENV
 from pipelines.services.probe import (
     LOCALHOST,

@@ -42,8 +42,8 @@ from pipelines.serving.source import RegistrySource
 from pipelines.sweeps.trial import tracked_job
 from pipelines.tracking import load_capsule_model
 from pipelines.tracking.bundle import CODE_ARCHIVE, CODE_DIGEST_TAG, code_digest, code_table
-from pipelines.training.cached import CachedResultError, result_digest
 from pipelines.training.loop import run
+from pipelines.training.outputs import CachedResultError, result_digest
 
 pytestmark = pytest.mark.integration
 

@@ -260,7 +260,7 @@ def test_a_select_sweep_reports_the_value_best_on_validation_and_only_its_test_s
     """3 learning rates x 2 seeds of CaPT on tiny-t5, one trial at a time: the results table and the report keep
     the lr with the best mean validation score (computed here from the trials' own result.json) and only its runs;
     the six trials ran in one reused trial process that loaded the base model once."""
-    from pipelines.reporting.tables import build_report, run_frame
+    from pipelines.reporting import build_report, run_frame
     from pipelines.tracking import experiment_runs
 
     command = [sys.executable, "pipelines/sweep.py", *SMALL, "name=it-select", f"storage_path={tmp_path}",

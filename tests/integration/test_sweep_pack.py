@@ -23,7 +23,7 @@ import pytest
 from helpers.mlflow_runs import stopped_store_client, sweep_runs, trial_runs
 
 from pipelines.services.reaper import REAP_ENV
-from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV
+from pipelines.sweeps.config import TUNED_HEAP_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines import report
-from pipelines.reporting.tables import KEPT_NOTE
+from pipelines.reporting import KEPT_NOTE
 from pipelines.services import LocalMlflowServer, free_port
 
 pytestmark = pytest.mark.integration

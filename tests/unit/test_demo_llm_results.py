@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from pipelines.training.cached import RESULT_DIGEST_KEY, result_digest
+from pipelines.training.outputs import RESULT_DIGEST_KEY, result_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "benchmarks" / "results" / "demo_llm"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import learning_llm
-from pipelines.training.cached import RESULT_DIGEST_KEY, result_digest
+from pipelines.training.outputs import RESULT_DIGEST_KEY, result_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / learning_llm.OUT

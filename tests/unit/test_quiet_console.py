@@ -11,7 +11,7 @@ import pytest
 from helpers.bad_inputs import ROOT, call_entry, entry_env, run_entry
 
 from pipelines.cli_errors import QUIET_LOGGERS, configure_logging
-from pipelines.config.checks import ignored_data_dir_note
+from pipelines.config.load import ignored_data_dir_note
 
 SMOKE_JOB = str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml")
 IGNORED = "CAPT_DATA_DIR={} is ignored: "

@@ -1,4 +1,4 @@
-"""A finished result is verified before it is reused, never believed (`pipelines.training.cached`), and a job
+"""A finished result is verified before it is reused, never believed (`pipelines.training.outputs`), and a job
 artifact's task, base model and method must match where it is loaded (`pipelines.provenance`).
 
 Without tracking: a result.json edited by hand, or whose artifact changed, is refused with the way out and
@@ -23,8 +23,8 @@ from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.provenance import ProvenanceError, check_provenance, verify_job_artifact
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name
 from pipelines.tracking.tracker import score_mismatches
-from pipelines.training.cached import CachedResultError, result_digest
 from pipelines.training.loop import run
+from pipelines.training.outputs import CachedResultError, result_digest
 
 TRAIN = {"max_steps": 2, "eval_every_steps": 2, "resume": True}
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipelines.training.folder_checks import folder_problem, job_folder_problem
+from pipelines.services.folder_lock import folder_problem, job_folder_problem
 
 
 def test_a_new_folder_under_a_writable_one_and_an_empty_folder_pass(tmp_path):

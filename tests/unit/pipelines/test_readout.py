@@ -13,7 +13,7 @@ from capt import tasks
 from capt.arch.readout import install_readout, installed_readout
 from capt.digest import MANIFEST_NAME
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.config.readout import ENCODER_READOUT
+from pipelines.config.defaults import ENCODER_READOUT
 from pipelines.config.sources import PipelineConfigError
 from pipelines.evaluation import predict
 from pipelines.methods import load_artifact

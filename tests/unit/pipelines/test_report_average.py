@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from capt.tasks.registry import SUPERGLUE_TASKS
-from pipelines.reporting.levels import column_label
-from pipelines.reporting.tables import AVERAGE, build_tables, markdown, run_frame, write_report
+from pipelines.reporting import AVERAGE, build_tables, column_label, markdown, run_frame, write_report
 
 
 def _run(task: str, method: str, seed: int, value: float) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.reporting.tables import write_report
+from pipelines.reporting import write_report
 
 LEVELS = {"cb": (40.0, 30.0), "rte": (56.0, 50.0)}
 """Task -> (majority class, chance) as the jobs measured them on the test split."""
@@ -53,7 +53,7 @@ def test_levels_are_test_split_scores_so_other_metrics_get_no_reference_rows(tmp
 
 def test_every_registered_method_is_a_row_in_the_paper_order(tmp_path: Path) -> None:
     from pipelines.config.schema import METHOD_NAMES
-    from pipelines.reporting.tables import METHOD_ORDER
+    from pipelines.reporting import METHOD_ORDER
 
     assert sorted(METHOD_ORDER) == sorted(METHOD_NAMES), "every registered method has its place in the table"
     runs = [_run("cb", method, 0, 50.0 + i) for i, method in enumerate(reversed(METHOD_NAMES))]

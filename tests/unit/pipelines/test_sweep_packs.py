@@ -74,7 +74,7 @@ def test_k_must_be_positive_and_given(tmp_path):
 
 
 def test_a_packed_sweeps_trial_processes_start_with_the_tuned_heap_unless_told_otherwise(tmp_path):
-    from pipelines.sweeps.pack_rules import TUNED_HEAP_ENV, trial_process_env
+    from pipelines.sweeps.config import TUNED_HEAP_ENV, trial_process_env
 
     assert trial_process_env(packed(tmp_path, "pack.max_members=3")) == TUNED_HEAP_ENV
     assert TUNED_HEAP_ENV["MALLOC_ARENA_MAX"] == "1" and TUNED_HEAP_ENV["MALLOC_MMAP_MAX_"] == "0"
@@ -135,7 +135,7 @@ def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_
 
 
 def test_each_member_is_tracked_as_its_trial_would_be(tmp_path):
-    from pipelines.sweeps.pack_trial import PACK_TAG, _member
+    from pipelines.sweeps.trial import PACK_TAG, _member
     from pipelines.sweeps.packs import trial_point
     from pipelines.training.outputs import config_hash
 

@@ -9,7 +9,7 @@ import pytest
 from ray.tune import Result
 
 from pipelines.config.sources import PipelineConfigError
-from pipelines.reporting.tables import build_tables, markdown, run_frame
+from pipelines.reporting import build_tables, markdown, run_frame
 from pipelines.sweeps.config import load_sweep_config, trials
 from pipelines.sweeps.select import chosen_labels
 from pipelines.sweeps.summary import results_table

@@ -85,9 +85,8 @@ def test_a_refusal_is_the_trials_own_input_and_its_row_says_why():
     from capt.tasks import TaskDataError
     from pipelines.sweeps.summary import result_rows
     from pipelines.sweeps.trial_process import is_refusal, refusal_report
-    from pipelines.training.cached import CachedResultError
     from pipelines.training.disk_full import NoSpaceError
-    from pipelines.training.outputs import JobFolderError
+    from pipelines.training.outputs import CachedResultError, JobFolderError
 
     assert is_refusal(TaskDataError("bad label")) and is_refusal(CachedResultError("edited"))
     assert not any(is_refusal(e) for e in (JobFolderError("held"), NoSpaceError("full"), RuntimeError("lost")))

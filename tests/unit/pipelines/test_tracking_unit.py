@@ -14,7 +14,7 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.reporting.tables import build_tables, format_cell, markdown, run_frame
+from pipelines.reporting import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking.promotion import PromotionError, choose_best, metric_direction, metric_value

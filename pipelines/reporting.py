@@ -1,12 +1,12 @@
-"""The paper's results table from MLflow runs: tasks as columns, methods as rows, mean ± std over seeds (what
-`python -m pipelines.report` and a sweep's own run show).
+"""The results report: the paper's results table from MLflow runs, tasks as columns, methods as rows, mean ± std
+over seeds (what `python -m pipelines.report` and a sweep's own run show), its reference rows and its bar chart.
 
 One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
 tasks' means, headed e.g. "SuperGLUE avg (2 of 6 tasks)" when the table has fewer; CSQA has its own column after
 it), as
 Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
 the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
-it) come from the runs themselves (`pipelines.reporting.levels`); tasks on generated data are marked in the
+it) come from the runs themselves (the reference rows, below); tasks on generated data are marked in the
 table, the title and the picture. Runs count when
 FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
 reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
@@ -29,21 +29,140 @@ import pandas as pd
 
 from capt.errors import CaptError
 from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
-from pipelines.reporting.levels import (
-    GENERATED_NOTE,
-    LEVEL_METRICS,
-    LEVELS_METRIC,
-    LEVELS_NOTE,
-    UNTRAINED,
-    column_label,
-    generated_tasks,
-    is_reference,
-    row_order,
-    with_reference_rows,
-)
-from pipelines.reporting.plot import plot
+from pipelines.services.folder_lock import folder_problem
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
-from pipelines.training.folder_checks import folder_problem
+
+# The report's reference rows: what every method's test score is measured against, and generated data.
+#
+# Each job measures them on its own test split (`capt.tasks.levels`, `pipelines.train`) and logs them with its
+# run: the majority class (``test_majority_score``), chance (``test_chance_score``) and, with
+# `train.score_untrained`, the same model before its first training step (``test_untrained_score``). The report
+# shows the majority class and chance as rows above the methods (and as lines in the picture), and each
+# method's untrained score as a row ``<method> (untrained)`` right above the method.
+
+MAJORITY, CHANCE = "majority class", "chance"
+UNTRAINED = " (untrained)"
+"""Suffix of a method's untrained row."""
+LEVEL_METRICS = {"majority": "test_majority_score", "chance": "test_chance_score", "untrained": "test_untrained_score"}
+"""Frame column -> the run metric it is read from (all on the test split)."""
+LEVELS_METRIC = "test_score"
+"""The reported metric the levels are comparable with (task scores on the test split)."""
+GENERATED = "generated"
+"""Run tag ``data`` of a run on data the project generated (`capt.tasks.generated`)."""
+LEVELS_NOTE = (f"Reference rows, measured by every job on its own test split: *{MAJORITY}*: always predicting the "
+               f"most frequent training label; *{CHANCE}*: uniform random guessing (mean of 200 draws); "
+               f"*<method>{UNTRAINED}*: the same model before its first training step (`train.score_untrained`).")
+GENERATED_NOTE = ("Columns marked (generated): data made by `capt/tasks/generated.py`, whose labels follow a simple "
+                  "rule stated there. It checks that the pipeline learns; it is not benchmark data and these scores "
+                  "are no result.")
+
+
+def is_reference(method: str) -> bool:
+    """Whether a table row is a reference level rather than a method's result."""
+    return method in (MAJORITY, CHANCE)
+
+
+def with_reference_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (one row per run) plus the reference rows: majority class and chance once per (model, task, seed),
+    untrained once per run that measured it, each with its level as ``value``."""
+    extra = []
+    for column, label in (("majority", MAJORITY), ("chance", CHANCE)):
+        if column in frame:
+            part = frame.dropna(subset=[column]).drop_duplicates(["model", "task", "seed"])
+            extra.append(part.assign(method=label, value=part[column], select=""))
+    if "untrained" in frame:
+        part = frame.dropna(subset=["untrained"])
+        extra.append(part.assign(method=part["method"] + UNTRAINED, value=part["untrained"], select=""))
+    extra = [e for e in extra if not e.empty]
+    return pd.concat([frame, *extra], ignore_index=True) if extra else frame
+
+
+def row_order(methods: Iterable[str], preferred: Iterable[str]) -> list[str]:
+    """Reference levels first, then the methods in `preferred` order (others sorted), each method's untrained row
+    right above it."""
+    methods = set(methods)
+    results = {m for m in methods if not is_reference(m) and not m.endswith(UNTRAINED)}
+    ordered = [m for m in preferred if m in results] + sorted(results - set(preferred))
+    rows = [m for m in (MAJORITY, CHANCE) if m in methods]
+    for method in ordered:
+        rows += [m for m in (method + UNTRAINED, method) if m in methods]
+    return rows + sorted(methods - set(rows))  # an untrained row whose method has no result of its own
+
+
+def generated_tasks(part: pd.DataFrame) -> list[str]:
+    """Tasks of `part` with at least one run on generated data (run tag ``data``)."""
+    if "data" not in part:
+        return []
+    return sorted(set(part.loc[part["data"] == GENERATED, "task"]))
+
+
+def column_label(column: str, table: pd.DataFrame) -> str:
+    """A table or chart column as shown: its label in the table's ``attrs["labels"]`` (the SuperGLUE average of a
+    partial task set says how many tasks it covers), a task marked when its data was generated."""
+    if column in table.attrs.get("labels", {}):
+        return table.attrs["labels"][column]
+    return f"{column} ({GENERATED})" if column in set(table.attrs.get("generated", ())) else column
+
+
+# The report's picture: a grouped bar chart per base model, reference levels drawn as lines across each task.
+
+_LEVEL_STYLE = {MAJORITY: {"colors": "black", "linestyles": "--"}, CHANCE: {"colors": "dimgray", "linestyles": ":"}}
+_HALF_GROUP = 0.42
+"""Half the width of one task's group of bars (a level line spans it)."""
+
+
+def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLike[str],
+         title: str | None = None) -> Path:
+    """Bars per method (tasks and the SuperGLUE average on x, std as error bars, values to one decimal), the
+    majority class and chance as lines across each task; generated tasks are marked on the axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(tables), 1, figsize=(12, 3.8 * len(tables)), squeeze=False)
+    for ax, (model, table) in zip(axes[:, 0], tables.items(), strict=True):
+        columns = list(table.columns.get_level_values(0).unique())
+        _bars(ax, table, columns)
+        _levels(ax, table, columns)
+        ax.set_xticks(range(len(columns)), [column_label(c, table) for c in columns])
+        ax.set_ylabel(metric)
+        ax.set_title(model)
+        ax.margins(y=0.12)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bars(ax, table: pd.DataFrame, columns: list[str]) -> None:
+    methods = [m for m in table.index if not is_reference(m)]
+    width = 2 * _HALF_GROUP / max(1, len(methods))
+    for i, method in enumerate(methods):
+        row = table.loc[method]
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(columns))]
+        means = [row[(c, "mean")] for c in columns]
+        stds = [0.0 if math.isnan(row[(c, "std")]) else row[(c, "std")] for c in columns]
+        style = {"hatch": "//", "alpha": 0.55} if method.endswith(UNTRAINED) else {}
+        bars = ax.bar(xs, means, width, yerr=stds, capsize=2, label=str(method), **style)
+        ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in means], fontsize=6, padding=1)
+
+
+def _levels(ax, table: pd.DataFrame, columns: list[str]) -> None:
+    for level, style in _LEVEL_STYLE.items():
+        if level not in table.index:
+            continue
+        spans = [(j, table.loc[level, (c, "mean")]) for j, c in enumerate(columns)]
+        spans = [(j, y) for j, y in spans if not math.isnan(y)]
+        for k, (j, y) in enumerate(spans):
+            ax.hlines(y, j - _HALF_GROUP, j + _HALF_GROUP, linewidth=1.2, label=level if k == 0 else None, **style)
+
+
+# The tables
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +191,7 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
 
     Only the runs of the `select:` value chosen on validation are kept (column `select`, empty without one).
     Columns `majority`, `chance` and `untrained` hold the run's reference levels when `metric` is the test score
-    (`pipelines.reporting.levels`), `data` its run tag ``data`` ("generated" or "real"), `kept` which run was kept
+    (the reference rows), `data` its run tag ``data`` ("generated" or "real"), `kept` which run was kept
     over which when several share the row's (model, task, method, seed) (`_kept_notes`; empty otherwise).
     """
     rows = []
@@ -120,7 +239,7 @@ def _ordered(values: Iterable[str], preferred: Iterable[str]) -> list[str]:
 def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per base model: a frame indexed by method with columns (task or SuperGLUE average) x (mean, std, n,
     select); the average follows the SuperGLUE tasks, and CSQA (not a SuperGLUE task) comes after it. Reference
-    rows (majority class, chance, untrained) come with the methods (`pipelines.reporting.levels`); the frame's
+    rows (majority class, chance, untrained) come with the methods (the reference rows); the frame's
     ``attrs["generated"]`` lists its tasks on generated data, ``attrs["kept"]`` which run each cell and seed kept when
     several shared them."""
     tables = {}
