@@ -86,6 +86,27 @@ def _outcome(result: dict) -> str:
     return f"{how}: {scores}" if scores else how
 
 
+MLFLOW_QUIET_ENV = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+"""MLflow's own switches, read when it would print: off the "View run ... at" links printed when a run ends (for a
+sweep's local server they point to an address that is gone once the sweep ends; the sweep prints where its runs are
+at the end) and the artifact download bars."""
+MLFLOW_QUIET_LOGGERS = ("mlflow.system_metrics", "mlflow.pyfunc", "mlflow.store.model_registry.abstract_store")
+"""MLflow loggers whose INFO lines are routine in every trial (the system-metrics monitor's four per run, the
+input-example check, the wait for a registered version): they log from WARNING up; every warning and error, and the
+registry's "Created version" lines, stay."""
+
+
+def quiet_mlflow() -> None:
+    """Apply `MLFLOW_QUIET_ENV` (unless set already: a user's explicit choice wins) and `MLFLOW_QUIET_LOGGERS` in this
+    process (imports no mlflow)."""
+    for key, value in MLFLOW_QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for name in MLFLOW_QUIET_LOGGERS:
+        routine = logging.getLogger(name)
+        if routine.level < logging.WARNING:
+            routine.setLevel(logging.WARNING)
+
+
 class _NoLoadReport(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "LOAD REPORT" not in str(record.msg)
@@ -95,14 +116,13 @@ def quiet_trial_process() -> None:
     """In a trial process: no "LOAD REPORT" table per model load (for MiniLM it lists the classifier head that every
     classification job adds, a known and expected difference; a load that is wrong still raises), no
     weight-loading progress bar (transformers' other warnings stay), and MLflow's routine output off
-    (`pipelines.tracking.quiet`), Accelerate's checkpoint chatter at WARNING (`pipelines.cli_errors.quiet_accelerate`).
+    (`quiet_mlflow`), Accelerate's checkpoint chatter at WARNING (`pipelines.cli_errors.quiet_accelerate`).
 
     A filter, not a level: transformers checks the level of its loading logger itself, and at WARNING or above
     it verifies a tensor-parallel plan no job here uses, and warns about every layer it did not shard."""
     from transformers.utils import logging as hf_logging
 
     from pipelines.cli_errors import quiet_accelerate
-    from pipelines.tracking.quiet import quiet_mlflow
 
     quiet_mlflow()
     quiet_accelerate()

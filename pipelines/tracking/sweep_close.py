@@ -1,4 +1,10 @@
-"""A sweep's parent-run close kept for ``sync`` (`SWEEP_CLOSE_FILE`, written by the sweep when the server did not
+"""How a sweep's runs close when the sweep could not close them itself.
+
+Trials a stopped sweep left behind (`end_stopped_runs`): a trial whose process Tune stops cannot end its own run,
+which would show RUNNING forever; the driver ends each such run as KILLED (as MLflow marks a run its process lost) once
+Tune has returned.
+
+The parent-run close kept for ``sync`` (`SWEEP_CLOSE_FILE`, written by the sweep when the server did not
 take it): read back and checked before anything of it is sent. The file decides nothing on its own: which server
 it goes to follows the spools' rules (`pipelines.tracking.scope`, `sync.credentials_refusal`), the files it names
 must lie inside its sweep folder (no absolute path, no ``..``, no symbolic link), and what it asks the user to run
@@ -7,12 +13,18 @@ is built here from plain values, never taken as text."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from pipelines.tracking.client import mlflow_client, own_http_retries
+from pipelines.tracking.scope import same_server
+from pipelines.tracking.spool import RUN_FILE, read_run_record
 from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, SweepClose
+
+logger = logging.getLogger(__name__)
 
 RECORD_LIMIT = 4_000_000
 """Characters of the file read at most (a sweep's own record: its config and an 8,000-character description)."""
@@ -82,3 +94,25 @@ def inside(sweep_dir: Path, name: Any) -> bool:
     if not _text(name) or Path(name).is_absolute() or ".." in Path(name).parts:
         return False
     return (sweep_dir / name).resolve() == sweep_dir.resolve() / name
+
+
+def end_stopped_runs(jobs: Path, tracking_uri: str, moved_from: tuple[str, ...] = ()) -> list[str]:
+    """End as KILLED every RUNNING run recorded in a trial folder under `jobs` for this server (at `tracking_uri`
+    or, before, at an address of `moved_from`); the folders whose run was ended.
+
+    A server that cannot be reached is logged and left: the runs stay RUNNING until a resumed sweep ends them.
+    """
+    own_http_retries()  # a server that went down too must not hold the stop for minutes
+    client, ended = mlflow_client(tracking_uri), []
+    for record_file in sorted(jobs.glob(f"*/{RUN_FILE}")):
+        record = read_run_record(record_file.parent) or {}
+        recorded = str(record.get("tracking_uri", ""))
+        if "run_id" not in record or not any(same_server(recorded, uri) for uri in (tracking_uri, *moved_from)):
+            continue
+        try:
+            if client.get_run(record["run_id"]).info.status == "RUNNING":
+                client.set_terminated(record["run_id"], status="KILLED")
+                ended.append(record_file.parent.name)
+        except Exception as err:  # noqa: BLE001 - a stop must finish whatever the server answers
+            logger.warning("Could not end the run of %s as KILLED (%s)", record_file.parent.name, err)
+    return ended

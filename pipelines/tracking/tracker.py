@@ -1,4 +1,5 @@
-"""`TrialTracker`: one trial's MLflow run, spooling operations while the server is unreachable."""
+"""`TrialTracker`: one trial's MLflow run, spooling operations while the server is unreachable and uploading them
+from a thread of its own (`BackgroundUploader`) while training goes on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from pipelines.tracking.spool import (
     param_strings,
     read_run_record,
 )
-from pipelines.tracking.uploader import BackgroundUploader
 
 logger = logging.getLogger(__name__)
 
@@ -327,3 +327,52 @@ def verify_against_run(uri: str, run_id: str, result: Mapping[str, Any], result_
         raise CachedResultError(
             f"The finished result {result_path} is not reused: its scores differ from those its MLflow run {run_id} "
             f"at {uri} logged ({'; '.join(mismatches)}); it was edited after the run finished. {WAY_OUT}")
+
+
+class BackgroundUploader:
+    """Runs `upload` on a daemon thread each time `wake` is called (wakes coalesce); `close` flushes.
+
+    The training thread only appends each metric operation to the spool (a durable, fsynced line); this thread
+    replays the spool against the server while training goes on. A crash at any moment loses nothing the spool
+    would not have kept: a point either reached the server or is still spooled (the restarted trial, or ``python -m
+    pipelines.tracking sync``, uploads it), and a replay drops a line only once it was applied or dead-lettered.
+    `upload` must never raise for tracking problems (the tracker spools or dead-letters them); anything
+    it still raises is a bug, kept in `errors` for the tracker to report at finish, and the thread goes on.
+    """
+
+    def __init__(self, upload: Callable[[], None], name: str) -> None:
+        self._upload = upload
+        self._name = name
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+        """Unexpected exceptions of `upload`, as ``Type: message``."""
+
+    def wake(self) -> None:
+        """Ask for an upload soon (starts the thread on first use)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        """Let the thread finish the upload it may be doing, then stop it (the caller replays the rest)."""
+        if self._thread is None:
+            return
+        self._closing = True
+        self._wake.set()
+        self._thread.join()
+        self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                self._upload()
+            except Exception as exc:  # noqa: BLE001 - reported at finish; the points stay spooled
+                logger.error("Background MLflow upload (%s) failed: %s", self._name, exc, exc_info=exc)
+                self.errors.append(f"{type(exc).__name__}: {exc}")

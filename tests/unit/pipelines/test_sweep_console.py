@@ -9,8 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.sweeps.console import no_default_loggers, quiet_trial_process, trial_lines, tune_loggers
-from pipelines.tracking.quiet import QUIET_ENV, QUIET_LOGGERS
+from pipelines.sweeps.console import (
+    MLFLOW_QUIET_ENV,
+    MLFLOW_QUIET_LOGGERS,
+    no_default_loggers,
+    quiet_trial_process,
+    trial_lines,
+    tune_loggers,
+)
 
 
 class _Named(SimpleNamespace):
@@ -65,8 +71,8 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
                          intermediate_size=8)).save_pretrained(tmp_path)
     loading = logging.getLogger("transformers.modeling_utils")
     filters = list(loading.filters)
-    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
-    for key in QUIET_ENV:
+    levels = {name: logging.getLogger(name).level for name in MLFLOW_QUIET_LOGGERS}
+    for key in MLFLOW_QUIET_ENV:
         monkeypatch.delenv(key, raising=False)  # restored after the test
     caplog.set_level(logging.WARNING)
     library = logging.getLogger("transformers")
@@ -82,7 +88,7 @@ def test_a_trial_process_loads_models_without_the_load_report(tmp_path, caplog: 
         assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.WARNING] == []
         assert not hf_logging.is_progress_bar_enabled() and loading.level == logging.NOTSET
         assert len(loading.filters) == len(filters) + 1
-        assert all(os.environ[key] == value for key, value in QUIET_ENV.items())
+        assert all(os.environ[key] == value for key, value in MLFLOW_QUIET_ENV.items())
         assert not logging.getLogger("mlflow.system_metrics.system_metrics_monitor").isEnabledFor(logging.INFO)
     finally:
         library.propagate = propagates

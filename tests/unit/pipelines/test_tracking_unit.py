@@ -326,7 +326,7 @@ def test_pyfunc_requirements_are_public_versions_and_name_the_project() -> None:
 
 
 def test_the_background_uploader_keeps_unexpected_errors_and_goes_on(tmp_path: Path) -> None:
-    from pipelines.tracking.uploader import BackgroundUploader
+    from pipelines.tracking.tracker import BackgroundUploader
 
     calls, done = [], [threading.Event(), threading.Event()]
 
