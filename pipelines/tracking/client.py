@@ -76,3 +76,19 @@ def dir_lock(directory: Path) -> contextlib.AbstractContextManager[None]:
     """An exclusive lock on a directory (a tracker and a `sync` never replay one spool at once); creates it."""
     directory.mkdir(parents=True, exist_ok=True)
     return exclusive(directory)
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The id of the experiment `name`: created if missing (another process may create it meanwhile), restored if
+    deleted."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name)
+        except RestException as err:  # another trial created it meanwhile
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id

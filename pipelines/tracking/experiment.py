@@ -10,8 +10,7 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
-from pipelines.tracking.client import is_transient, mlflow_client, own_http_retries
-from pipelines.tracking.operations import _experiment_id
+from pipelines.tracking.client import ensure_experiment, is_transient, mlflow_client, own_http_retries
 from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ def describe_experiment(uri: str, name: str, description: str, tags: Mapping[str
     client = mlflow_client(uri)
 
     def describe() -> str:
-        experiment_id = _experiment_id(client, name)
+        experiment_id = ensure_experiment(client, name)
         for key, value in {**{k: str(v) for k, v in tags.items()}, DESCRIPTION_TAG: description}.items():
             client.set_experiment_tag(experiment_id, key, value)
         return experiment_id

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException, RestException
 
-from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, is_transient, mlflow_client
+from pipelines.tracking.client import TRIAL_KEY_TAG, TrackingError, ensure_experiment, is_transient, mlflow_client
 from pipelines.tracking.finish import apply_finish
 from pipelines.tracking.scope import ServerScope
 from pipelines.tracking.spool import (
@@ -31,23 +31,9 @@ ERROR_TAG = "error"
 ERROR_TAG_LIMIT = 5000
 
 
-def _experiment_id(client: MlflowClient, name: str) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        try:
-            return client.create_experiment(name)
-        except RestException as err:  # another trial created it meanwhile
-            if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            experiment = client.get_experiment_by_name(name)
-    if experiment.lifecycle_stage == "deleted":
-        client.restore_experiment(experiment.experiment_id)
-    return experiment.experiment_id
-
-
 def _apply_start(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> str:
     """Create the run (or find the one a previous replay created, by its trial key) and record it."""
-    experiment_id = _experiment_id(client, op["experiment"])
+    experiment_id = ensure_experiment(client, op["experiment"])
     key = op["trial_key"]
     found = client.search_runs([experiment_id], f"tags.`{TRIAL_KEY_TAG}` = '{key}'", max_results=1)
     run = found[0] if found else client.create_run(
