@@ -23,8 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from packaging.version import InvalidVersion, Version
 
-from pipelines.tracking.bundle import DATA_FOLDER, code_tags, write_code_archive
-from pipelines.tracking.bundle import code_size as bundle_code_size
+from pipelines.tracking.bundle import DATA_FOLDER, code_size, code_tags, write_code_archive
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.model_card import registered_model_description, version_description
 from pipelines.tracking.spool import registered_model_name
@@ -104,11 +103,6 @@ def _code_paths(folder: Path) -> list[str]:
     modules: nothing re-imports them.
     """
     return [str(write_code_archive(folder))]
-
-
-def code_size() -> tuple[int, int]:
-    """(bytes, files) of the project code in every logged model (the members of its ``code/`` archive)."""
-    return bundle_code_size()
 
 
 def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:

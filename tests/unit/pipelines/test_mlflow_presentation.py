@@ -41,7 +41,7 @@ def test_a_version_description_has_scores_size_and_a_snippet_that_is_python() ->
 
 
 def test_a_version_description_says_why_its_logged_model_outweighs_the_capsule() -> None:
-    from pipelines.tracking.pyfunc import code_size
+    from pipelines.tracking.bundle import code_size
 
     result = {"task": "rte", "model": "minilm", "model_slug": "minilm", "method": "capt", "seed": 0, "steps": 6,
               "metrics": {}, "capsule_bytes": "3072"}
