@@ -24,8 +24,7 @@ from capt.errors import CaptError
 from capt.heads import linear_head
 from capt.methods import get_method
 from capt.packing import PackedCapsules
-from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig
+from pipelines.config.schema import JobConfig, require_resolved
 from pipelines.methods import build_method_config
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import LoopState

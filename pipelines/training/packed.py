@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from capt.atomic import write_atomically
-from pipelines.config.load import require_resolved
+from pipelines.config.schema import require_resolved
 from pipelines.training.loop import Report, drive, schedule, training_loss
 from pipelines.training.outputs import RESULT_FILE, seal_result
 from pipelines.training.pack_eval import evaluate_members
