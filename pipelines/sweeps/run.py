@@ -277,7 +277,7 @@ def refuse_credentials_in_uri(uri: str) -> None:
 def champion_pairs(sweep: SweepConfig, rows: list[dict]) -> list[tuple[str, str]]:
     """(model, task) of every capsule this sweep registered (a done trial of a method that registers one), sorted:
     the champions it promotes."""
-    from pipelines.methods import registers_model
+    from pipelines.adapted import registers_model
 
     capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
     return sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows})

@@ -60,7 +60,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     origin = "--tracking-uri" if args.tracking_uri else URI_ENV
     _refuse_credentials(uri, origin)
     check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
-    from pipelines.methods import registers_model
+    from pipelines.adapted import registers_model
     from pipelines.tracking.experiment import source_tags
 
     config_file = _shown_path(args.config) if args.config else None

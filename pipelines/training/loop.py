@@ -32,9 +32,8 @@ from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
+from pipelines.adapted import evaluate, model_inputs, per_example_nll, save_artifact
 from pipelines.config.schema import JobConfig, require_resolved
-from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.methods import model_inputs, save_artifact
 from pipelines.models.cache import BaseModelCache
 from pipelines.training.checkpoint import (
     LoopState,

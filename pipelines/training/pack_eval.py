@@ -19,8 +19,7 @@ import torch
 
 from capt.packing import member_rows, merge_batches
 from capt.tasks import Example, rank_classify
-from pipelines.evaluation import evaluate, metrics_of, sequence_log_likelihood
-from pipelines.methods import model_inputs
+from pipelines.adapted import evaluate, metrics_of, model_inputs, sequence_log_likelihood
 from pipelines.training.pack_setup import Member, Pack
 
 

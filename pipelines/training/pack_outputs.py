@@ -1,6 +1,6 @@
 """A pack member's outputs in its own folder: the artifact of its best state, written as a single job writes it
-(`pipelines.methods.save_artifact`: the capsule, an encoder classifier's head and readout, the digest manifest), so
-`pipelines.methods.load_artifact` and everything downstream read it like any job's artifact; and its checkpoint.
+(`pipelines.adapted.save_artifact`: the capsule, an encoder classifier's head and readout, the digest manifest), so
+`pipelines.adapted.load_artifact` and everything downstream read it like any job's artifact; and its checkpoint.
 
 The checkpoint (`PackOptions.checkpoints`): a member's state at its last validation, in its own folder, so a pack run
 again after an interruption continues each member from where it was. One file per member,
@@ -25,8 +25,8 @@ import torch
 from capt.atomic import write_atomically
 from capt.heads import head_installed
 from capt.packing import PackedCapsules
+from pipelines.adapted import save_artifact
 from pipelines.config.load import validate_job_config
-from pipelines.methods import save_artifact
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder
 from pipelines.training.pack_setup import Member, Pack, PackError

@@ -24,8 +24,8 @@ from capt.errors import CaptError
 from capt.heads import linear_head
 from capt.methods import get_method
 from capt.packing import PackedCapsules
+from pipelines.adapted import build_method_config
 from pipelines.config.schema import JobConfig, require_resolved
-from pipelines.methods import build_method_config
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.setup import load_data, make_accelerator, make_schedule, new_optimizer, num_labels, step_budget
@@ -232,7 +232,7 @@ def _member(index: int, config, model: PackedCapsules, loaded: LoadedModel) -> M
 
 
 def _groups(config, model: PackedCapsules, index: int) -> list[dict[str, Any]]:
-    """The member's optimiser groups, as `pipelines.methods.parameter_groups` orders them: its capsule at
+    """The member's optimiser groups, as `pipelines.adapted.parameter_groups` orders them: its capsule at
     `optim.lr`, then its head (if any) at `optim.head_lr`."""
     optim, params = config.optim, model.member_parameters(index)
     capsule = [p for n, p in params.items() if n.startswith("capsule.")]

@@ -15,8 +15,8 @@ from torch import nn
 from capt import tasks
 from capt.arch import ArchSpec
 from capt.errors import CaptError
+from pipelines.adapted import adapt, install_job_readout, parameter_groups, sequence_overhead
 from pipelines.config.schema import JobConfig, require_resolved
-from pipelines.methods import adapt, install_job_readout, parameter_groups, sequence_overhead
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import install_hooks
 
