@@ -52,7 +52,7 @@ class PackOptions:
     """Write each member's best capsule (and head) as an artifact in its own output_dir, as a single job does."""
     checkpoints: bool = False
     """Save each member's state at each of its validations in its output_dir, and continue a member from it when a
-    pack starts (`pipelines.training.pack_outputs`)."""
+    pack starts (`pipelines.training.packed`)."""
 
 
 class EpochSampler(torch.utils.data.Sampler):

@@ -1,4 +1,4 @@
-"""Packed evaluation (`pipelines.training.pack_eval`): members that score at the same point share merged batches, and
+"""Packed evaluation (`pipelines.training.packed`): members that score at the same point share merged batches, and
 each member's metrics are the ones it gets scored on its own; members that generate their answers score alone."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 
 from pipelines.adapted import model_inputs, sequence_log_likelihood
 from pipelines.config.load import load_job_config
-from pipelines.training.pack_eval import evaluate_alone, evaluate_members, member_scores
 from pipelines.training.pack_setup import PackOptions, build_pack
+from pipelines.training.packed import evaluate_alone, evaluate_members, member_scores
 
 RTOL = 1e-5
 
