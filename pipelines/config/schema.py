@@ -211,6 +211,11 @@ def require_resolved(config: Any, where: str) -> ResolvedJobConfig:
                     "validate_job_config(config.to_dict())).")
 
 
+def warmup_steps(config: JobConfig, total_steps: int) -> int:
+    """Optimiser steps of linear warm-up: `optim.warmup_ratio` of the total, rounded down."""
+    return int(config.optim.warmup_ratio * total_steps)
+
+
 @dataclass(config=STRICT)
 class TrackingSection:
     """The `tracking:` section (MLflow settings), shared by the entry points that talk to MLflow (`pipelines/sweep.py`,

@@ -290,7 +290,7 @@ def _evaluate(job: Job, examples) -> dict[str, float]:
 def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early: bool) -> dict[str, Any]:
     """Test at the best checkpoint, write the artifact and result.json (rank 0), return the result."""
     accelerator = job.accelerator
-    in_sync = ranks_in_sync(job)
+    in_sync = ranks_in_sync(job.accelerator, job.trainable)
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
     wall = time.perf_counter() - meter.started
