@@ -218,7 +218,7 @@ def tracking_server(sweep: SweepConfig, wait: bool = True) -> Iterator[TrackingE
     `TrackingEndpoint.ready` before the first trial. Leaving the block stops the server.
     """
     from pipelines.services import LocalMlflowServer
-    from pipelines.services.mlflow_probe import check_mlflow_server
+    from pipelines.services.mlflow_server import check_mlflow_server
 
     uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not sweep.tracking.enabled:
@@ -264,7 +264,7 @@ class TrackingEndpoint:
 
 def refuse_credentials_in_uri(uri: str) -> None:
     """A tracking URI with `user:password@` would travel to every trial in Ray's metadata and run records."""
-    from pipelines.services.mlflow_probe import credentials_in_uri
+    from pipelines.services.mlflow_server import credentials_in_uri
 
     if (shown := credentials_in_uri(uri)) is not None:
         raise PipelineConfigError(

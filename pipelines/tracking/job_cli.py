@@ -15,7 +15,7 @@ from typing import Any
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.folder_lock import folder_problem
-from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.services.probe import ServiceError
 from pipelines.tracking.jobs import (
     JOB_EXPERIMENT,
@@ -126,7 +126,7 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
 
 def _refuse_credentials(uri: str, origin: str) -> None:
     """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
-    from pipelines.services.mlflow_probe import credentials_in_uri
+    from pipelines.services.mlflow_server import credentials_in_uri
 
     if (shown := credentials_in_uri(uri)) is not None:
         raise ServiceError(

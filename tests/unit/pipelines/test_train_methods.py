@@ -9,8 +9,8 @@ from helpers.jobs import tiny_job
 from helpers.methods import options
 
 from capt import tasks
-from pipelines.config.schema import METHOD_NAMES
 from pipelines.adapted import load_artifact, predict, sequence_overhead
+from pipelines.config.schema import METHOD_NAMES
 from pipelines.models.loading import load_model
 from pipelines.training.loop import run
 from pipelines.training.setup import load_data
