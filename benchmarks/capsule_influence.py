@@ -36,7 +36,7 @@ def task_vectors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def scored(predictor: Any, examples: list) -> tuple[list[int], dict[str, float]]:
     """(predicted label ids, the task's metrics) of `predictor`'s model on `examples`."""
-    from pipelines.evaluation import metrics_of, predict
+    from pipelines.adapted import metrics_of, predict
 
     ids = predict(predictor.model, examples, predictor.collator, predictor.spec, predictor.mode,
                   predictor.batch_size, predictor.max_new_tokens, predictor.tokenizer, predictor.device)

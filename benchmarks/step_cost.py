@@ -3,7 +3,7 @@
 The floor is forward + backward through the frozen model at n+1 tokens with nothing trainable but a
 dummy input gradient (`inputs_embeds.requires_grad_()`): the least any method that trains something
 inside the model can cost. A step of a method is forward + backward + optimizer step (+ zero_grad),
-through `pipelines.methods.adapt` (the pipeline's own wrapping) with the pipeline's default optimizer
+through `pipelines.adapted.adapt` (the pipeline's own wrapping) with the pipeline's default optimizer
 (Adafactor for the prompt methods, AdamW for LoRA and full fine-tuning); no gradient clipping.
 All methods are built up front on weight-sharing copies of one random-weight model and timed
 round-robin, so load from other processes hits every method alike; ratios are medians of per-round ratios.
@@ -123,8 +123,8 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
 def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.optim.Optimizer:
     """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
     own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
+    from pipelines.adapted import parameter_groups
     from pipelines.config.defaults import optim_default
-    from pipelines.methods import parameter_groups
     from pipelines.training.setup import new_optimizer
 
     default = optim_default(method, family)
@@ -139,7 +139,7 @@ class MethodRunner:
                  batch: dict[str, torch.Tensor], device: torch.device | None = None) -> None:
         """`device`: where the adapted model runs (adapted on `base`'s device first, then moved, as a job's
         Accelerate does: on another device it is a copy of its own, no longer sharing `base`'s storage)."""
-        from pipelines.methods import adapt
+        from pipelines.adapted import adapt
 
         self.model = adapt(models.shared_copy(base), method, options)
         if device is not None:

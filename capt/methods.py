@@ -10,7 +10,8 @@ Adding a method is one module (its config class and its model class, which imple
 and one line in `METHODS`. Callers (the pipelines) never branch on a method's name: what differs between
 methods is a property or method of `MethodModel`, or a fact its config class declares (`optim_defaults`, its
 optimiser and lr per model family; `has_capsule_slot`; `sequence_overhead`, `missing_layers` and
-`unsupported_reason`, what validation checks against a model's config), read through `Method`.
+`unsupported_reason`, what validation checks against a model's config), read through `Method`
+(`OPTIM_DEFAULTS`, `optim_default`: the declared optimiser defaults of every registered method as one table).
 """
 
 from __future__ import annotations
@@ -181,6 +182,40 @@ METHODS: dict[str, Method] = {
     "xprompt": Method(XPromptConfig, "capt.baselines.xprompt.model:XPromptModel"),
 }
 """Method name -> (config class, model class)."""
+
+
+class DeclaredDefaults(Mapping[tuple[str, str], OptimDefault]):
+    """(method, family) -> `OptimDefault`, read from the registry at each use, so it holds exactly the methods
+    registered at that moment."""
+
+    def __getitem__(self, key: tuple[str, str]) -> OptimDefault:
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] in METHODS):
+            raise KeyError(key)
+        default = METHODS[key[0]].optim_default(key[1])
+        if default is None:
+            raise KeyError(key)
+        return default
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter([(name, family) for name, method in METHODS.items() for family in FAMILIES
+                     if method.optim_default(family) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+OPTIM_DEFAULTS: Mapping[tuple[str, str], OptimDefault] = DeclaredDefaults()
+"""Every registered method's declared defaults, keyed by (method, family)."""
+
+
+def optim_default(method: str, family: str) -> OptimDefault:
+    """The default `method` declares for `family`; ValueError naming both when it declares none."""
+    try:
+        return OPTIM_DEFAULTS[(method, family)]
+    except KeyError:
+        known = ", ".join(sorted({m for m, _ in OPTIM_DEFAULTS}))
+        raise ValueError(f"No default optimiser for method {method!r} on model family {family!r} (methods: {known}; "
+                         f"families: {', '.join(FAMILIES)}); set optim.name and optim.lr.") from None
 
 
 def method_names() -> tuple[str, ...]:

@@ -23,8 +23,7 @@ import torch
 
 from capt import tasks
 from capt.tasks.normalise import examples_from_rows
-from pipelines.evaluation import predict
-from pipelines.methods import HEAD_WEIGHTS, load_artifact, sequence_overhead
+from pipelines.adapted import HEAD_WEIGHTS, load_artifact, predict, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.provenance import verify_job_artifact
 

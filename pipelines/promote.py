@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _promote_from_cli(args: argparse.Namespace) -> int:
-    from pipelines.services.tracking_store import tracking_store
+    from pipelines.services.mlflow_server import tracking_store
 
     check_arguments(args.task, args.metric, args.min_value, args.higher_is_better)  # before a local server starts
     try:

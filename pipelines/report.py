@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_from_cli(args: argparse.Namespace) -> int:
-    from pipelines.services.tracking_store import tracking_store
+    from pipelines.services.mlflow_server import tracking_store
 
     check_writable_folder(Path(args.out))  # before a local MLflow server is started for the command
     with tracking_store(args.tracking_uri) as store:

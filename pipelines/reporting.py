@@ -322,7 +322,7 @@ def build_report(experiment: str, tracking_uri: str | None, out_dir: str | os.Pa
                  metric: str = "test_score", sweep: str | None = None) -> tuple[str, Path, Path]:
     """Fetch the runs, write report.md and report.png to `out_dir`; returns (markdown, md path, png path)."""
     from pipelines.services import ServiceError
-    from pipelines.services.mlflow_probe import check_mlflow_server
+    from pipelines.services.mlflow_server import check_mlflow_server
     from pipelines.tracking import TrackingError, experiment_runs
 
     out = Path(out_dir)

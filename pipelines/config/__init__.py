@@ -8,8 +8,8 @@ gets where its config names none (`defaults`: optimiser, lr, training values, re
 Importing this package imports no torch.
 """
 
-from pipelines.config.load import load_job_config, require_resolved, validate_job_config
-from pipelines.config.schema import JobConfig, ResolvedJobConfig
+from pipelines.config.load import load_job_config, validate_job_config
+from pipelines.config.schema import JobConfig, ResolvedJobConfig, require_resolved
 from pipelines.config.sources import PipelineConfigError
 
 __all__ = ["JobConfig", "PipelineConfigError", "ResolvedJobConfig", "load_job_config", "require_resolved",

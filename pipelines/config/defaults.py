@@ -5,9 +5,10 @@ A job's config is resolved before anything trains (`pipelines.config.load`), so 
 the config hash all hold the values actually used, never `None`:
 
 - `optim.name` and `optim.lr` left empty are filled in from the entry its method's config class declares for the
-  model's family (`resolve_optim`; where the values come from: `capt.optim_defaults`). `OPTIM_DEFAULTS` shows every
-  registered method's entries as one table. `resolve_training` first gives a job the rest of its method's authors'
-  training values (`training_defaults`: weight decay, schedule, clipping, batch, epochs) where its config sets none.
+  model's family (`resolve_optim`; where the values come from: `capt.optim_defaults`). `OPTIM_DEFAULTS`
+  (`capt.methods`) shows every registered method's entries as one table. `resolve_training` first gives a job the
+  rest of its method's authors' training values (`training_defaults`: weight decay, schedule, clipping, batch,
+  epochs) where its config sets none.
 - `model.readout`, what a job's classifier reads (`resolve_readout`): encoder-only models (BERT family) classify with
   a linear head, which reads one of `capt.arch.readout.READOUTS` (pooler, cls, mean, capsule); T5 and decoder-only
   models produce the label word with their language-model head, the one readout they have (`LM_HEAD`). An unset
@@ -17,11 +18,11 @@ the config hash all hold the values actually used, never `None`:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from capt.arch.readout import READOUTS
-from capt.methods import METHODS
+from capt.methods import METHODS, OPTIM_DEFAULTS, optim_default
 from capt.optim_defaults import FAMILIES, OptimDefault
 from pipelines.config.schema import LM_HEAD, JobConfig, raw_value
 from pipelines.models.shape import model_shape
@@ -32,40 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["ENCODER_READOUT", "FAMILIES", "LM_HEAD", "OPTIM_DEFAULTS", "OptimDefault", "allowed_readouts",
            "default_readout", "model_family", "optim_default", "readout_problems", "resolve_optim", "resolve_readout",
            "resolve_training"]
-
-
-class DeclaredDefaults(Mapping[tuple[str, str], OptimDefault]):
-    """(method, family) -> `OptimDefault`, read from the registry at each use, so it holds exactly the methods
-    registered at that moment."""
-
-    def __getitem__(self, key: tuple[str, str]) -> OptimDefault:
-        if not (isinstance(key, tuple) and len(key) == 2 and key[0] in METHODS):
-            raise KeyError(key)
-        default = METHODS[key[0]].optim_default(key[1])
-        if default is None:
-            raise KeyError(key)
-        return default
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter([(name, family) for name, method in METHODS.items() for family in FAMILIES
-                     if method.optim_default(family) is not None])
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-OPTIM_DEFAULTS: Mapping[tuple[str, str], OptimDefault] = DeclaredDefaults()
-"""Every registered method's declared defaults, keyed by (method, family)."""
-
-
-def optim_default(method: str, family: str) -> OptimDefault:
-    """The default `method` declares for `family`; ValueError naming both when it declares none."""
-    try:
-        return OPTIM_DEFAULTS[(method, family)]
-    except KeyError:
-        known = ", ".join(sorted({m for m, _ in OPTIM_DEFAULTS}))
-        raise ValueError(f"No default optimiser for method {method!r} on model family {family!r} (methods: {known}; "
-                         f"families: {', '.join(FAMILIES)}); set optim.name and optim.lr.") from None
 
 
 def model_family(model_name: str) -> str:

@@ -5,7 +5,7 @@ the only ways to a `ResolvedJobConfig`: every problem is reported at once, the m
 full (its defaults included), and the optimiser, learning rate and readout left empty are filled in
 (`pipelines.config.defaults`), so training, result.json, the MLflow params and the config hash all see the values
 actually used. Everything below this module takes a `ResolvedJobConfig` and never resolves again
-(`require_resolved` guards the entries).
+(`pipelines.config.schema.require_resolved` guards the entries).
 """
 
 from __future__ import annotations
@@ -72,17 +72,6 @@ def _with_method_defaults(config: JobConfig) -> JobConfig:
     options = get_method(config.method.name).build_config(config.method.options).to_dict()
     plain = json.loads(json.dumps(options))  # tuples as lists, as YAML and result.json hold them
     return dataclasses.replace(config, method=dataclasses.replace(config.method, options=plain))
-
-
-def require_resolved(config: Any, where: str) -> ResolvedJobConfig:
-    """`config` itself when it came from `load_job_config` / `validate_job_config`; TypeError naming `where` else
-    (a hand-built `JobConfig` would train with defaults nothing logged or hashed)."""
-    if isinstance(config, ResolvedJobConfig) and None not in (config.optim.name, config.optim.lr,
-                                                                config.model.readout):
-        return config
-    raise TypeError(f"{where} takes the resolved config that pipelines.config.load_job_config or "
-                    f"validate_job_config returns, not a {type(config).__name__} (build it with "
-                    "validate_job_config(config.to_dict())).")
 
 
 def pydantic_problems(err: ValidationError, root: type = JobConfig) -> list[str]:

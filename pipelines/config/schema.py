@@ -200,6 +200,22 @@ class ResolvedJobConfig(JobConfig):
     and everything below it takes. Built only there."""
 
 
+def require_resolved(config: Any, where: str) -> ResolvedJobConfig:
+    """`config` itself when it came from `load_job_config` / `validate_job_config`; TypeError naming `where` else
+    (a hand-built `JobConfig` would train with defaults nothing logged or hashed)."""
+    if isinstance(config, ResolvedJobConfig) and None not in (config.optim.name, config.optim.lr,
+                                                                config.model.readout):
+        return config
+    raise TypeError(f"{where} takes the resolved config that pipelines.config.load_job_config or "
+                    f"validate_job_config returns, not a {type(config).__name__} (build it with "
+                    "validate_job_config(config.to_dict())).")
+
+
+def warmup_steps(config: JobConfig, total_steps: int) -> int:
+    """Optimiser steps of linear warm-up: `optim.warmup_ratio` of the total, rounded down."""
+    return int(config.optim.warmup_ratio * total_steps)
+
+
 @dataclass(config=STRICT)
 class TrackingSection:
     """The `tracking:` section (MLflow settings), shared by the entry points that talk to MLflow (`pipelines/sweep.py`,

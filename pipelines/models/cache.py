@@ -33,7 +33,8 @@ from torch import nn
 from capt.arch import head_parameters
 from pipelines.models import smollm2
 from pipelines.models.loading import LoadedModel, load_model
-from pipelines.models.shape import TINY_MODELS, read_model_config
+from pipelines.models.shape import read_model_config
+from pipelines.models.tiny import TINY_MODELS
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, supported_model_types
 from pipelines.models import smollm2
-from pipelines.models.shape import TINY_MODELS
+from pipelines.models.tiny import TINY_MODELS
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelines.models.tiny import TINY_MODELS
+
 if TYPE_CHECKING:
     from capt.arch import ArchSpec
 
-TINY_MODELS = ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert")
 BUILTIN_MODELS = (*TINY_MODELS, "minilm", "smollm2-135m")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 

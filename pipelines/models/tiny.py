@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PretrainedConfig
 
+TINY_MODELS = ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert")
+"""The built-in tiny model names (`model.name`)."""
 HEADS = 4
 """Attention heads of every tiny model (the key/value width is hidden / HEADS)."""
 _MODEL_CLASSES = {"tiny-t5": "T5ForConditionalGeneration", "tiny-llama": "LlamaForCausalLM",

@@ -5,7 +5,8 @@ interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own 
 that stopping one never touches another MLflow or Ray on the same machine.
 
 Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `mlflow_server`
-(`LocalMlflowServer`, and `ManagedService`, what both services share), `private` (owner-only token files and folders,
+(`LocalMlflowServer`, and `ManagedService`, what both services share; `check_mlflow_server`, whether a URI serves
+MLflow; `tracking_store`, the store promote, report and serve use), `private` (owner-only token files and folders,
 loopback-only listeners), `ray_connect` (the Ray address a command connects to, checked before it does).
 """
 

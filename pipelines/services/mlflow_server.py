@@ -1,9 +1,12 @@
-"""`LocalMlflowServer`: a lean MLflow tracking server on SQLite, run as ``sys.executable -m mlflow``, and
-`ManagedService`, the base of the local services (start, optionally without waiting; wait until ready; stop)."""
+"""The MLflow tracking server a command works with: `LocalMlflowServer`, a lean server on SQLite run as
+``sys.executable -m mlflow``, and `ManagedService`, the base of the local services (start, optionally without
+waiting; wait until ready; stop); `check_mlflow_server`, whether the server at a URI is an MLflow server; and
+`tracking_store`, the one rule for where promote, report and serve find the tracking store."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -11,15 +14,22 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+from urllib.parse import urlsplit
 
+from pipelines.config.schema import TrackingSection
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.services.probe import (
     LOCALHOST,
     POLL_INTERVAL_S,
     ServiceError,
+    check_reachable,
     free_port,
     http_status,
     log_tail,
@@ -235,3 +245,111 @@ def recorded_addresses(store: str | os.PathLike[str]) -> list[str]:
 def mlflow_answers(uri: str, timeout: float = 2.0) -> bool:
     """Whether the MLflow server at the HTTP(S) address `uri` answers its health check (``GET /health``) now."""
     return http_status(f"{uri.rstrip('/')}/health", timeout=timeout) == 200
+
+
+# Is the server at a tracking URI an MLflow tracking server? One read-only REST call, before any work.
+#
+# Any web server on the wrong port answers HTTP, and MLflow's client then fails deep inside a call
+# with the other server's HTML page in its message. An MLflow server answers
+# ``GET <uri>/api/2.0/mlflow/experiments/get-by-name`` with a JSON object (the experiment, or an
+# ``error_code``), or refuses it with 401/403 when authentication is on.
+
+API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+_AUTH_REQUIRED = (401, 403)
+
+
+def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
+    """Raise `ServiceError` unless ``uri`` is reachable and answers like an MLflow tracking server.
+
+    Addresses that are not http(s) (``sqlite:///...``, ``databricks``) are only passed to
+    :func:`check_reachable`. Credentials in ``uri`` never reach the message.
+    """
+    check_reachable(uri, what)
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    base = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl().rstrip("/")
+    status, content_type, body = _get(base + API_PROBE, timeout)
+    if status in _AUTH_REQUIRED or _is_mlflow_answer(body):
+        return
+    answer = f"HTTP {status}" + (f" ({content_type})" if content_type else "") if status else "no answer"
+    raise ServiceError(
+        f"The {what} at {base} is not an MLflow server: GET {API_PROBE.split('?')[0]} gave {answer} where "
+        "MLflow answers with JSON. Check the port (another service listens there?) and, if MLflow is served "
+        "under a path prefix, include the prefix in the URI.")
+
+
+def _get(url: str, timeout: float) -> tuple[int | None, str, bytes]:
+    """(status, content type, first 64 KiB of the body) of a GET; (None, "", b"") when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http(s) only)
+            return int(response.status), response.headers.get_content_type(), response.read(65536)
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.headers.get_content_type() if err.headers else "", err.read(65536)
+    except (urllib.error.URLError, OSError):
+        return None, "", b""
+
+
+def _is_mlflow_answer(body: bytes) -> bool:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and ("experiment" in data or "error_code" in data)
+
+
+def credentials_in_uri(uri: str) -> str | None:
+    """`uri` as it may be shown (without its user name and password) when it holds `user:password@`, else None:
+    such a URI would travel into Ray's job metadata and the run records written in job folders."""
+    parts = urlsplit(uri)
+    if not (parts.username or parts.password):
+        return None
+    return parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")).geturl()
+
+
+# One rule for where promote, report and serve find the tracking store: the flag, then MLFLOW_TRACKING_URI, then
+# the local store that `make demo` and every local sweep write (`tracking.local_dir`, default outputs/mlflow, taken
+# against the current directory), served for the length of the command by a local MLflow server, or by the one already
+# serving it (a running sweep's, or another such command's).
+
+LOCAL_STORE = Path(TrackingSection().local_dir)
+"""The local MLflow store `make demo` writes (a sweep's default tracking.local_dir)."""
+
+
+@dataclass(frozen=True)
+class TrackingStore:
+    """Where a command reads and writes: its URI, and a line saying where it came from."""
+
+    uri: str
+    """The tracking URI."""
+    origin: str
+    """E.g. "the local store /home/me/capt/outputs/mlflow (served at http://127.0.0.1:23456 for this command)"."""
+
+
+@contextlib.contextmanager
+def tracking_store(given: str | None, flag: str = "--tracking-uri", check: bool = False) -> Iterator[TrackingStore]:
+    """The store for `given` (the flag's value), MLFLOW_TRACKING_URI or the local store; with `check`, a given
+    server is probed now (otherwise the command's own calls report it)."""
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        if check:
+            check_mlflow_server(uri, f"MLflow tracking server ({flag} or MLFLOW_TRACKING_URI)")
+        yield TrackingStore(uri, f"{uri} (from {flag if given else 'MLFLOW_TRACKING_URI'})")
+        return
+    store = LOCAL_STORE.absolute()
+    if not (store / "mlflow.db").is_file():
+        raise ServiceError(
+            f"No tracking store found: no {flag}, no MLFLOW_TRACKING_URI, and no local store at {store}/mlflow.db "
+            "(where `make demo` and local sweeps write, taken against the current directory). Run `make demo` first "
+            f"or run this from the folder it ran in, or pass {flag} http://HOST:PORT (or set MLFLOW_TRACKING_URI).")
+    running = serving_address(store)
+    if running is not None:  # a sweep serves it now: its server holds the store, and a second one would be refused
+        check_mlflow_server(running, f"the local MLflow server already running on {store}")
+        yield TrackingStore(running, f"the local store {store} (served at {running} by the local MLflow server "
+                                     "already running on it)")
+        return
+    server = LocalMlflowServer(store).start()
+    try:
+        yield TrackingStore(server.uri, f"the local store {store} (served at {server.uri} for this command)")
+    finally:
+        server.stop()

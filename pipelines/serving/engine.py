@@ -30,9 +30,8 @@ from capt.methods import METHODS
 from capt.tasks import IGNORE_INDEX, Collator, Example, rank_classify, texts_to_labels
 from capt.tasks import get as task_spec
 from capt.tasks.collate import pad
+from pipelines.adapted import METHOD_FILE, load_task_head, sequence_log_likelihood, sequence_overhead
 from pipelines.capsule_predictor import INVALID_LABEL, _quiet_when_head_follows, validated_examples
-from pipelines.evaluation import sequence_log_likelihood
-from pipelines.methods import METHOD_FILE, load_task_head, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.models.shape import model_shape
 from pipelines.serving.memory import release_freed_heap, resident_mb

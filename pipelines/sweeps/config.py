@@ -463,7 +463,7 @@ def member_config(job: dict[str, Any]):
 
 def base_key(job: dict[str, Any]) -> tuple:
     """What members of one pack share (`pack_setup.SHARED_KEYS` and the capsule's slot count), for a valid job."""
-    from pipelines.methods import build_method_config
+    from pipelines.adapted import build_method_config
     from pipelines.training.pack_setup import SHARED_KEYS
 
     config = member_config(job)

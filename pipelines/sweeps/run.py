@@ -218,7 +218,7 @@ def tracking_server(sweep: SweepConfig, wait: bool = True) -> Iterator[TrackingE
     `TrackingEndpoint.ready` before the first trial. Leaving the block stops the server.
     """
     from pipelines.services import LocalMlflowServer
-    from pipelines.services.mlflow_probe import check_mlflow_server
+    from pipelines.services.mlflow_server import check_mlflow_server
 
     uri = sweep.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not sweep.tracking.enabled:
@@ -264,7 +264,7 @@ class TrackingEndpoint:
 
 def refuse_credentials_in_uri(uri: str) -> None:
     """A tracking URI with `user:password@` would travel to every trial in Ray's metadata and run records."""
-    from pipelines.services.mlflow_probe import credentials_in_uri
+    from pipelines.services.mlflow_server import credentials_in_uri
 
     if (shown := credentials_in_uri(uri)) is not None:
         raise PipelineConfigError(
@@ -277,7 +277,7 @@ def refuse_credentials_in_uri(uri: str) -> None:
 def champion_pairs(sweep: SweepConfig, rows: list[dict]) -> list[tuple[str, str]]:
     """(model, task) of every capsule this sweep registered (a done trial of a method that registers one), sorted:
     the champions it promotes."""
-    from pipelines.methods import registers_model
+    from pipelines.adapted import registers_model
 
     capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
     return sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows})

@@ -44,7 +44,7 @@ def forget_accelerate_state() -> None:
 def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str,
                    uri: str | None) -> dict:
     """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`."""
-    from pipelines.methods import registers_model
+    from pipelines.adapted import registers_model
 
     job_config = validate_job_config(job)
     run_name = job_run_name(job_config, entry.key)

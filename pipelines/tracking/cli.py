@@ -8,7 +8,7 @@ import math
 import os
 
 from pipelines.cli_errors import cli_main
-from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
 from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left

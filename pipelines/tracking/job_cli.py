@@ -15,7 +15,7 @@ from typing import Any
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.folder_lock import folder_problem
-from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.services.probe import ServiceError
 from pipelines.tracking.jobs import (
     JOB_EXPERIMENT,
@@ -60,7 +60,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     origin = "--tracking-uri" if args.tracking_uri else URI_ENV
     _refuse_credentials(uri, origin)
     check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
-    from pipelines.methods import registers_model
+    from pipelines.adapted import registers_model
     from pipelines.tracking.experiment import source_tags
 
     config_file = _shown_path(args.config) if args.config else None
@@ -126,7 +126,7 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
 
 def _refuse_credentials(uri: str, origin: str) -> None:
     """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
-    from pipelines.services.mlflow_probe import credentials_in_uri
+    from pipelines.services.mlflow_server import credentials_in_uri
 
     if (shown := credentials_in_uri(uri)) is not None:
         raise ServiceError(

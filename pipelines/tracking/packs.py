@@ -5,7 +5,7 @@ asked), its result.json in its own folder.
 A member whose folder already holds the finished result of its exact config (`outputs.finished_result`, verified,
 and checked against its finished run's scores as `tracked_job` checks a reused result) is not trained again: the
 others train as a pack (`pipelines.training.packed.train_members`), each saving its state at every validation
-(`pipelines.training.pack_outputs`). An unfinished member, e.g. after a killed sweep, continues from its last
+(`pipelines.training.packed`). An unfinished member, e.g. after a killed sweep, continues from its last
 checkpoint (from scratch when it has none) in the pack run again; its run is the one it had (`TrialTracker` reopens
 it from the record in its folder). If the pack raises, every run not finished ends FAILED.
 
@@ -23,7 +23,7 @@ from typing import Any
 from pipelines.tracking.jobs import RunPlan, TrackedResult, start_tracker, stored_digest
 from pipelines.tracking.spool import numeric_metrics
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder, finished_result
-from pipelines.training.pack_outputs import with_resume
+from pipelines.training.packed import with_resume
 
 logger = logging.getLogger(__name__)
 

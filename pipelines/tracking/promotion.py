@@ -16,7 +16,7 @@ from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
 from pipelines.services import ServiceError
-from pipelines.services.mlflow_probe import check_mlflow_server
+from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.registry import Registry, VersionInfo
 from pipelines.tracking.run_content import project_metric_name

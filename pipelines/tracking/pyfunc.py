@@ -93,7 +93,7 @@ def _code_paths(folder: Path) -> list[str]:
     version (``code/project_code.zip``) and `capsule_model.py` puts first on ``sys.path``.
 
     Why carry them although ``capt==X`` is a requirement: a capsule artifact and the code that reads
-    it (`pipelines.capsule_predictor`, `pipelines.methods`, `capt`) change together. The archive is first on
+    it (`pipelines.capsule_predictor`, `pipelines.adapted`, `capt`) change together. The archive is first on
     ``sys.path`` before the model file imports anything of the project, so a load in a fresh process uses
     exactly the code that trained and wrote this capsule, whatever checkout the caller stands in (a cwd
     checkout at another commit would otherwise win) and even where the project is not installed; only the

@@ -32,10 +32,8 @@ from tqdm.auto import tqdm
 
 from capt.arch.readout import remove_readout
 from capt.atomic import write_atomically
-from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig
-from pipelines.evaluation import evaluate, per_example_nll
-from pipelines.methods import model_inputs, save_artifact
+from pipelines.adapted import evaluate, model_inputs, per_example_nll, save_artifact
+from pipelines.config.schema import JobConfig, require_resolved
 from pipelines.models.cache import BaseModelCache
 from pipelines.training.checkpoint import (
     LoopState,
@@ -292,7 +290,7 @@ def _evaluate(job: Job, examples) -> dict[str, float]:
 def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early: bool) -> dict[str, Any]:
     """Test at the best checkpoint, write the artifact and result.json (rank 0), return the result."""
     accelerator = job.accelerator
-    in_sync = ranks_in_sync(job)
+    in_sync = ranks_in_sync(job.accelerator, job.trainable)
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
     wall = time.perf_counter() - meter.started

@@ -24,8 +24,7 @@ from typing import Any
 from capt import digest
 from capt.atomic import write_atomically
 from capt.errors import ArtifactIntegrityError, CaptError
-from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig, flatten
+from pipelines.config.schema import JobConfig, flatten, require_resolved
 from pipelines.services.folder_lock import check_job_folder, held_folder
 
 logger = logging.getLogger(__name__)

@@ -24,9 +24,8 @@ from capt.errors import CaptError
 from capt.heads import linear_head
 from capt.methods import get_method
 from capt.packing import PackedCapsules
-from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig
-from pipelines.methods import build_method_config
+from pipelines.adapted import build_method_config
+from pipelines.config.schema import JobConfig, require_resolved
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.setup import load_data, make_accelerator, make_schedule, new_optimizer, num_labels, step_budget
@@ -53,7 +52,7 @@ class PackOptions:
     """Write each member's best capsule (and head) as an artifact in its own output_dir, as a single job does."""
     checkpoints: bool = False
     """Save each member's state at each of its validations in its output_dir, and continue a member from it when a
-    pack starts (`pipelines.training.pack_outputs`)."""
+    pack starts (`pipelines.training.packed`)."""
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -233,7 +232,7 @@ def _member(index: int, config, model: PackedCapsules, loaded: LoadedModel) -> M
 
 
 def _groups(config, model: PackedCapsules, index: int) -> list[dict[str, Any]]:
-    """The member's optimiser groups, as `pipelines.methods.parameter_groups` orders them: its capsule at
+    """The member's optimiser groups, as `pipelines.adapted.parameter_groups` orders them: its capsule at
     `optim.lr`, then its head (if any) at `optim.head_lr`."""
     optim, params = config.optim, model.member_parameters(index)
     capsule = [p for n, p in params.items() if n.startswith("capsule.")]

@@ -9,7 +9,7 @@ validation points, best state and early stopping) and the pack drives them side 
 member's capsule (and head: `capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its
 gradient is the one it gets training alone; the pack backpropagates the sum once, then every member clips and steps
 its own optimiser and schedule. The members that validate at one point (and all of them for the untrained and the
-final test scores) score their examples in shared batches (`pipelines.training.pack_eval`). When a member's schedule
+final test scores) score their examples in shared batches ("Packed evaluation" below). When a member's schedule
 ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
 
 Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.training.loop.run` step for step
@@ -19,9 +19,9 @@ the job's. In a pack of K, with dropout off, each member's losses, validations a
 one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
 
 What differs from a single job (`pipelines.training.loop.run`): one process only; no loss-curve callbacks; checkpoints
-only with `PackOptions.checkpoints` (`pipelines.training.pack_outputs`: each member's state at its last validation,
+only with `PackOptions.checkpoints` ("A member's outputs" below: each member's state at its last validation,
 continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact in
-its output_dir (`pipelines.training.pack_outputs`; `pipelines.tracking.packs` adds result.json and MLflow runs); dropout
+its output_dir (`pipelines.tracking.packs` adds result.json and MLflow runs); dropout
 masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it draws
 alone (a pack of one draws the single job's).
 
@@ -34,12 +34,15 @@ alone (a pack of one draws the single job's).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import math
+import os
+import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,18 +50,16 @@ from typing import Any
 import torch
 
 from capt.atomic import write_atomically
-from pipelines.config.load import require_resolved
+from capt.heads import head_installed
+from capt.packing import PackedCapsules, member_rows, merge_batches
+from capt.tasks import Example, rank_classify
+from pipelines.adapted import evaluate, metrics_of, model_inputs, save_artifact, sequence_log_likelihood
+from pipelines.config.load import validate_job_config
+from pipelines.config.schema import require_resolved
+from pipelines.training.checkpoint import LoopState
 from pipelines.training.loop import Report, drive, schedule, training_loss
-from pipelines.training.outputs import RESULT_FILE, seal_result
-from pipelines.training.pack_eval import evaluate_members
-from pipelines.training.pack_outputs import (
-    claimed_member_folders,
-    member_state,
-    restore_member,
-    save_member,
-    save_member_artifact,
-)
-from pipelines.training.pack_setup import Member, Pack, PackOptions, build_pack
+from pipelines.training.outputs import RESULT_FILE, claim_job_folder, seal_result
+from pipelines.training.pack_setup import Member, Pack, PackError, PackOptions, build_pack
 from pipelines.training.result import result_record
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,6 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> dict[int, bool]:
     """One forward and backward over every pending member's batch, then each member's own optimiser step (every
     member steps). The rows' members stay on the host, and the losses come back in one transfer: the step waits for
     the device once."""
-    from capt.packing import member_rows, merge_batches
-
     order = sorted(pending)
     merged, positions = merge_batches([pending[i] for i in order], pack.members[order[0]].collator.pad_id)
     device = pack.accelerator.device
@@ -229,3 +228,223 @@ def _result(pack: Pack, member: Member, test: dict[str, float], final: dict[str,
         "best_step": loop.best_step, "stopped_early": member.stopped_early, "total_steps": member.total_steps,
         "best_state": member.best, "final_state": final, "config": config.to_dict(),
     }
+
+
+# Packed evaluation: the members of a pack that score at the same point (a validation, the untrained or the final
+# test) share their batches, as their training steps do.
+#
+# Scoring one member at a time runs one small forward per member per batch of examples; on an accelerator those
+# forwards are bound by launching work, not by computing it, so a pack of K members would validate at K times the
+# cost of one. Here batch n of every member's examples is merged into one batch (`capt.packing.merge_batches`), each
+# row routed to its member's capsule (and head), and each member's predictions are read from its own rows.
+#
+# A member's predictions are the ones it gets alone within float noise (its rows are the same, only the batch's
+# padding and size differ). Members scoring alone: a pack of one (exactly the single job's evaluation) and members
+# that generate their answers (`train.eval_mode: generate`: decoding runs per member).
+
+
+def evaluate_members(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
+    """Task metrics of each member i over its examples `requests[i]`, members sharing batches where they can."""
+    together = {i: examples for i, examples in requests.items() if _shares_batches(pack, pack.members[i])}
+    if len(together) < 2:
+        together = {}
+    metrics = {i: evaluate_alone(pack, pack.members[i], examples)
+               for i, examples in requests.items() if i not in together}
+    if together:
+        metrics.update(_evaluate_together(pack, together))
+    return {i: metrics[i] for i in requests}
+
+
+def evaluate_alone(pack: Pack, member: Member, examples: Sequence[Example]) -> dict[str, float]:
+    """Member `member`'s metrics over `examples`, scored on its own as a single job scores them."""
+    cfg = member.config
+    return evaluate(pack.accelerator, pack.model.member(member.index), examples, member.collator, pack.spec,
+                    cfg.train.eval_mode, cfg.train.eval_batch_size, cfg.model.max_new_tokens, pack.loaded.tokenizer)
+
+
+def _shares_batches(pack: Pack, member: Member) -> bool:
+    return pack.spec.classifier_head or member.config.train.eval_mode == "rank"
+
+
+def _evaluate_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
+    predictions = predict_together(pack, requests)
+    return {i: metrics_of(examples, predictions[i]) for i, examples in requests.items()}
+
+
+@torch.no_grad()
+def predict_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, list[int]]:
+    """Each member i's label predictions for `requests[i]`: batch n of each member (its own
+    `train.eval_batch_size`) merged into one forward, for every n."""
+    pack.model.eval()
+    chunks = {i: _chunks(examples, pack.members[i].config.train.eval_batch_size) for i, examples in requests.items()}
+    predictions: dict[int, list[int]] = {i: [] for i in requests}
+    for n in range(max(len(member_chunks) for member_chunks in chunks.values())):
+        present = [i for i in requests if n < len(chunks[i])]
+        for i, found in _predict_merged(pack, {i: chunks[i][n] for i in present}).items():
+            predictions[i] += found
+    return predictions
+
+
+def _chunks(examples: Sequence[Example], size: int) -> list[list[Example]]:
+    return [list(examples[start:start + size]) for start in range(0, len(examples), size)]
+
+
+def _predict_merged(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, list[int]]:
+    """Each member's label predictions for its chunk of examples, from one merged forward."""
+    scores = member_scores(pack, chunks)
+    if pack.spec.classifier_head:
+        return {i: member_logits.argmax(-1).tolist() for i, member_logits in scores.items()}
+    return {i: rank_classify(scores[i].view(len(chunk), -1)) for i, chunk in chunks.items()}
+
+
+def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, torch.Tensor]:
+    """From one merged forward over the members' chunks of examples, on the host: each member's head logits
+    (N_i, C_i) (encoder classifiers), or its candidates' summed log-likelihoods (N_i * C_i,) for rank
+    classification, each through its own capsule."""
+    order = list(chunks)
+    if pack.spec.classifier_head:
+        batches = [pack.members[i].collator(chunks[i]) for i in order]
+    else:
+        batches = [pack.members[i].collator.candidate_batch(chunks[i]) for i in order]
+    merged, positions = merge_batches(batches, pack.members[order[0]].collator.pad_id)
+    device = pack.accelerator.device
+    batch = {k: v.to(device) for k, v in merged.items()}
+    rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member of each row, on the host
+    if pack.spec.classifier_head:
+        logits = pack.model.member_logits(batch, rows)
+        return {i: logits[i].float().cpu() for i in order}
+    labels = batch["labels"]
+    # An encoder-decoder's labels build its decoder inputs; a causal LM scores its own input sequence.
+    extra = {"labels": labels} if pack.spec.encoder_decoder else {}
+    logits = pack.model(**model_inputs(batch), **extra, capsule=rows).logits
+    scores = sequence_log_likelihood(logits, labels, shift=pack.spec.shifts_labels).cpu()  # (B,) one transfer
+    picks = member_rows(rows, len(pack.members), scores.device)
+    return {i: scores[picks[i]] for i in order}
+
+
+# A member's outputs in its own folder: the artifact of its best state, written as a single job writes it
+# (`pipelines.adapted.save_artifact`: the capsule, an encoder classifier's head and readout, the digest manifest), so
+# `pipelines.adapted.load_artifact` and everything downstream read it like any job's artifact; and its checkpoint.
+#
+# The checkpoint (`PackOptions.checkpoints`): a member's state at its last validation, in its own folder, so a pack
+# run again after an interruption continues each member from where it was. One file per member,
+# `<output_dir>/checkpoints/pack_member.pt`, replaced atomically at each of its validations: its trainable tensors
+# (capsule, head) and best state, its optimiser and schedule state, its loop (steps, epoch, batches of the epoch
+# consumed, history, patience) and its per-step losses. It is read with `torch.load(weights_only=True)` (tensors and
+# plain values only, nothing unpickled). A resumed member sees the batches it had not seen yet in the order it would
+# have (`pack_setup.EpochSampler`), with its optimiser and schedule where they were; what is not restored is the pack's
+# dropout stream (one stream over the whole batch, drawn afresh by the pack that resumes).
+
+
+REPLACED_OUTPUTS = ("artifact", RESULT_FILE, RESULT_FILE + ".tmp")
+"""What a member's folder may hold from an interrupted end of a pack, removed before a pack that keeps checkpoints
+trains it again."""
+
+
+class _MemberSaver:
+    """The `MethodModel.save` of one member: what `save_artifact` calls to write the capsule files."""
+
+    def __init__(self, model: PackedCapsules, index: int) -> None:
+        self.model, self.index = model, index
+
+    def save(self, directory: str | os.PathLike, task: str | None = None,
+             metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
+        return self.model.save_member(self.index, directory, task, metrics, overwrite)
+
+
+def save_member_artifact(pack: Pack, member: Member, metrics: dict[str, float]) -> Path:
+    """Write the member's current capsule (and head) to `<its output_dir>/artifact`; returns that folder.
+
+    The base model holds the member's head meanwhile (the artifact's fingerprint and head file are those of the model
+    the member was trained as), and its own head again afterwards.
+    """
+    directory = member.config.resolved_output_dir() / "artifact"
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    config, base = member.config, pack.loaded.model
+    with head_installed(base, pack.model.member_head(member.index)):
+        save_artifact(_MemberSaver(pack.model, member.index), base, config.method.name, directory, config.task.name,
+                      metrics, config.model.readout)
+    return directory
+
+
+@contextlib.contextmanager
+def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Iterator[None]:
+    """Hold every member's output_dir as a single job holds its own (`pipelines.training.outputs.claim_job_folder`):
+    locked for the pack's duration, another config's outputs refused, the member's config recorded.
+
+    `keep_checkpoints`: the folder's outputs of the same config are kept as a resumed job keeps them (its checkpoints,
+    its run record) but for the artifact and result.json, which this pack writes again (`REPLACED_OUTPUTS`); else
+    they are removed, as a job that does not resume removes them."""
+    folders = [str(config.resolved_output_dir().resolve()) for config in configs]
+    shared = [(i, folder) for i, folder in enumerate(folders) if folders.index(folder) != i]
+    if shared:
+        i, folder = shared[0]
+        raise PackError(f"member {i} writes to output_dir={folder}, as member {folders.index(folder)} does: each "
+                        "member writes its artifact to a folder of its own (give it another output_dir)")
+    with contextlib.ExitStack() as stack:
+        for config in configs:
+            stack.enter_context(claim_job_folder(with_resume(config, True) if keep_checkpoints else config))
+            if keep_checkpoints:
+                _remove_replaced(Path(config.resolved_output_dir()))
+        yield
+
+
+def with_resume(config, resume: bool):
+    """The resolved `config` with `train.resume` set to `resume`: outside the config hash, so the same folder and hash
+    (on: a claim keeps the folder's outputs of this config; off: what a pack member trains with)."""
+    data = config.to_dict()
+    return validate_job_config({**data, "train": {**data["train"], "resume": resume}})
+
+
+def _remove_replaced(folder: Path) -> None:
+    for name in REPLACED_OUTPUTS:
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+CHECKPOINT = Path("checkpoints") / "pack_member.pt"
+"""A member's checkpoint, under its output_dir."""
+
+
+def checkpoint_path(member: Member) -> Path:
+    """Where `member`'s checkpoint lives."""
+    return Path(member.config.resolved_output_dir()) / CHECKPOINT
+
+
+def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
+    """A CPU copy of `member`'s trainable tensors now (capsule, head)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
+
+
+def save_member(pack: Pack, member: Member) -> None:
+    """Write `member`'s state now (after one of its validations), replacing its previous checkpoint atomically."""
+    path = checkpoint_path(member)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"params": member_state(pack, member), "best": member.best, "optimizer": member.optimizer.state_dict(),
+             "scheduler": member.scheduler.state_dict(), "loop": member.loop.to_json(), "losses": member.losses,
+             "stopped_early": member.stopped_early}
+    write_atomically(path, lambda staging: torch.save(state, staging))
+
+
+def restore_member(pack: Pack, member: Member) -> bool:
+    """Load `member`'s checkpoint into it, if it has one; True when it did."""
+    path = checkpoint_path(member)
+    if not path.is_file():
+        return False
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    params = pack.model.member_parameters(member.index)
+    if set(params) != set(state["params"]):
+        raise PackError(f"The pack checkpoint {path} holds {sorted(state['params'])}, but member {member.index} "
+                        f"trains {sorted(params)}: delete {path} to train this member afresh.")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state["params"][name].to(param.device, param.dtype))
+    member.optimizer.load_state_dict(state["optimizer"])
+    member.scheduler.load_state_dict(state["scheduler"])
+    member.loop = LoopState.from_json(state["loop"])
+    member.best, member.losses = state["best"], list(state["losses"])
+    member.stopped_early = bool(state["stopped_early"])
+    return True

@@ -7,23 +7,32 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from capt import tasks
+from capt.methods import optim_default
 from capt.tasks.levels import reference_levels
 from capt.tasks.loading import single_label_warning
-from pipelines.config.defaults import model_family, optim_default
-from pipelines.config.schema import TaskSection, model_slug
+from pipelines.config.schema import ResolvedJobConfig, TaskSection, model_slug, warmup_steps
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.outputs import config_hash
-from pipelines.training.setup import Job, warmup_steps
 
 
-def result_record(job: Job, family: str, loop: LoopState, scores: dict[str, float], best: dict[str, torch.Tensor],
-                  stopped_early: bool, wall_s: float, tokens_per_second: float | None, device: torch.device,
-                  processes: int, in_sync: bool, artifact_dir: str) -> dict[str, Any]:
+class TrainedJob(Protocol):
+    """What a result reads of the job it describes: a single job (`pipelines.training.setup.Job`) or a pack member
+    (`pipelines.training.pack_setup.Member`)."""
+
+    config: ResolvedJobConfig
+    splits: tasks.Splits
+    optimizer: Any
+    total_steps: int
+
+
+def result_record(job: TrainedJob, family: str, loop: LoopState, scores: dict[str, float],
+                  best: dict[str, torch.Tensor], stopped_early: bool, wall_s: float, tokens_per_second: float | None,
+                  device: torch.device, processes: int, in_sync: bool, artifact_dir: str) -> dict[str, Any]:
     """result.json's content for `job` (a single job, or a pack member: what `reference_scores` reads), before it is
     sealed: `scores` (train loss, best validation, test scores) with the reference levels, the loop's history and
     the run's facts. One builder, so a pack member's result has a single job's fields in a single job's order."""
@@ -37,13 +46,13 @@ def result_record(job: Job, family: str, loop: LoopState, scores: dict[str, floa
         **({} if tokens_per_second is None else {"tokens_per_second": tokens_per_second}),
         "peak_memory_mb": peak_memory_mb(device), "trainable_parameters": sum(p.numel() for p in best.values()),
         "generated_data": config.task.source == "generated", "dataset": dataset_card(config.task, job.splits),
-        "processes": processes, "ranks_in_sync": in_sync, "optimizer": resolved_optimizer(job),
+        "processes": processes, "ranks_in_sync": in_sync, "optimizer": resolved_optimizer(job, family),
         "readout": config.model.readout, "artifact_dir": artifact_dir, "config": config.to_dict(),
         "config_hash": config_hash(config),
     }
 
 
-def reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
+def reference_scores(job: TrainedJob, loop: LoopState) -> dict[str, float]:
     """What the test score is measured against: the majority class, chance and (if scored) the untrained model."""
     scores = {f"test_{k}": v for k, v in reference_levels(job.splits.train, job.splits.test).items()}
     if loop.untrained_score is not None:
@@ -51,10 +60,10 @@ def reference_scores(job: Job, loop: LoopState) -> dict[str, float]:
     return scores
 
 
-def resolved_optimizer(job: Job) -> dict[str, Any]:
-    """The optimiser and schedule the job trained with, and the table default of its method and family."""
+def resolved_optimizer(job: TrainedJob, family: str) -> dict[str, Any]:
+    """The optimiser and schedule the job trained with, and the table default of its method and model `family`."""
     optim, method = job.config.optim, job.config.method.name
-    default = optim_default(method, model_family(job.config.model.name))
+    default = optim_default(method, family)
     return {"name": optim.name, "lr": optim.lr, "head_lr": optim.head_lr, "weight_decay": optim.weight_decay,
             "schedule": optim.schedule, "warmup_steps": warmup_steps(job.config, job.total_steps),
             "total_steps": job.total_steps, "groups": optimizer_groups(job.optimizer),
@@ -70,12 +79,11 @@ def optimizer_groups(optimizer: Any) -> list[dict[str, float]]:
             for group in optimizer.param_groups]
 
 
-def ranks_in_sync(job: Job) -> bool:
-    """Whether every process holds the same trainable weights (DDP kept the replicas identical)."""
-    accelerator = job.accelerator
+def ranks_in_sync(accelerator: Any, trainable: list[torch.nn.Parameter]) -> bool:
+    """Whether every process of `accelerator` holds the same `trainable` weights (DDP kept the replicas identical)."""
     if accelerator.num_processes == 1:
         return True
-    params = [p.detach().double() for p in job.trainable]
+    params = [p.detach().double() for p in trainable]
     checksum = torch.stack([sum(p.sum() for p in params), sum(p.abs().sum() for p in params)])  # (2,)
     gathered = accelerator.gather(checksum.to(accelerator.device).unsqueeze(0))  # (processes, 2)
     return bool((gathered == gathered[0]).all())

@@ -15,9 +15,8 @@ from torch import nn
 from capt import tasks
 from capt.arch import ArchSpec
 from capt.errors import CaptError
-from pipelines.config.load import require_resolved
-from pipelines.config.schema import JobConfig
-from pipelines.methods import adapt, install_job_readout, parameter_groups, sequence_overhead
+from pipelines.adapted import adapt, install_job_readout, parameter_groups, sequence_overhead
+from pipelines.config.schema import JobConfig, require_resolved, warmup_steps
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import install_hooks
 
@@ -203,11 +202,6 @@ def step_budget(config: JobConfig, batches_per_epoch: int) -> tuple[int, str, bo
         return total, (f"training {total} steps, not max_steps={train.max_steps}: {epochs} is reached first; raise "
                        "train.max_epochs to train longer"), True
     return total, f"training {total} steps: max_steps={train.max_steps}, before {epochs} is reached", False
-
-
-def warmup_steps(config: JobConfig, total_steps: int) -> int:
-    """Optimiser steps of linear warm-up: `optim.warmup_ratio` of the total, rounded down."""
-    return int(config.optim.warmup_ratio * total_steps)
 
 
 def _schedule_restarts(model, total_steps: int) -> list[int]:

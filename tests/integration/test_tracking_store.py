@@ -12,8 +12,7 @@ from helpers.bad_inputs import call_entry
 
 from pipelines.services import LocalMlflowServer
 from pipelines.services.folder_lock import held_folder
-from pipelines.services.mlflow_server import STORE_LOCK_FILE
-from pipelines.services.tracking_store import LOCAL_STORE
+from pipelines.services.mlflow_server import LOCAL_STORE, STORE_LOCK_FILE
 
 pytestmark = pytest.mark.integration
 

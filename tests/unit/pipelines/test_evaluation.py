@@ -7,7 +7,7 @@ import pytest
 from helpers.jobs import tiny_job
 
 from capt import tasks
-from pipelines.evaluation import predict
+from pipelines.adapted import predict
 from pipelines.training.loop import TrainingDivergedError, fit, run
 from pipelines.training.setup import build_job
 

@@ -7,8 +7,8 @@ import torch
 from helpers.jobs import tiny_job
 
 from capt import tasks
+from pipelines.adapted import load_artifact
 from pipelines.config.sources import PipelineConfigError
-from pipelines.methods import load_artifact
 from pipelines.models.cache import BaseModelCache
 from pipelines.models.loading import load_model
 from pipelines.training.loop import run

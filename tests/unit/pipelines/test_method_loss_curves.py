@@ -1,7 +1,7 @@
 """Every method's learning dynamics: a seeded run of each method on each tiny model family it supports,
 checked step by step against its stored loss curve (tests/data/method_loss_curves.json).
 
-The run goes through the pipeline's own pieces (`pipelines.methods.adapt` and `parameter_groups`, the
+The run goes through the pipeline's own pieces (`pipelines.adapted.adapt` and `parameter_groups`, the
 phase hook as `pipelines.training.loop` drives it) with AdamW on one fixed batch; the classifier head
 of BERT is held still (lr 0) so that its curves show the method alone. The tolerance allows float noise
 across platforms (BLAS builds, thread counts) and catches a change in a method: each method has a
@@ -80,7 +80,7 @@ def loss_curve(method: str, kind: str, change: Change | None = None) -> list[flo
     from helpers.methods import options
     from tiny_models import random_batch, tiny_model
 
-    from pipelines.methods import adapt, parameter_groups
+    from pipelines.adapted import adapt, parameter_groups
 
     model = tiny_model(kind, seed=0, **MODEL_CHANGES[kind])
     torch.manual_seed(0)

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from pipelines.config.load import load_job_config
-from pipelines.training.pack_outputs import CHECKPOINT
 from pipelines.training.pack_setup import PackOptions
-from pipelines.training.packed import train_pack
+from pipelines.training.packed import CHECKPOINT, train_pack
 
 OPTIONS = PackOptions(dropout=False, checkpoints=True)
 

@@ -1,4 +1,4 @@
-"""Packed evaluation (`pipelines.training.pack_eval`): members that score at the same point share merged batches, and
+"""Packed evaluation (`pipelines.training.packed`): members that score at the same point share merged batches, and
 each member's metrics are the ones it gets scored on its own; members that generate their answers score alone."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import os
 import pytest
 import torch
 
+from pipelines.adapted import model_inputs, sequence_log_likelihood
 from pipelines.config.load import load_job_config
-from pipelines.evaluation import sequence_log_likelihood
-from pipelines.methods import model_inputs
-from pipelines.training.pack_eval import evaluate_alone, evaluate_members, member_scores
 from pipelines.training.pack_setup import PackOptions, build_pack
+from pipelines.training.packed import evaluate_alone, evaluate_members, member_scores
 
 RTOL = 1e-5
 
@@ -36,7 +35,7 @@ def _members_differ(pack) -> None:
 
 
 def _scores_alone(pack, member, examples) -> torch.Tensor:
-    """As `pipelines.evaluation.predict` scores `examples` for the member alone, before it picks a label."""
+    """As `pipelines.adapted.predict` scores `examples` for the member alone, before it picks a label."""
     view, collator = pack.model.member(member.index), member.collator
     with torch.no_grad():
         if pack.spec.classifier_head:

@@ -126,7 +126,7 @@ def test_dropout_masks_are_drawn_per_row(tmp_path):
 def test_each_member_writes_an_artifact_a_job_loads(model, tmp_path):
     """Each member's best capsule (and head) in its own output_dir, loaded as any job's artifact, answers as the
     member does in the pack (MiniLM: a 2-label and a 3-label head on one base loaded with 2 labels)."""
-    from pipelines.methods import load_artifact, model_inputs
+    from pipelines.adapted import load_artifact, model_inputs
     from pipelines.models.loading import load_model
     from pipelines.training.packed import fit_pack
     from pipelines.training.setup import num_labels

@@ -12,11 +12,10 @@ import capt
 from capt import tasks
 from capt.arch.readout import install_readout, installed_readout
 from capt.digest import MANIFEST_NAME
+from pipelines.adapted import load_artifact, predict
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
 from pipelines.config.defaults import ENCODER_READOUT
 from pipelines.config.sources import PipelineConfigError
-from pipelines.evaluation import predict
-from pipelines.methods import load_artifact
 from pipelines.models.cache import BaseModelCache
 from pipelines.models.loading import load_model
 from pipelines.training.loop import run

@@ -15,8 +15,8 @@ from torch import nn
 from capt import heads as heads_module
 from capt.errors import CapsuleArtifactError
 from capt.heads import TaskHead, TaskHeads, linear_head, linear_head_problem
+from pipelines.adapted import _to
 from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
-from pipelines.evaluation import _to
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.training.loop import run
 

@@ -14,8 +14,8 @@ import torch
 from helpers.jobs import tiny_job
 from safetensors.torch import load_file
 
+from pipelines.adapted import model_inputs
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.methods import model_inputs
 from pipelines.models import smollm2
 from pipelines.models.loading import load_model
 from pipelines.models.shape import forget_model_shapes, model_shape

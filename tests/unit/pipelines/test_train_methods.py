@@ -9,9 +9,8 @@ from helpers.jobs import tiny_job
 from helpers.methods import options
 
 from capt import tasks
+from pipelines.adapted import load_artifact, predict, sequence_overhead
 from pipelines.config.schema import METHOD_NAMES
-from pipelines.evaluation import predict
-from pipelines.methods import load_artifact, sequence_overhead
 from pipelines.models.loading import load_model
 from pipelines.training.loop import run
 from pipelines.training.setup import load_data

@@ -15,8 +15,7 @@ from helpers.jobs import tiny_job
 from safetensors.torch import load_file
 
 from capt import tasks
-from pipelines.evaluation import predict
-from pipelines.methods import load_artifact
+from pipelines.adapted import load_artifact, predict
 from pipelines.models.loading import load_model
 from pipelines.training.checkpoint import PHASE_FILE, DamagedCheckpointError
 from pipelines.training.loop import run
