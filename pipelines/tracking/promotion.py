@@ -15,13 +15,13 @@ from datetime import UTC, datetime
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
+from pipelines.provenance import registered_model_name
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_probe import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.registry import Registry, VersionInfo
 from pipelines.tracking.run_content import project_metric_name
 from pipelines.tracking.serving import download_verified_version
-from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from packaging.version import InvalidVersion, Version
 
+from pipelines.provenance import registered_model_name
 from pipelines.tracking.bundle import DATA_FOLDER, code_size, code_tags, write_code_archive
 from pipelines.tracking.client import fluent_uri
 from pipelines.tracking.model_card import registered_model_description, version_description
-from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 
