@@ -31,7 +31,7 @@ Replays are idempotent: an operation leaves the spool only once applied or dead-
 keep their original timestamps, registration first looks for the run's version.
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay of spooled
-operations), `finish` (what a finished trial logs), `run_content` (metric names, params, summary tags), `experiment`
+operations, among them what a finished trial logs), `run_content` (metric names, params, summary tags), `experiment`
 (the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and its summary), `tracker`
 (`TrialTracker` and its background metric uploader), `pyfunc` (`CapsulePyfunc` and its registration), `model_card` (a
 version's description), `bundle` (the project code a version carries and its digest), `verified` (`load_capsule_model`:
