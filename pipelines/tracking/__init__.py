@@ -33,13 +33,13 @@ keep their original timestamps, registration first looks for the run's version.
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay of spooled
 operations, among them what a finished trial logs), `run_content` (metric names, params, summary tags), `experiment`
 (the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and its summary), `tracker`
-(`TrialTracker` and its background metric uploader), `pyfunc` (`CapsulePyfunc` and its registration), `model_card` (a
-version's description), `bundle` (the project code a version carries and its digest), `verified` (`load_capsule_model`:
-a version loaded only after its code and capsule are verified), `registry` (`Registry`, `VersionInfo`,
-`experiment_runs`), `cli` (the ``sync`` command). `spool` (the on-disk operation log), `scope` (what a sync may touch),
-`jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`, `tracked_pack`) and
-`job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no mlflow until a run is
-tracked.
+(`TrialTracker` and its background metric uploader), `pyfunc` (`CapsulePyfunc`, its registration and a version's
+description), `bundle` (the project code a version carries and its digest), `verified` (`load_capsule_model`: a
+version loaded only after its code and capsule are verified), `registry` (`Registry`, `VersionInfo`,
+`experiment_runs`), `cli` (the ``sync`` command). `spool` (the on-disk operation log), `scope` (what a sync may
+touch), `jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`,
+`tracked_pack`) and `job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no
+mlflow until a run is tracked.
 """
 
 from __future__ import annotations
