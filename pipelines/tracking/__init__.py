@@ -36,7 +36,7 @@ operations, among them what a finished trial logs), `run_content` (metric names,
 (`TrialTracker` and its background metric uploader), `pyfunc` (`CapsulePyfunc`, its registration and a version's
 description), `bundle` (the project code a version carries and its digest), `verified` (`load_capsule_model`: a
 version loaded only after its code and capsule are verified), `registry` (`Registry`, `VersionInfo`,
-`experiment_runs`), `cli` (the ``sync`` command). `spool` (the on-disk operation log), `scope` (what a sync may
+`experiment_runs`), `__main__` (the ``sync`` command). `spool` (the on-disk operation log), `scope` (what a sync may
 touch), `jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`,
 `tracked_pack`) and `job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no
 mlflow until a run is tracked.
@@ -50,7 +50,7 @@ from typing import Any
 # The re-exports are imported on first use (PEP 562): `pipelines.tracking.jobs`, which `python -m pipelines.train` and
 # every trial import, must not import mlflow for a job that is not tracked.
 _EXPORTS = {
-    "main": "cli", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
+    "main": "__main__", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
     "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "registry",
     "RetryPolicy": "spool", "TrackingUnavailable": "spool", "FolderSync": "sync", "SyncSummary": "sync",
     "sync_pending": "sync", "TrialTracker": "tracker", "load_capsule_model": "verified",
