@@ -11,11 +11,10 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 
 from pipelines.tracking.client import ensure_experiment, is_transient, mlflow_client, own_http_retries
+from pipelines.tracking.run_content import DESCRIPTION_TAG
 from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
-DESCRIPTION_TAG = "mlflow.note.content"
-"""The tag MLflow shows as an experiment's (or run's) description."""
 TRAINING_VIEW = "workflowType=machine_learning"
 """The query that makes MLflow 3's UI show an experiment and its runs as model training: without it the UI follows
 the browser's own choice (its sidebar switch, GenAI at first), and 3.17 reads no experiment tag for it (its

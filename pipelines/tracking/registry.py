@@ -13,8 +13,7 @@ import mlflow
 from mlflow.exceptions import MlflowException, RestException
 
 from pipelines.tracking.client import TrackingError, mlflow_client
-from pipelines.tracking.run_content import project_metrics
-from pipelines.tracking.sweep_run import RUN_KIND_TAG
+from pipelines.tracking.run_content import RUN_KIND_TAG, project_metrics
 
 _MISSING_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 """Error codes of `get_run` for a run id the server does not know (or that is not a run id at all)."""

@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 
 from capt.atomic import write_atomically
 from pipelines.tracking.client import is_transient, mlflow_client, own_http_retries
+from pipelines.tracking.run_content import DESCRIPTION_TAG, RUN_KIND_TAG
 from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -29,10 +30,6 @@ SWEEP_RUN_FILE = "mlflow_sweep_run.json"
 """In the sweep folder: the parent run's id and the server it lives on."""
 PARENT_TAG = "mlflow.parentRunId"
 """The tag by which the MLflow UI nests a run under its parent."""
-DESCRIPTION_TAG = "mlflow.note.content"
-"""The tag MLflow shows as the run's description."""
-RUN_KIND_TAG = "run_kind"
-"""`sweep` on the parent run (a trial's run carries its task, model, method and seed instead)."""
 SWEEP_CLOSE_FILE = "mlflow_sweep_close.json"
 """In the sweep folder while the parent run waits to be closed: the `SweepClose` the server did not take."""
 
