@@ -26,7 +26,7 @@ following links, and only operations recorded for the server it syncs to (``--tr
 goes to the server recorded with it); a folder holding another server's operations, or operations recorded for
 none (unless ``--accept-unrecorded``), is skipped whole and listed. It exits 1 unless everything reached the
 server, 2 for a refused ``--root`` or bad option. A sweep folder's parent-run close that the server did not take at
-the sweep's end (`sweep_run`, checked by `sweep_close`) is applied last, on the same rules, with what is left to run.
+the sweep's end (`sweep_run`, checked there) is applied last, on the same rules, with what is left to run.
 Replays are idempotent: an operation leaves the spool only once applied or dead-lettered, metric points
 keep their original timestamps, registration first looks for the run's version.
 
