@@ -15,7 +15,7 @@ from pipelines.config.schema import model_slug
 from pipelines.provenance import registered_model_name
 from pipelines.serving.records import ServedCapsule
 from pipelines.tracking import TrackingError
-from pipelines.tracking.serving import (
+from pipelines.tracking.registry import (
     alias_version,
     download_verified_version,
     registered_names,

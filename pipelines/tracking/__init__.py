@@ -51,7 +51,7 @@ from typing import Any
 # every trial import, must not import mlflow for a job that is not tracked.
 _EXPORTS = {
     "main": "__main__", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
-    "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "registry",
+    "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "experiment",
     "RetryPolicy": "spool", "TrackingUnavailable": "spool", "FolderSync": "sync", "SyncSummary": "sync",
     "sync_pending": "sync", "TrialTracker": "tracker", "load_capsule_model": "verified",
     "download_verified_model": "verified",

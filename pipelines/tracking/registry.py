@@ -1,22 +1,71 @@
-"""Model Registry and run queries for promotion (`pipelines.tracking.promotion`) and `pipelines.report`."""
+"""The Model Registry as the project reads and writes it: registered capsule versions and what promotion needs of
+them (`Registry`, `VersionInfo`: aliases, tags, legacy stages, the source run's metrics), which version an alias
+names, and a version's files downloaded and verified for Serve and promote (`download_verified_version`).
+
+A version's files are read as plain files: the pyfunc's ``capsule`` artifact (safetensors + JSON) and its
+``result.json``. Nothing is unpickled and no pyfunc is loaded (that would build a base model per task).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
+import shutil
+import tempfile
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import mlflow
+import requests
+import yaml
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
+from capt.errors import ArtifactIntegrityError
+from pipelines.provenance import verify_version
 from pipelines.tracking.client import TrackingError, mlflow_client
-from pipelines.tracking.run_content import RUN_KIND_TAG, project_metrics
+from pipelines.tracking.run_content import project_metrics
 
 _MISSING_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 """Error codes of `get_run` for a run id the server does not know (or that is not a run id at all)."""
+OUTSIDE_STORE_TEXT = "resolved path is outside the artifact directory"
+"""MLflow's words (server and local store alike) for a file of the store that resolves outside it: a symbolic link."""
+
+
+def registered_model(client: MlflowClient, uri: str, name: str) -> Any:
+    """The registered model `name` at `uri`; TrackingError when it does not exist."""
+    try:
+        return client.get_registered_model(name)
+    except RestException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise TrackingError(f"No registered model {name!r} at {uri}.") from err
+        raise
+
+
+def registered_names(uri: str, prefix: str = "capt-") -> list[str]:
+    """Registered model names starting with `prefix`."""
+    models = mlflow_client(uri).search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+    return sorted(m.name for m in models)
+
+
+def alias_version(uri: str, name: str, alias: str) -> int | None:
+    """The version `alias` points at in registered model `name`; None when the model has no such alias.
+
+    TrackingError when the model does not exist.
+    """
+    version = (registered_model(mlflow_client(uri), uri, name).aliases or {}).get(alias)
+    return None if version is None else int(version)
+
+
+def version_tags(uri: str, name: str, version: int) -> dict[str, str]:
+    """The tags of one version (``base_model`` says which base model its capsule was trained on)."""
+    return dict(mlflow_client(uri).get_model_version(name, str(version)).tags or {})
 
 
 @dataclass
@@ -43,19 +92,9 @@ class Registry:
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
         self.client = mlflow_client(self.uri)
 
-    def model_names(self, prefix: str = "capt-") -> list[str]:
-        """Registered model names starting with `prefix`."""
-        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
-        return sorted(m.name for m in models)
-
     def versions(self, name: str) -> list[VersionInfo]:
         """Every version of `name`, oldest first; raises TrackingError when the model does not exist."""
-        try:
-            model = self.client.get_registered_model(name)
-        except RestException as err:
-            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-                raise TrackingError(f"No registered model {name!r} at {self.uri}.") from err
-            raise
+        model = registered_model(self.client, self.uri, name)
         aliases: dict[str, list[str]] = {}
         for alias, version in (model.aliases or {}).items():  # search results do not carry aliases
             aliases.setdefault(str(version), []).append(alias)
@@ -114,24 +153,112 @@ class Registry:
                                                        archive_existing_versions=archive_existing)
 
 
-def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
-    """Every trial's run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown.
-    The sweeps' own parent runs are left out: they hold no scores of their own.
+@dataclass(frozen=True)
+class CapsuleVersion:
+    """One registry version downloaded for serving."""
 
-    Metrics are under the project's names (``test_score``, ``best_validation_score``), as result.json has them.
+    name: str
+    """Registered model name, ``capt-<model-slug>-<task>``."""
+    version: int
+    """The version the alias named when it was read."""
+    capsule_dir: Path
+    """The capsule artifact folder (capsule.safetensors, capsule.json, method.json)."""
+    result: dict[str, Any]
+    """The job's result.json: base model, method, evaluation settings."""
+    digest: str | None = None
+    """SHA-256 of the artifact's digest manifest, once `download_verified_version` verified the files against it."""
+    folder: Path | None = None
+    """The folder below `root` this version was downloaded into (capsule, result.json, MLmodel)."""
+
+
+def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
+    """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    target, source = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root)), ""
+    try:  # the version's own location: a models:/ URI would be resolved against the default registry
+        source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
+        mlmodel = _download(uri, f"{source}/MLmodel", target)
+        artifacts = pyfunc_artifacts(mlmodel, name, version)
+        if not all(isinstance(artifacts.get(key), dict) for key in ("capsule", "result")):
+            raise TrackingError(f"Version {version} of {name!r} is not a CaPT capsule pyfunc: its MLmodel names no "
+                                f"'capsule' and 'result' artifacts (it has {sorted(artifacts)}).")
+        capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
+                                    for key in ("capsule", "result"))
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    except (MlflowException, requests.HTTPError) as err:
+        shutil.rmtree(target, ignore_errors=True)
+        message = err.message if isinstance(err, MlflowException) else f"{err} {getattr(err.response, 'text', '')}"
+        if (link := _linked_file(message, source)) is not None:
+            raise ArtifactIntegrityError(_link_refusal(name, version, uri, link)) from err
+        raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}") from err
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return CapsuleVersion(name, version, capsule_dir, result, folder=target)
+
+
+def _linked_file(message: str, source: str) -> str | None:
+    """The file or folder (below the version's `source`) a download failure names when the store refused it as
+    leading outside itself; None for any other failure."""
+    if OUTSIDE_STORE_TEXT not in message:
+        return None
+    if named := re.search(r"##### File (.+?) #####", message):  # a file's download
+        return named.group(1)
+    if listed := re.search(r"[?&]path=([^&\s]+)", message):  # a folder's listing
+        path, root = unquote(listed.group(1)).rstrip("."), source.split(":", 1)[-1].strip("/")
+        return path.removeprefix(root).strip("/") or path
+    return "(a file MLflow did not name)"
+
+
+def _link_refusal(name: str, version: int, uri: str, link: str) -> str:
+    return (f"Version {version} of {name} is refused: its {link} in the artifact store of {uri} is a symbolic link "
+            "that leads outside the store (MLflow answers 400, \"Invalid path: resolved path is outside the "
+            "artifact directory\"; where it points is known only on the server). A registered version holds plain "
+            "files only. On the server, replace the link with the version's own file (its SHA-256 is in the "
+            "version's digest.json and result.json), or register the version again.")
+
+
+def _download(uri: str, artifact_uri: str, target: Path) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(target), tracking_uri=uri))
+
+
+def pyfunc_artifacts(mlmodel: Path, name: str, version: int) -> dict[str, Any]:
+    """The ``python_function`` flavor's artifacts table of an MLmodel file (YAML, never unpickled)."""
+    if not mlmodel.is_file():
+        raise TrackingError(f"Version {version} of {name!r} has no MLmodel file: it is not a logged model.")
+    flavor = (yaml.safe_load(mlmodel.read_text(encoding="utf-8")) or {}).get("flavors", {}).get("python_function", {})
+    return flavor.get("artifacts") or {}
+
+
+def recorded_digests(uri: str, name: str, version: int) -> dict[str, str]:
+    """The artifact digests the tracking database records for a version: {where: digest}.
+
+    Its ``artifact_digest`` tag and its source run's; empty for a version registered before digests. Both
+    are read, so a version whose tag was edited (or whose run's was) disagrees with the other and is refused.
     """
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
     client = mlflow_client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        names = sorted(e.name for e in client.search_experiments())
-        raise TrackingError(f"No experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}.")
-    runs, token = [], None
-    while True:
-        page = client.search_runs([found.experiment_id], max_results=1000, page_token=token)
-        runs += [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
-                  "tags": dict(r.data.tags), "metrics": project_metrics(r.data.metrics)}
-                 for r in page if r.data.tags.get(RUN_KIND_TAG) != "sweep"]
-        token = page.token
-        if not token:
-            return runs
+    found = client.get_model_version(name, str(version))
+    digests = {}
+    if (tag := (found.tags or {}).get("artifact_digest")):
+        digests[f"the artifact_digest tag of version {version} of {name}"] = tag
+    if found.run_id:
+        try:
+            run_tag = client.get_run(found.run_id).data.tags.get("artifact_digest")
+        except MlflowException:
+            run_tag = None  # a deleted source run: the version's tag still stands
+        if run_tag:
+            digests[f"the artifact_digest tag of its source run {found.run_id}"] = run_tag
+    return digests
+
+
+def download_verified_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
+    """`download_version`, then `pipelines.provenance.verify_version` against the digests the tracking database
+    records (`recorded_digests`): what the Serve source and promote read before they use a version."""
+    found = download_version(uri, name, version, root)
+    try:
+        verified = verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
+    except BaseException:  # a refused copy is not kept: a later poll downloads the version afresh
+        shutil.rmtree(found.folder, ignore_errors=True)
+        raise
+    return replace(found, digest=verified)

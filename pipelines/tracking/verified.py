@@ -25,7 +25,7 @@ from capt.errors import ArtifactIntegrityError
 from pipelines.provenance import verify_version
 from pipelines.tracking.bundle import CODE_DIGEST_TAG, CODE_FILES_TAG, changed_files, code_digest, code_table
 from pipelines.tracking.client import TrackingError, mlflow_client
-from pipelines.tracking.serving import pyfunc_artifacts, recorded_digests
+from pipelines.tracking.registry import pyfunc_artifacts, recorded_digests
 
 logger = logging.getLogger(__name__)
 
