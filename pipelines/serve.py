@@ -60,7 +60,7 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
 def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
     """ServeError naming the reason when the base model of the versions to serve cannot be served (before Ray
     starts: a replica would fail the same way a minute later)."""
-    from pipelines.tracking.serving import version_tags
+    from pipelines.tracking.registry import version_tags
 
     tagged = {version_tags(source.uri, source.name(t), v).get("base_model") for t, v in versions.items()} - {None}
     for base in sorted(tagged) or [source.model]:

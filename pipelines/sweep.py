@@ -88,7 +88,7 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
             run_context["moved_from"] = endpoint.moved_from
         grid = run_sweep(sweep, uri, args.resume, run_context)
         if stop.signum is not None and uri:
-            from pipelines.tracking.sweep_close import end_stopped_runs
+            from pipelines.tracking.sweep_run import end_stopped_runs
 
             ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri, endpoint.moved_from)
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")

@@ -12,15 +12,15 @@ from pathlib import Path
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
+from pipelines.provenance import registered_model_name
 from pipelines.serving.records import ServedCapsule
 from pipelines.tracking import TrackingError
-from pipelines.tracking.serving import (
+from pipelines.tracking.registry import (
     alias_version,
     download_verified_version,
     registered_names,
     version_tags,
 )
-from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 

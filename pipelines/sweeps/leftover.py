@@ -17,8 +17,7 @@ from pathlib import Path
 from pipelines.services.mlflow_server import mlflow_answers
 from pipelines.sweeps.config import SweepConfig
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy, Spool
-from pipelines.tracking.sweep_close import read_close
-from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left
+from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left, read_close
 from pipelines.tracking.sync import sync_pending
 
 logger = logging.getLogger(__name__)

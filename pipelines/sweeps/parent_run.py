@@ -35,7 +35,8 @@ class SweepRun:
     def __init__(self, sweep: SweepConfig, uri: str | None, experiment_id: str | None, tags: dict[str, str]):
         self.sweep, self.uri, self.experiment_id, self.run_id = sweep, uri, experiment_id, None
         if uri and experiment_id and "://" not in sweep.storage_path:  # the record lives in a local sweep folder
-            from pipelines.tracking.sweep_run import DESCRIPTION_TAG, open_sweep_run
+            from pipelines.tracking.run_content import DESCRIPTION_TAG
+            from pipelines.tracking.sweep_run import open_sweep_run
 
             running = (f"Sweep `{sweep.name}` has not ended yet: its results table and report appear here when it "
                        "does; meanwhile its trials' runs are nested under this one (+ in the runs table).")

@@ -18,6 +18,7 @@ from typing import Any
 from capt.errors import CaptError
 from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
+from pipelines.provenance import registered_model_name
 from pipelines.services.folder_lock import current_holder, folder_problem, held_folder
 from pipelines.sweeps.config import SweepConfig, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
@@ -32,7 +33,6 @@ from pipelines.sweeps.resources import (
 )
 from pipelines.sweeps.resources import max_concurrent as _trials_at_once
 from pipelines.sweeps.rules import local_data_problems
-from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger("pipelines.sweep")
 

@@ -26,20 +26,21 @@ following links, and only operations recorded for the server it syncs to (``--tr
 goes to the server recorded with it); a folder holding another server's operations, or operations recorded for
 none (unless ``--accept-unrecorded``), is skipped whole and listed. It exits 1 unless everything reached the
 server, 2 for a refused ``--root`` or bad option. A sweep folder's parent-run close that the server did not take at
-the sweep's end (`sweep_run`, checked by `sweep_close`) is applied last, on the same rules, with what is left to run.
+the sweep's end (`sweep_run`, checked there) is applied last, on the same rules, with what is left to run.
 Replays are idempotent: an operation leaves the spool only once applied or dead-lettered, metric points
 keep their original timestamps, registration first looks for the run's version.
 
-Modules: `client` (MLflow clients, transient errors, HTTP retry settings), `operations` (apply and replay of spooled
-operations), `finish` (what a finished trial logs), `run_content` (metric names, params, summary tags), `experiment`
-(the sweep's description, source tags, the runs-view URL), `sync` (`sync_pending` and its summary), `tracker`
-(`TrialTracker` and its background metric uploader), `pyfunc` (`CapsulePyfunc` and its registration), `model_card` (a
-version's description), `bundle` (the project code a version carries and its digest), `verified` (`load_capsule_model`:
-a version loaded only after its code and capsule are verified), `registry` (`Registry`, `VersionInfo`,
-`experiment_runs`), `cli` (the ``sync`` command). `spool` (the on-disk operation log), `scope` (what a sync may touch),
+Modules: `client` (MLflow clients, transient errors, HTTP retry settings, tag of a trial's key), `spool` (the on-disk
+operation log, retries, run records), `scope` (what a sync may touch), `run_content` (metric names, params, run tags,
+summary tags), `operations` (apply and replay of spooled operations, among them what a finished trial logs), `tracker`
+(`TrialTracker` and its background metric uploader), `sync` (`sync_pending` and its summary), `__main__` (the
+``sync`` command), `experiment` (the sweep's description, source tags, runs-view URLs, `experiment_runs`),
+`sweep_run` (the sweep's parent run, its close kept for sync, the runs a stopped sweep left), `pyfunc`
+(`CapsulePyfunc`, its registration and a version's description; `capsule_model` is its models-from-code file),
+`bundle` (the project code a version carries and its digest), `registry` (`Registry`, `VersionInfo`, a version's
+files downloaded and verified, `load_capsule_model`), `promotion` (the champion policy of `pipelines.promote`).
 `jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`, `tracked_pack`) and
-`job_cli` (`python -m pipelines.train`'s tracking flags and closing lines), which import no mlflow until a run is
-tracked.
+`job_cli` (`python -m pipelines.train`'s tracking flags and closing lines) import no mlflow until a run is tracked.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ from typing import Any
 # The re-exports are imported on first use (PEP 562): `pipelines.tracking.jobs`, which `python -m pipelines.train` and
 # every trial import, must not import mlflow for a job that is not tracked.
 _EXPORTS = {
-    "main": "cli", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
-    "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "registry",
+    "main": "__main__", "TRIAL_KEY_TAG": "client", "TrackingError": "client", "is_transient": "client",
+    "CapsulePyfunc": "pyfunc", "Registry": "registry", "VersionInfo": "registry", "experiment_runs": "experiment",
     "RetryPolicy": "spool", "TrackingUnavailable": "spool", "FolderSync": "sync", "SyncSummary": "sync",
-    "sync_pending": "sync", "TrialTracker": "tracker", "load_capsule_model": "verified",
-    "download_verified_model": "verified",
+    "sync_pending": "sync", "TrialTracker": "tracker", "load_capsule_model": "registry",
+    "download_verified_model": "registry",
 }
 __all__ = sorted(_EXPORTS)
 

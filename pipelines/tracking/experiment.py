@@ -1,21 +1,23 @@
-"""The sweep's experiment as the MLflow UI shows it: a description, tags, source tags and the runs-view URL."""
+"""An experiment as the MLflow UI shows it (the sweep's description, tags, source tags and the runs-view URL), and its
+trials' runs read back (`experiment_runs`, for `pipelines.report`)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import mlflow
 from mlflow.exceptions import MlflowException
 
-from pipelines.tracking.client import ensure_experiment, is_transient, mlflow_client, own_http_retries
+from pipelines.tracking.client import TrackingError, ensure_experiment, is_transient, mlflow_client, own_http_retries
+from pipelines.tracking.run_content import DESCRIPTION_TAG, RUN_KIND_TAG, project_metrics
 from pipelines.tracking.spool import RetryPolicy, TrackingUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
-DESCRIPTION_TAG = "mlflow.note.content"
-"""The tag MLflow shows as an experiment's (or run's) description."""
 TRAINING_VIEW = "workflowType=machine_learning"
 """The query that makes MLflow 3's UI show an experiment and its runs as model training: without it the UI follows
 the browser's own choice (its sidebar switch, GenAI at first), and 3.17 reads no experiment tag for it (its
@@ -105,3 +107,26 @@ def sweep_description(name: str, config_file: str, grid: Mapping[str, list[Any]]
               "`system/*` sampled while a run trains. Per-run summaries (steps, best step, trainable parameters, "
               "capsule bytes) are run tags."]
     return "\n".join(lines)
+
+
+def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """Every trial's run of `experiment` as {run_id, run_name, status, tags, metrics}; TrackingError if unknown.
+    The sweeps' own parent runs are left out: they hold no scores of their own.
+
+    Metrics are under the project's names (``test_score``, ``best_validation_score``), as result.json has them.
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    client = mlflow_client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise TrackingError(f"No experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}.")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([found.experiment_id], max_results=1000, page_token=token)
+        runs += [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
+                  "tags": dict(r.data.tags), "metrics": project_metrics(r.data.metrics)}
+                 for r in page if r.data.tags.get(RUN_KIND_TAG) != "sweep"]
+        token = page.token
+        if not token:
+            return runs

@@ -15,13 +15,12 @@ from datetime import UTC, datetime
 from capt.errors import CaptError
 from capt.tasks.registry import TASK_NAMES
 from pipelines.config.schema import model_slug
+from pipelines.provenance import registered_model_name
 from pipelines.services import ServiceError
 from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.tracking.client import TrackingError
-from pipelines.tracking.registry import Registry, VersionInfo
+from pipelines.tracking.registry import Registry, VersionInfo, download_verified_version, registered_names
 from pipelines.tracking.run_content import project_metric_name
-from pipelines.tracking.serving import download_verified_version
-from pipelines.tracking.spool import registered_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ def _versions(registry: Registry, name: str, model: str, task: str) -> list[Vers
     try:
         versions = registry.versions(name)
     except TrackingError as err:
-        known = registry.model_names()
+        known = registered_names(registry.uri)
         raise PromotionError(
             f"There is no registered model {name!r} (model {model!r}, task {task!r}) at {registry.uri}. "
             f"Capsules are registered by CaPT trials run with tracking on; registered capsule models there: "

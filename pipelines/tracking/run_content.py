@@ -30,6 +30,11 @@ PATH_PARAMS = {"output_dir": "output_dir", "task.data_dir": "data_dir"}
 """Config fields holding paths (different in every run): logged as these tags, never as params."""
 HEAD_PARAMS = ("optim.head_lr",)
 """Config fields that only mean something for a model with a classifier head (encoder family)."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The tag MLflow shows as a run's (or an experiment's) description."""
+RUN_KIND_TAG = "run_kind"
+"""``sweep`` on a sweep's parent run, ``job`` on a single job's run (a trial's run carries its task, model, method
+and seed instead)."""
 
 
 def mlflow_metric_name(name: str) -> str:

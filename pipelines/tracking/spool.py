@@ -32,7 +32,6 @@ from typing import Any, TypeVar
 
 from capt.atomic import write_atomically
 from pipelines.config.schema import flatten
-from pipelines.provenance import registered_model_name  # noqa: F401 - its home before provenance checks
 from pipelines.services.folder_lock import exclusive
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from mlflow.exceptions import MlflowException
 from pipelines.tracking import scope, spool
 from pipelines.tracking.client import TrackingError, dir_lock, is_transient, mlflow_client, own_http_retries
 from pipelines.tracking.operations import Replayer
-from pipelines.tracking.sweep_close import read_close
-from pipelines.tracking.sweep_run import RUN_KIND_TAG, SWEEP_CLOSE_FILE, SweepClose, log_close
+from pipelines.tracking.run_content import RUN_KIND_TAG
+from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, SweepClose, log_close, read_close
 
 logger = logging.getLogger(__name__)
 

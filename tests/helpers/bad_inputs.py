@@ -33,7 +33,7 @@ COMMANDS = {
 }
 """How each entry point is started, after `sys.executable` (the sweep as a script, as `ray job submit` does)."""
 MAINS = {"train": "pipelines.train", "sweep": "pipelines.sweep", "promote": "pipelines.promote",
-         "report": "pipelines.report", "tracking": "pipelines.tracking.cli"}
+         "report": "pipelines.report", "tracking": "pipelines.tracking.__main__"}
 """The module whose `main(argv)` each entry point's command runs."""
 GOOD_RTE = {"premise": "A cat sat on the mat.", "hypothesis": "A cat sat.", "label": "entailment", "idx": 0}
 

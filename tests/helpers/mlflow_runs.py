@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines.tracking.sweep_run import RUN_KIND_TAG
+from pipelines.tracking.run_content import RUN_KIND_TAG
 
 
 def trial_runs(client: Any, experiment_ids: list[str], *args: Any, **kwargs: Any) -> list[Any]:

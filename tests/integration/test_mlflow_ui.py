@@ -16,7 +16,7 @@ import requests
 from helpers.mlflow_runs import is_sweep_run
 
 from capt.tasks import get as task_spec
-from pipelines.tracking.model_card import SNIPPET_FENCE
+from pipelines.tracking.pyfunc import SNIPPET_FENCE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

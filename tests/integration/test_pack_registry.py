@@ -22,7 +22,7 @@ def test_each_packed_member_registers_its_own_verified_version(mlflow_server, tm
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.tracking.jobs import RunPlan
     from pipelines.tracking.packs import tracked_pack
-    from pipelines.tracking.serving import download_verified_version
+    from pipelines.tracking.registry import download_verified_version
 
     sweep = load_sweep_config(None, [f"storage_path={tmp_path / 'sweeps'}", "data_source=generated", "tasks=[rte]",
                                      "seeds=[0, 1]", "pack.max_members=2", "job.train.max_steps=2",

@@ -59,7 +59,7 @@ def test_every_entry_point_main_is_the_one_skeleton(capsys):
 
     from pipelines import promote, report, sweep, train
     from pipelines.cli_errors import cli_main
-    from pipelines.tracking import cli
+    from pipelines.tracking import __main__ as cli
 
     for module in (train, sweep, promote, report, cli):
         assert "cli_main(" in inspect.getsource(module.main), module.__name__

@@ -16,7 +16,7 @@ from pipelines.tracking import bundle
 from pipelines.tracking.bundle import CODE_ARCHIVE, CODE_DIGEST_TAG, CODE_FILES_TAG, code_digest, code_table, code_tags
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.pyfunc import MODEL_CODE
-from pipelines.tracking.verified import resolve_version, verify_code
+from pipelines.tracking.registry import resolve_version, verify_code
 
 
 def _logged_model(root: Path) -> Path:

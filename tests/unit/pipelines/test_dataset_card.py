@@ -6,7 +6,7 @@ import json
 
 from capt import tasks
 from pipelines.config.schema import TaskSection
-from pipelines.tracking.finish import dataset_entity
+from pipelines.tracking.operations import dataset_entity
 from pipelines.training.result import content_digest, dataset_card
 
 

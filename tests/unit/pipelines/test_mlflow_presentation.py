@@ -6,7 +6,7 @@ import ast
 
 from pipelines.services import free_port
 from pipelines.tracking.experiment import describe_experiment, run_url, runs_url, source_tags, sweep_run_url
-from pipelines.tracking.model_card import SNIPPET_FENCE, version_description
+from pipelines.tracking.pyfunc import SNIPPET_FENCE, version_description
 from pipelines.tracking.spool import RetryPolicy
 
 

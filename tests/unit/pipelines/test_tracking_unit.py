@@ -14,6 +14,7 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
+from pipelines.provenance import registered_model_name
 from pipelines.reporting import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
@@ -30,7 +31,6 @@ from pipelines.tracking.spool import (
     call_with_retry,
     numeric_metrics,
     param_strings,
-    registered_model_name,
 )
 
 
