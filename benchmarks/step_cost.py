@@ -66,7 +66,8 @@ NOTES = [
     "counted from op shapes by torch.utils.flop_counter, so flop_ratio_to_floor is exact and free of "
     "noise: when wall-time ratios of two methods are closer than their ratio_range, it says which "
     "step does less work.",
-    "Optimizers: the pipeline's defaults for the method and model family (pipelines/config/defaults.py: "
+    "Optimizers: the pipeline's defaults for the method and model family (each method's declared entry, "
+    "resolved by pipelines/config/load.py: "
     "on T5, Adafactor for the prompt methods and full fine-tuning, AdamW for LoRA; on decoder-only models, "
     "AdamW); no gradient clipping.",
 ]
@@ -124,7 +125,7 @@ def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.
     """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
     own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
     from pipelines.adapted import parameter_groups
-    from pipelines.config.defaults import optim_default
+    from capt.methods import optim_default
     from pipelines.training.setup import new_optimizer
 
     default = optim_default(method, family)

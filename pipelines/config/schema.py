@@ -51,7 +51,7 @@ class ModelSection:
     max_new_tokens: PositiveInt = 10
     """Tokens generated per example by the paper's evaluation protocol."""
     readout: Literal["pooler", "cls", "mean", "capsule", "lm_head"] | None = None
-    """What the classifier reads (pipelines/config/defaults.py): encoder-only heads read pooler ([CLS] through the
+    """What the classifier reads (pipelines/config/load.py): encoder-only heads read pooler ([CLS] through the
     pooler), cls, mean (token states) or capsule (CaPT's slot); T5 and decoder-only models lm_head; None: the
     family's default, filled in by pipelines.config.load."""
 
@@ -109,10 +109,10 @@ class OptimSection:
     """Optimiser and schedule."""
 
     name: Literal["adafactor", "adamw"] | None = None
-    """Optimiser; None: the default of the method and model family (pipelines/config/defaults.py), filled
+    """Optimiser; None: the default of the method and model family (pipelines/config/load.py), filled
     in by pipelines.config.load."""
     lr: PositiveFloat | None = None
-    """Learning rate; None: the default of the method and model family (pipelines/config/defaults.py),
+    """Learning rate; None: the default of the method and model family (pipelines/config/load.py),
     filled in by pipelines.config.load."""
     head_lr: PositiveFloat = 1e-3
     """Learning rate of the linear head of encoder-only classifiers."""

@@ -42,7 +42,7 @@ def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = Non
     process of this driver's job starts with `worker_env` (settings, never credentials: see above), and with
     `node_env`, which a local Ray also gives every process of its own (its system actors too); on a cluster it
     reaches the actors this job creates (Serve's controller and proxies, when this job starts Serve)."""
-    from pipelines.services import ServiceError, check_reachable
+    from pipelines.services.probe import ServiceError, check_reachable
 
     fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
     address = os.environ.get("RAY_ADDRESS")

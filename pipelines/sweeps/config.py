@@ -398,7 +398,7 @@ def _merge_into(target: dict[str, Any], path: list[str], value: Any) -> None:
 # A packed sweep groups its trials that share a base model (`pipelines.sweeps.packs`) and trains each group in one
 # Tune trial, in one loop (`pipelines.training.packed`). Only what a pack can train is accepted, checked with every
 # other problem of the sweep (`trials`): CaPT and its ablations (method `capt`, whatever
-# `pipelines.training.pack_setup.pack_problems` accepts), one worker per trial, and grid values fixed on the driver.
+# `pipelines.training.setup.pack_problems` accepts), one worker per trial, and grid values fixed on the driver.
 
 TUNED_HEAP_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
                   "MALLOC_TOP_PAD_": str(512 << 20)}
@@ -447,7 +447,7 @@ def member_problems(pack: PackSection | None, job: dict[str, Any]) -> list[str]:
     """Why the trial of `job` (a valid trial job dict) cannot train in a pack; empty when it can or `pack` is off."""
     if pack is None:
         return []
-    from pipelines.training.pack_setup import pack_problems
+    from pipelines.training.setup import pack_problems
 
     return [f"pack: {problem.removeprefix('member 0: ')} (or drop `pack:`: one Tune trial per trial)"
             for problem in pack_problems([member_config(job)])]
@@ -462,9 +462,9 @@ def member_config(job: dict[str, Any]):
 
 
 def base_key(job: dict[str, Any]) -> tuple:
-    """What members of one pack share (`pack_setup.SHARED_KEYS` and the capsule's slot count), for a valid job."""
+    """What members of one pack share (`training.setup.SHARED_KEYS` and the capsule's slot count), for a valid job."""
     from pipelines.adapted import build_method_config
-    from pipelines.training.pack_setup import SHARED_KEYS
+    from pipelines.training.setup import SHARED_KEYS
 
     config = member_config(job)
     shared = tuple(getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in SHARED_KEYS)

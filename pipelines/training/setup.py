@@ -15,7 +15,8 @@ from torch import nn
 from capt import tasks
 from capt.arch import ArchSpec
 from capt.errors import CaptError
-from pipelines.adapted import adapt, install_job_readout, parameter_groups, sequence_overhead
+from capt.methods import get_method
+from pipelines.adapted import adapt, build_method_config, install_job_readout, parameter_groups, sequence_overhead
 from pipelines.config.schema import JobConfig, require_resolved, warmup_steps
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import install_hooks
@@ -238,3 +239,48 @@ def _segment_factors(config: JobConfig, edges: list[int]):
         return 1.0 if constant else max(0.0, (length - local) / max(1, length - warmup))
 
     return factor
+
+
+# --- Which jobs can share one pack (a sweep checks its grid with these before any pack trains) ------------------------
+
+SHARED_KEYS = ("model.name", "model.dtype", "train.precision", "train.cpu")
+"""Settings every member of a pack must share: they make the one base model and where and how it runs."""
+
+
+def pack_problems(configs: list[JobConfig]) -> list[str]:
+    """Why these jobs cannot share one pack (empty when they can); each problem names the member and its reason."""
+    if not configs:
+        return ["a pack needs at least one member"]
+    problems, first = [], configs[0]
+    for i, config in enumerate(configs):
+        for key in SHARED_KEYS:
+            section, name = key.split(".")
+            mine, theirs = getattr(getattr(config, section), name), getattr(getattr(first, section), name)
+            if mine != theirs:
+                problems.append(f"member {i}: {key}={mine!r} differs from member 0's {theirs!r}: members share one "
+                                "base model")
+        problems += _member_problems(i, config)
+    slots = {build_method_config(c.method.name, c.method.options).num_slots for c in configs
+             if _packs(c.method.name)}
+    if len(slots) > 1:
+        problems.append(f"members' capsules occupy different numbers of slots {sorted(slots)} (capsule length, "
+                        "prepend fusion): capsules sharing one model must occupy the same number of slots")
+    return problems
+
+
+def _packs(method: str) -> bool:
+    return bool(getattr(get_method(method).model_class, "packs_capsules", False))
+
+
+def _member_problems(i: int, config: JobConfig) -> list[str]:
+    problems = []
+    if not _packs(config.method.name):
+        problems.append(f"member {i}: method {config.method.name!r} does not pack: only CaPT and its ablations "
+                        "(method 'capt' with any options) train a capsule per row on a frozen, shared base model")
+    if config.train.grad_accum_steps != 1:
+        problems.append(f"member {i}: train.grad_accum_steps={config.train.grad_accum_steps}: a pack steps every "
+                        "member on each batch (allowed: 1)")
+    if config.train.resume:
+        problems.append(f"member {i}: train.resume=true is not supported in a pack (allowed: false; a pack continues "
+                        "its members from its own checkpoints, PackOptions.checkpoints)")
+    return problems

@@ -25,7 +25,7 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
 
 def _uses_the_table_optimizer(optimizer) -> None:
     """The example's optimiser is the defaults table's for CaPT on T5, with the paper's fixed-lr settings."""
-    from pipelines.config.defaults import optim_default
+    from capt.methods import optim_default
 
     default = optim_default("capt", "t5")
     assert type(optimizer).__name__.lower() == default.optimizer

@@ -14,7 +14,8 @@ from capt.config import CapsuleConfig
 from capt.methods import METHODS, Method, registered_method
 from capt.optim_defaults import OptimDefault
 from pipelines.config import load_job_config
-from pipelines.config.defaults import OPTIM_DEFAULTS, allowed_readouts
+from capt.methods import OPTIM_DEFAULTS
+from pipelines.config.load import allowed_readouts
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models.shape import model_shape
 from pipelines.training.loop import run

@@ -10,7 +10,9 @@ import pytest
 from helpers.jobs import tiny_job
 
 from pipelines.config.load import load_job_config
-from pipelines.config.defaults import FAMILIES, OPTIM_DEFAULTS, resolve_optim
+from capt.methods import OPTIM_DEFAULTS
+from capt.optim_defaults import FAMILIES
+from pipelines.config.load import resolve_optim
 from pipelines.config.schema import METHOD_NAMES, JobConfig, flatten
 from pipelines.config.sources import PipelineConfigError
 from pipelines.training.loop import run

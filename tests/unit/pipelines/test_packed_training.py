@@ -166,7 +166,7 @@ def test_members_that_cannot_share_a_base_are_refused(other, reason):
 
 
 def test_ablations_of_capt_pack_together():
-    from pipelines.training.pack_setup import pack_problems
+    from pipelines.training.setup import pack_problems
 
     ablations = [["method.options.layers=odd"], ["method.options.fusion=project"], ["method.options.init=normal"],
                  ["method.options.instance_mean=false"], ["method.options.fusion=conv"], ["seed=4", "optim.lr=0.01"],

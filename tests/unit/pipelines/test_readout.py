@@ -14,7 +14,7 @@ from capt.arch.readout import install_readout, installed_readout
 from capt.digest import MANIFEST_NAME
 from pipelines.adapted import load_artifact, predict
 from pipelines.capsule_predictor import CapsulePredictor, example_rows
-from pipelines.config.defaults import ENCODER_READOUT
+from pipelines.config.load import ENCODER_READOUT
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models.cache import BaseModelCache
 from pipelines.models.loading import load_model
