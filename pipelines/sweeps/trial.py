@@ -179,6 +179,7 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
 
     from pipelines.tracking.jobs import RunPlan
     from pipelines.tracking.packs import tracked_pack
+    from pipelines.training.packed import train_unfinished_members
 
     quiet_trial_process()
     config = TypeAdapter(SweepConfig).validate_python(sweep)
@@ -188,6 +189,7 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members],
             "heap": heap_in_force()}
     done = tracked_pack([job for job, _ in members], [RunPlan.from_dict(t) for _, t in members],
+                        train_unfinished_members,
                         claim_wait_s=CLAIM_WAIT_S, pack_info=info)
     tune.report(pack_report(done))
 

@@ -389,6 +389,13 @@ def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Ite
         yield
 
 
+def train_unfinished_members(configs: list, reports: Mapping[int, Report] | None = None,
+                             pack_info: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Train a tracked pack's unfinished members (`pipelines.tracking.packs.tracked_pack`), each from its own last
+    checkpoint where it has one (`PackOptions.checkpoints`); `train.resume` is set off, which a pack refuses."""
+    return train_members([with_resume(c, False) for c in configs], reports, pack_info, PackOptions(checkpoints=True))
+
+
 def with_resume(config, resume: bool):
     """The resolved `config` with `train.resume` set to `resume`: outside the config hash, so the same folder and hash
     (on: a claim keeps the folder's outputs of this config; off: what a pack member trains with)."""

@@ -23,6 +23,7 @@ def test_each_packed_member_registers_its_own_verified_version(mlflow_server, tm
     from pipelines.tracking.jobs import RunPlan
     from pipelines.tracking.packs import tracked_pack
     from pipelines.tracking.registry import download_verified_version
+    from pipelines.training.packed import train_unfinished_members
 
     sweep = load_sweep_config(None, [f"storage_path={tmp_path / 'sweeps'}", "data_source=generated", "tasks=[rte]",
                                      "seeds=[0, 1]", "pack.max_members=2", "job.train.max_steps=2",
@@ -31,7 +32,7 @@ def test_each_packed_member_registers_its_own_verified_version(mlflow_server, tm
     configs = [validate_job_config(trial.job) for trial in trials(sweep)]
     plans = [RunPlan(mlflow_server.uri, experiment=EXPERIMENT, run_name=f"member-s{config.seed}", retry_s=5.0,
                      register=True) for config in configs]
-    done = tracked_pack(configs, plans, pack_info={"name": "pack-registry"})
+    done = tracked_pack(configs, plans, train_unfinished_members, pack_info={"name": "pack-registry"})
 
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id

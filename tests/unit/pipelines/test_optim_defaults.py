@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from helpers.jobs import tiny_job
 
-from pipelines.config.load import load_job_config
 from capt.methods import OPTIM_DEFAULTS
 from capt.optim_defaults import FAMILIES
-from pipelines.config.load import resolve_optim
+from pipelines.config.load import load_job_config, resolve_optim
 from pipelines.config.schema import METHOD_NAMES, JobConfig, flatten
 from pipelines.config.sources import PipelineConfigError
 from pipelines.training.loop import run

@@ -115,11 +115,12 @@ def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_
     from pipelines.tracking.jobs import RunPlan
     from pipelines.tracking.packs import tracked_pack
     from pipelines.training.outputs import finished_result
+    from pipelines.training.packed import train_unfinished_members
 
     sweep = packed(tmp_path, "pack.max_members=3", "tasks=[rte]", "job.train.max_steps=3", "job.task.generated_size=24",
                    "job.task.max_eval_examples=8", "job.train.batch_size=8")
     configs = [validate_job_config(t.job) for t in trials(sweep)]
-    done = tracked_pack(configs, [RunPlan(None)] * 3, pack_info={"name": "p"})
+    done = tracked_pack(configs, [RunPlan(None)] * 3, train_unfinished_members, pack_info={"name": "p"})
     assert [d.reused for d in done] == [False] * 3
     for config, member in zip(configs, done, strict=True):
         stored = json.loads((config.resolved_output_dir() / "result.json").read_text())
@@ -128,15 +129,15 @@ def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_
     first = configs[0].resolved_output_dir()
     (first / "result.json").unlink()  # member 0 unfinished: it alone trains again
     kept = {c.seed: (c.resolved_output_dir() / "result.json").stat().st_mtime_ns for c in configs[1:]}
-    again = tracked_pack(configs, [RunPlan(None)] * 3)
+    again = tracked_pack(configs, [RunPlan(None)] * 3, train_unfinished_members)
     assert [d.reused for d in again] == [False, True, True]
     assert kept == {c.seed: (c.resolved_output_dir() / "result.json").stat().st_mtime_ns for c in configs[1:]}
     assert again[0].result["steps"] == 3 and again[0].result["pack"]["members"] == 1, "retrained, in a pack of one"
 
 
 def test_each_member_is_tracked_as_its_trial_would_be(tmp_path):
-    from pipelines.sweeps.trial import PACK_TAG, _member
     from pipelines.sweeps.packs import trial_point
+    from pipelines.sweeps.trial import PACK_TAG, _member
     from pipelines.training.outputs import config_hash
 
     sweep = packed(tmp_path, "pack.max_members=3", "tasks=[rte]")
@@ -161,6 +162,7 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags
     from pipelines.tracking.packs import tracked_pack
     from pipelines.training import packed as pack_training
+    from pipelines.training.packed import train_unfinished_members
 
     monkeypatch.chdir(tmp_path)  # the SQLite store's artifacts go under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -168,7 +170,7 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
                    "job.task.max_eval_examples=4", "job.train.batch_size=8")
     configs = [validate_job_config(t.job) for t in trials(sweep)]
     plans = [RunPlan(uri, "packs", job_run_name(c), job_run_tags(c), system_metrics_interval_s=60.0) for c in configs]
-    tracked_pack(configs[:1], plans[:1])  # member 0 finished earlier
+    tracked_pack(configs[:1], plans[:1], train_unfinished_members)  # member 0 finished earlier
 
     def killed(pack, reports):
         raise KeyboardInterrupt("killed")
@@ -176,13 +178,13 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     real = pack_training.fit_pack
     monkeypatch.setattr(pack_training, "fit_pack", killed)
     with pytest.raises(KeyboardInterrupt):
-        tracked_pack(configs, plans)
+        tracked_pack(configs, plans, train_unfinished_members)
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("packs").experiment_id
     first = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
     assert {s: r.info.status for s, r in first.items()} == {"0": "FINISHED", "1": "FAILED", "2": "FAILED"}
     monkeypatch.setattr(pack_training, "fit_pack", real)
-    done = tracked_pack(configs, plans)  # the resumed pack
+    done = tracked_pack(configs, plans, train_unfinished_members)  # the resumed pack
     assert [d.reused for d in done] == [True, False, False] and done[1].result["pack"]["members"] == 2
     again = {r.data.tags["seed"]: r for r in client.search_runs([experiment])}
     assert {s: r.info.run_id for s, r in again.items()} == {s: r.info.run_id for s, r in first.items()}, "reopened"
