@@ -271,7 +271,7 @@ def cli_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
 def _serve_with_token(args: argparse.Namespace, token) -> int:
     from pipelines.services.mlflow_server import tracking_store
     from pipelines.services.ray_connect import ray_cluster
-    from pipelines.serving.preflight import check_capsules
+    from pipelines.serving.source import check_capsules
 
     with tracking_store(args.tracking_uri, check=True) as store:
         uri = store.uri

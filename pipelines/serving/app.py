@@ -8,7 +8,7 @@ replica's memory; ``GET /health`` answers without the token. Refusals: `pipeline
 The poll: every ``poll_s`` the replica serves what ``capt-<model>-<task>@<alias>`` names: a moved alias's version, a
 task registered (or given the alias) since the start, and no task whose registered model was deleted or lost the
 alias. A version to load passes the checks of the start (`RegistrySource.fetch`: digests and provenance;
-`preflight.check_finite`: finite values; the engine: base model, method and fit to the loaded weights). One
+`source.check_finite`: finite values; the engine: base model, method and fit to the loaded weights). One
 that fails is skipped with a warning, once per version, and whatever was served keeps answering: a bad capsule
 in the registry never takes a replica down. A refused version is fetched again at every poll while the alias names
 it (a store repaired since serves it; its refused copy is not kept), and said again only once it passes.
@@ -34,11 +34,10 @@ from pipelines.serving.auth import TOKEN_ENV, given_token
 from pipelines.serving.engine import CapsuleEngine
 from pipelines.serving.limits import Limits
 from pipelines.serving.memory import resident_mb
-from pipelines.serving.preflight import check_finite
 from pipelines.serving.records import Answer, ServedCapsule
 from pipelines.serving.routes import Catalog
 from pipelines.serving.settings import ServeSettings
-from pipelines.serving.source import RegistrySource, ServeError
+from pipelines.serving.source import RegistrySource, ServeError, check_finite
 
 logger = logging.getLogger(__name__)
 
