@@ -92,6 +92,44 @@ def test_no_import_cycle_in_capt_or_pipelines():
     assert not found, "import cycles (imports inside functions count): " + "; ".join(" <-> ".join(c) for c in found)
 
 
+MAX_FLOOR = 8
+"""Issue #53's bound on pipelines/'s layering: a module's floor is one above the highest pipelines module it imports
+(anywhere in its file); the entry points sit at most this high."""
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """{module: its longest import chain, itself first}; the chain's length is the module's floor (no cycles here)."""
+    chains: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:
+        if module not in chains:
+            below = [chain(target) for target in sorted(graph[module])]
+            chains[module] = [module, *max(below, key=len, default=[])]
+        return chains[module]
+
+    for module in graph:
+        chain(module)
+    return chains
+
+
+def test_pipelines_stands_on_at_most_eight_floors():
+    chains = floors(import_graph(ROOT, ("pipelines",)))
+    highest = max(chains.values(), key=len)
+    assert len(highest) <= MAX_FLOOR, f"{len(highest)} floors: " + " -> ".join(highest)
+
+
+def test_floors_count_the_longest_chain(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg import b\n")
+    (package / "b.py").write_text("import pkg.c\nfrom pkg import d\n")
+    (package / "c.py").write_text("from pkg.d import x\n")
+    (package / "d.py").write_text("x = 1\n")
+    chains = floors(import_graph(tmp_path, ("pkg",)))
+    assert chains["pkg.a"] == ["pkg.a", "pkg.b", "pkg.c", "pkg.d"] and len(chains["pkg.d"]) == 1
+
+
 def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
