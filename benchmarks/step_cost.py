@@ -124,8 +124,8 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
 def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.optim.Optimizer:
     """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
     own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
-    from pipelines.adapted import parameter_groups
     from capt.methods import optim_default
+    from pipelines.adapted import parameter_groups
     from pipelines.training.setup import new_optimizer
 
     default = optim_default(method, family)

@@ -11,10 +11,9 @@ import pytest
 
 from capt.baselines.config import PromptTuningConfig
 from capt.config import CapsuleConfig
-from capt.methods import METHODS, Method, registered_method
+from capt.methods import METHODS, OPTIM_DEFAULTS, Method, registered_method
 from capt.optim_defaults import OptimDefault
 from pipelines.config import load_job_config
-from capt.methods import OPTIM_DEFAULTS
 from pipelines.config.load import allowed_readouts
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models.shape import model_shape
