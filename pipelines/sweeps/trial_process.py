@@ -11,7 +11,8 @@ from typing import Any
 from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.select import SELECT_TAG, select_label
-from pipelines.tracking.jobs import RUN_DESCRIPTION, job_run_name, job_run_tags
+from pipelines.tracking.jobs import job_run_name, job_run_tags
+from pipelines.tracking.run_content import DESCRIPTION_TAG
 from pipelines.tracking.spool import numeric_metrics
 
 CLAIM_WAIT_S = 60.0
@@ -56,7 +57,7 @@ def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched:
         "register": config.tracking.register and registers_model(entry.name),
         "tags": {**job_run_tags(job_config, entry.key), "sweep": config.name, "trial": trial,
                  SELECT_TAG: select_label(point.get("select", {})),
-                 RUN_DESCRIPTION: f"{entry.key} on {point['task']} with base model {point['model']}, "
+                 DESCRIPTION_TAG: f"{entry.key} on {point['task']} with base model {point['model']}, "
                                   f"seed {point['seed']} (trial {trial} of sweep {config.name})"},
     }
 

@@ -19,7 +19,6 @@ from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.services.probe import ServiceError
 from pipelines.tracking.jobs import (
     JOB_EXPERIMENT,
-    RUN_DESCRIPTION,
     RunPlan,
     TrackedResult,
     job_run_tags,
@@ -62,11 +61,11 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
     from pipelines.adapted import registers_model
     from pipelines.tracking.experiment import source_tags
-    from pipelines.tracking.run_content import RUN_KIND_TAG
+    from pipelines.tracking.run_content import DESCRIPTION_TAG, RUN_KIND_TAG
 
     config_file = _shown_path(args.config) if args.config else None
     tags = {**source_tags(ENTRY_POINT), **job_run_tags(config), RUN_KIND_TAG: "job",
-            RUN_DESCRIPTION: f"{config.method.name} on {config.task.name} with base model {config.model.name}, "
+            DESCRIPTION_TAG: f"{config.method.name} on {config.task.name} with base model {config.model.name}, "
                              f"seed {config.seed} (a single job, python -m pipelines.train)"}
     if config_file:
         tags["config_file"] = config_file

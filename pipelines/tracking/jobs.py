@@ -30,8 +30,6 @@ Report = Callable[[dict[str, Any]], None]
 Train = Callable[[Report, Report], dict[str, Any]]
 """The job itself: ``train(report, log)`` returns the result; `report` gets every validation, `log` every point
 of the training-loss curve (the arguments of `pipelines.training.loop.run`)."""
-RUN_DESCRIPTION = "mlflow.note.content"
-"""The run tag MLflow shows as the run's description."""
 JOB_EXPERIMENT = "capt-jobs"
 """The experiment of single jobs (`python -m pipelines.train`) unless another is given."""
 NOT_HYPERPARAMETERS = ("model.name", "model.max_new_tokens", "task.", "method.name", "seed", "train.eval_batch_size",
