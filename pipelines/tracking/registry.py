@@ -187,7 +187,6 @@ class CapsuleVersion:
 
 def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
     """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target, source = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root)), ""
     try:  # the version's own location: a models:/ URI would be resolved against the default registry
         source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
@@ -198,14 +197,21 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
         result = json.loads(result_path.read_text(encoding="utf-8"))
     except (MlflowException, requests.HTTPError) as err:
         shutil.rmtree(target, ignore_errors=True)
-        message = err.message if isinstance(err, MlflowException) else f"{err} {getattr(err.response, 'text', '')}"
-        if (link := _linked_file(message, source)) is not None:
-            raise ArtifactIntegrityError(_link_refusal(name, version, uri, link)) from err
-        raise TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}") from err
+        raise _download_error(err, uri, name, version, source) from err
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return CapsuleVersion(name, version, capsule_dir, result, folder=target)
+
+
+def _download_error(err: MlflowException | requests.HTTPError, uri: str, name: str, version: int,
+                    source: str) -> Exception:
+    """What a failed download of a version's files (below `source`) raises: a symbolic link in the store refused by
+    name (`ArtifactIntegrityError`), any other failure as a `TrackingError`."""
+    message = err.message if isinstance(err, MlflowException) else f"{err} {getattr(err.response, 'text', '')}"
+    if (link := _linked_file(message, source)) is not None:
+        return ArtifactIntegrityError(_link_refusal(name, version, uri, link))
+    return TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}")
 
 
 def _linked_file(message: str, source: str) -> str | None:
@@ -230,6 +236,8 @@ def _link_refusal(name: str, version: int, uri: str, link: str) -> str:
 
 
 def _download(uri: str, artifact_uri: str, target: Path) -> Path:
+    """`artifact_uri` (a file or a folder) downloaded into `target`, without MLflow's progress bar."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target.mkdir(parents=True, exist_ok=True)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(target), tracking_uri=uri))
 
@@ -339,13 +347,15 @@ def download_verified_model(model_uri: str, dst: str | Path | None = None, track
     """Download the registered version `model_uri` names and verify it (`verify_code`, then its capsule); the
     local model folder, which ``mlflow.pyfunc.load_model`` can load in a fresh process with the version's own
     code. `dst`: where to download (a new temporary folder by default, kept: a loaded model imports from it)."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = tracking_uri or mlflow.get_tracking_uri()
     client = mlflow_client(uri)
     name, version = resolve_version(client, model_uri)
     target = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-"))
-    source = client.get_model_version_download_uri(name, version)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(target), tracking_uri=uri))
+    source = client.get_model_version_download_uri(name, version).rstrip("/")
+    try:
+        local = _download(uri, source, target)
+    except (MlflowException, requests.HTTPError) as err:
+        raise _download_error(err, uri, name, int(version), source) from err
     digest = verify_code(local, name, version, dict(client.get_model_version(name, version).tags or {}))
     _verify_capsule(local, uri, name, version)
     logger.info("Version %s of %s verified (code digest %s) in %s", version, name, digest, local)

@@ -1,9 +1,9 @@
 """Symbolic links in a capsule artifact are refused by name, on the way into MLflow and on the way out (issue 56).
 
-One tiny capsule is trained and registered once (module fixture). A link planted in the server's artifact store (a
-file or the whole capsule folder leading outside the store) is refused by the Serve source and by promote as a
-symbolic link naming the file, not with MLflow's "400 Bad Request". A job folder whose artifact holds a link (to
-/etc/passwd, or to a copy with the very bytes the manifest records) is refused before its run uploads or registers
+One tiny capsule is trained and registered once (module fixture). A link planted in the server's artifact store (a file
+or the whole capsule folder leading outside the store) is refused by the Serve source, by promote and by the verified
+loader as a symbolic link naming the file, not with MLflow's "400 Bad Request". A job folder whose artifact holds a link
+(to /etc/passwd, or to a copy with the very bytes the manifest records) is refused before its run uploads or registers
 anything: the finish is dead-lettered with the link named.
 """
 
@@ -23,6 +23,7 @@ from capt.errors import ArtifactIntegrityError
 from pipelines import promote
 from pipelines.services import LocalMlflowServer
 from pipelines.serving.source import RegistrySource
+from pipelines.tracking import load_capsule_model
 from pipelines.tracking.spool import FAILED_FILE
 
 pytestmark = pytest.mark.integration
@@ -58,7 +59,7 @@ def _plant_folder_link(stored: Path, outside: Path) -> None:
 def test_a_link_out_of_the_artifact_store_is_refused_by_name(registered, plant, tmp_path) -> None:
     uri, stored = registered["uri"], registered["stored"]
     folder, original = stored.parent, {p.name: p.read_bytes() for p in stored.parent.iterdir()}
-    for name in ("serve", "again", "outside"):
+    for name in ("serve", "load", "again", "outside"):
         (tmp_path / name).mkdir()
     plant(stored, tmp_path / "outside")
     try:
@@ -66,7 +67,9 @@ def test_a_link_out_of_the_artifact_store_is_refused_by_name(registered, plant, 
             RegistrySource(uri, SLUG, "champion", tmp_path / "serve").fetch("rte", 1)
         with pytest.raises(promote.PromotionError) as promoting:
             promote.promote(SLUG, "rte", tracking_uri=uri)
-        for message in (str(serving.value), str(promoting.value)):
+        with pytest.raises(ArtifactIntegrityError) as loading:
+            load_capsule_model(f"models:/{NAME}/1", tracking_uri=uri, dst=tmp_path / "load")
+        for message in (str(serving.value), str(promoting.value), str(loading.value)):
             assert f"Version 1 of {NAME}" in message and "is a symbolic link" in message, message
             assert "artifact" in message and "400 Client Error" not in message, message
         assert "capsule.json" in str(serving.value) or "folder" in plant.__name__
