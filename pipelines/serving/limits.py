@@ -157,14 +157,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def check_strings(value: Any, max_chars: int, path: str = "") -> None:
     """Every string in `value` is valid Unicode (no lone surrogate) and at most `max_chars` long."""
     if isinstance(value, str):
-        where = (path or "body").encode("utf-8", "backslashreplace").decode()  # a key's lone surrogate, escaped
         if len(value) > max_chars:
+            where = _shown_field(path)
             raise ClientError(f"{where} holds {len(value)} characters; at most {max_chars} (the model reads no "
                               "further).", where, "max_chars")
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as err:
+                where = _shown_field(path)
                 raise ClientError(f"{where} holds a lone surrogate (\\u{ord(value[err.start]):04x}) at character "
                                   f"{err.start}: not a Unicode character.", where, "unicode") from err
     elif isinstance(value, dict):
@@ -174,3 +175,9 @@ def check_strings(value: Any, max_chars: int, path: str = "") -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             check_strings(item, max_chars, f"{path}[{i}]")
+
+
+def _shown_field(path: str) -> str:
+    """The field a refusal names: `path` with a key's lone surrogate escaped (a refusal's JSON must encode), computed
+    only when refusing, not for every string a request holds."""
+    return (path or "body").encode("utf-8", "backslashreplace").decode()
