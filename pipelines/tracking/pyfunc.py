@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import tempfile
 import warnings
@@ -29,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 from pipelines.provenance import registered_model_name
 from pipelines.tracking.bundle import DATA_FOLDER, code_size, code_tags, write_code_archive
 from pipelines.tracking.client import fluent_uri
+from pipelines.tracking.registry import download_to
 
 logger = logging.getLogger(__name__)
 
@@ -170,14 +170,13 @@ def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:
             **{k: str(metrics[k]) for k in ("test_score", "best_validation_score") if k in metrics}}
 
 
-def _logged_code_tags(client: MlflowClient, model_id: str, folder: Path) -> dict[str, str]:
-    """`code_tags` of logged model `model_id` as the artifact store holds it: everything but its ``artifacts/``
-    folder (the capsule, checked by its own digests) downloaded into `folder` and hashed."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+def _logged_code_tags(client: MlflowClient, uri: str, model_id: str, folder: Path) -> dict[str, str]:
+    """`code_tags` of logged model `model_id` as the artifact store at `uri` holds it: everything but its
+    ``artifacts/`` folder (the capsule, checked by its own digests) downloaded into `folder` and hashed."""
     location = client.get_logged_model(model_id).artifact_location.rstrip("/")
     for entry in client.list_logged_model_artifacts(model_id):
         if entry.path != DATA_FOLDER:
-            mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/{entry.path}", dst_path=str(folder))
+            download_to(uri, f"{location}/{entry.path}", folder)
     return code_tags(folder)
 
 
@@ -210,7 +209,7 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
                                int(result.get("steps", 0)))
         # what runs on load, hashed as the store holds it, recorded where the store cannot change it
         version = mlflow.register_model(info.model_uri, name, tags={**tags, **_logged_code_tags(
-            client, info.model_id, Path(tmp) / "logged")})
+            client, uri, info.model_id, Path(tmp) / "logged")})
     code = code_size()
     client.update_model_version(name, version.version, description=version_description(
         name, str(version.version), result, ui_uri, example_rows(result["task"], 1), code))

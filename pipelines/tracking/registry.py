@@ -190,9 +190,9 @@ def download_version(uri: str, name: str, version: int, root: str | os.PathLike[
     target, source = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root)), ""
     try:  # the version's own location: a models:/ URI would be resolved against the default registry
         source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
-        mlmodel = _download(uri, f"{source}/MLmodel", target)
+        mlmodel = download_to(uri, f"{source}/MLmodel", target)
         artifacts = capsule_artifacts(mlmodel, name, version)
-        capsule_dir, result_path = (_download(uri, f"{source}/{artifacts[key]['path']}", target / key)
+        capsule_dir, result_path = (download_to(uri, f"{source}/{artifacts[key]['path']}", target / key)
                                     for key in ("capsule", "result"))
         result = json.loads(result_path.read_text(encoding="utf-8"))
     except (MlflowException, requests.HTTPError) as err:
@@ -235,7 +235,7 @@ def _link_refusal(name: str, version: int, uri: str, link: str) -> str:
             "version's digest.json and result.json), or register the version again.")
 
 
-def _download(uri: str, artifact_uri: str, target: Path) -> Path:
+def download_to(uri: str, artifact_uri: str, target: Path) -> Path:
     """`artifact_uri` (a file or a folder) downloaded into `target`, without MLflow's progress bar."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target.mkdir(parents=True, exist_ok=True)
@@ -353,7 +353,7 @@ def download_verified_model(model_uri: str, dst: str | Path | None = None, track
     target = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-"))
     source = client.get_model_version_download_uri(name, version).rstrip("/")
     try:
-        local = _download(uri, source, target)
+        local = download_to(uri, source, target)
     except (MlflowException, requests.HTTPError) as err:
         raise _download_error(err, uri, name, int(version), source) from err
     digest = verify_code(local, name, version, dict(client.get_model_version(name, version).tags or {}))
