@@ -39,9 +39,13 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def own_http_retries() -> None:
-    """Turn off MLflow's own HTTP retries (7 by default, minutes when the server is down): every operation has its
-    own time budget instead (`spool.call_with_retry` says why)."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    """Cut MLflow's own HTTP retries to one immediate re-send (7 with growing pauses by default, minutes when the
+    server is down): every operation has its own time budget instead (`spool.call_with_retry` says why). The one
+    re-send covers a request sent on a kept-alive connection the server closed meanwhile (`RemoteDisconnected`
+    without an answer), which no outage explains; urllib3 waits nothing before the first retry, and a server's
+    `Retry-After` is not obeyed, so nothing sleeps for it."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
+    os.environ["MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER"] = "false"
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 

@@ -68,8 +68,8 @@ def call_with_retry(fn: Callable[[], T], is_transient: Callable[[BaseException],
     """`fn()`, retried on transient errors until `policy.budget_s` is spent.
 
     Raises `TrackingUnavailable` (chained to the last error) when the budget runs out; any other error
-    propagates at once. Not MLflow's own HTTP retries (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, switched off by
-    `client.own_http_retries`): those count attempts per request and are set for the whole process, while an
+    propagates at once. Not MLflow's own HTTP retries (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, cut to one immediate
+    re-send by `client.own_http_retries`): those count attempts per request and are set for the whole process, while an
     operation here (several requests) gets a time budget of its own (`tracking.retry_s`; a single attempt while a
     tracker is offline, the full budget for a sync in the same process).
     """

@@ -18,6 +18,7 @@ from pipelines.provenance import registered_model_name
 from pipelines.reporting import build_tables, format_cell, markdown, run_frame
 from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
+from pipelines.tracking.client import own_http_retries
 from pipelines.tracking.promotion import PromotionError, choose_best, metric_direction, metric_value
 from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
 from pipelines.tracking.scope import state_dirs
@@ -81,6 +82,46 @@ def test_transient_errors_are_connection_problems_and_5xx_only(monkeypatch) -> N
     assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad"}))
     assert not is_transient(MlflowException("Registered model not found"))
     assert not is_transient(ValueError("x"))
+
+
+def _server_that_drops_its_first_request(seen: list[str]) -> int:
+    """A loopback HTTP server whose first connection reads a request and closes without an answer (as a server
+    closing an idle kept-alive connection does), then answers MLflow's get-experiment; the port."""
+    import json
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = json.dumps({"experiment": {"experiment_id": "0", "name": "Default", "artifact_location": "x",
+                                      "lifecycle_stage": "active"}}).encode()
+
+    def serve() -> None:
+        with listener:
+            for attempt in range(2):
+                connection, _ = listener.accept()
+                with connection:
+                    seen.append(connection.recv(65536).decode().split(" ")[1])
+                    if attempt:
+                        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                           b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def test_a_request_the_server_dropped_unanswered_is_sent_once_more(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER", "true")  # both restored after the test:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # own_http_retries writes the process environment
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    seen: list[str] = []
+    with pytest.raises(MlflowException, match="Remote end closed connection"):  # without the re-send it fails
+        MlflowClient(f"http://127.0.0.1:{_server_that_drops_its_first_request(seen)}").get_experiment("0")
+    own_http_retries()
+    seen.clear()
+    port = _server_that_drops_its_first_request(seen)
+    started = time.monotonic()
+    assert MlflowClient(f"http://127.0.0.1:{port}").get_experiment("0").name == "Default"
+    assert len(seen) == 2 and seen[0] == seen[1] and "experiments/get" in seen[0]
+    assert time.monotonic() - started < 5, "the re-send waits for nothing"
 
 
 def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_path: Path) -> None:
