@@ -23,6 +23,8 @@ from types import TracebackType
 from typing import IO, Self
 from urllib.parse import urlsplit
 
+import psutil
+
 from pipelines.config.schema import TrackingSection
 from pipelines.services.folder_lock import current_holder, held_folder
 from pipelines.services.probe import (
@@ -205,6 +207,7 @@ class LocalMlflowServer(ManagedService):
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the server's process group and wait for it (SIGKILL after ``timeout``)."""
         if self._proc is not None:
+            self._end_launcher_after_its_server(timeout)
             stop_process_group(self._proc.pid, timeout, child=self._proc)
             logger.info("MLflow server at %s stopped", self.uri)
         self._proc, self._ready = None, False
@@ -212,6 +215,26 @@ class LocalMlflowServer(ManagedService):
             self._log.close()
             self._log = None
         self._store_lock.close()
+
+    def _end_launcher_after_its_server(self, timeout: float) -> None:
+        """SIGTERM the group, wait for the processes that serve (the launcher's children), then SIGKILL the launcher.
+
+        The ``mlflow server`` launcher only forwards signals to its uvicorn child and waits for it; once that child
+        has shut down gracefully, the launcher spends seconds tearing down its interpreter (garbage collection of
+        all of MLflow), which delays every stop and restart for nothing it still has to do. A server that never
+        answered may still be starting (no child yet): the group's SIGTERM alone ends it.
+        """
+        if not self._ready:
+            return
+        try:
+            servers = psutil.Process(self._proc.pid).children(recursive=True)  # none left after `terminate`
+        except psutil.Error:
+            return
+        self.terminate()
+        psutil.wait_procs(servers, timeout=timeout)
+        if not any(server.is_running() for server in servers):
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
 
     def _store_in_use(self, holder: str) -> ServiceError:
         at = (recorded_addresses(self.root_dir) or ["http://127.0.0.1:PORT"])[-1]  # the holder's, recorded last
