@@ -25,7 +25,7 @@ from capt.tasks import get as task_spec
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config.schema import flatten
 from pipelines.services import LocalMlflowServer, free_port
-from pipelines.sweeps.config import load_sweep_config
+from pipelines.sweeps.config import SweepConfig, load_sweep_config
 from pipelines.sweeps.leftover import leftover_lines, spooled_operations, upload_spooled
 from pipelines.tracking import RetryPolicy, TrialTracker, main, sync_pending
 from pipelines.tracking.client import fluent_uri
@@ -151,15 +151,31 @@ def _log_trial(tracker: TrialTracker, result: dict[str, Any]) -> None:
     tracker.finish(result, result["artifact_dir"], register=True)
 
 
-def test_an_outage_spools_and_sync_uploads_once(
+def _spool_a_sweep_trial(uri: str, sweep: SweepConfig, result: dict[str, Any]) -> Path:
+    """A sweep's trial that starts and finishes while the server is down: every call of it is spooled."""
+    trial = sweep.storage_root() / sweep.name / "jobs" / "cb-tiny-t5-capt-s3-0a1b2c"
+    trial.mkdir(parents=True)
+    tracker = _tracker(uri, trial, 3, retry=RetryPolicy(budget_s=1.0, first_delay_s=0.2), reconnect_s=3600,
+                       system_metrics=False)
+    assert tracker.start() is None
+    _log_trial(tracker, result)
+    return trial
+
+
+def test_an_outage_spools_then_sync_and_the_sweep_driver_upload_once(
     mlflow_server: LocalMlflowServer,
     tracked: dict[str, Any],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    result, quick = tracked["result"], RetryPolicy(budget_s=1.0, first_delay_s=0.2)
+    """One outage of the server (a restart costs seconds), two ways back: trials that spooled during it are uploaded
+    once by `sync`; a sweep's trial that finished during it is uploaded by its driver once the server answers at the
+    sweep's end, and a driver does not wait for a server that does not answer."""
+    result, quick, synced_root = tracked["result"], RetryPolicy(budget_s=1.0, first_delay_s=0.2), tmp_path / "sync"
+    sweep = load_sweep_config(ROOT / "pipelines/configs/smoke.yaml", [f"storage_path={tmp_path / 'sweep'}",
+                                                                      "name=outage"])
     early = _tracker(
-        mlflow_server.uri, tmp_path / "s1", 1, retry=quick, reconnect_s=3600, system_metrics=False
+        mlflow_server.uri, synced_root / "s1", 1, retry=quick, reconnect_s=3600, system_metrics=False
     )
     early_run = early.start()
     mlflow_server.stop()
@@ -167,33 +183,44 @@ def test_an_outage_spools_and_sync_uploads_once(
         began = time.monotonic()
         _log_trial(early, result)  # started before the outage
         late = _tracker(
-            mlflow_server.uri, tmp_path / "s2", 2, retry=quick, reconnect_s=3600, system_metrics=False
+            mlflow_server.uri, synced_root / "s2", 2, retry=quick, reconnect_s=3600, system_metrics=False
         )
         assert late.start() is None  # no run yet: the start itself is spooled
         _log_trial(late, result)
         assert time.monotonic() - began < 15, (
             "an outage costs one retry budget per offline period, not per call"
         )
+        trial = _spool_a_sweep_trial(mlflow_server.uri, sweep, result)
+        began = time.monotonic()
+        assert upload_spooled(sweep, mlflow_server.uri) == []
+        assert time.monotonic() - began < 5, "a server that does not answer is not waited for"
+        assert spooled_operations(sweep) == {trial.name: 5}
     finally:
         mlflow_server.start()
-    assert [op["op"] for op in Spool(tmp_path / "s1" / PENDING_FILE).read()] == [
+    _assert_sync_uploaded_once(mlflow_server, synced_root, early_run, capsys)
+    _assert_the_driver_uploaded_once(mlflow_server, sweep, trial)
+
+
+def _assert_sync_uploaded_once(mlflow_server: LocalMlflowServer, root: Path, early_run: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert [op["op"] for op in Spool(root / "s1" / PENDING_FILE).read()] == [
         "params",
         "metrics",
         "metrics",
         "finish",
     ]
-    assert [op["op"] for op in Spool(tmp_path / "s2" / PENDING_FILE).read()][0] == "start"
-    assert sync_pending(tmp_path).synced == 9
-    assert not (tmp_path / "s1" / PENDING_FILE).exists() and not (tmp_path / "s2" / PENDING_FILE).exists()
+    assert [op["op"] for op in Spool(root / "s2" / PENDING_FILE).read()][0] == "start"
+    assert sync_pending(root).synced == 9
+    assert not (root / "s1" / PENDING_FILE).exists() and not (root / "s2" / PENDING_FILE).exists()
     client = MlflowClient(mlflow_server.uri)
-    late_run = json.loads((tmp_path / "s2" / RUN_FILE).read_text())["run_id"]
+    late_run = json.loads((root / "s2" / RUN_FILE).read_text())["run_id"]
     for run_id in (early_run, late_run):
         assert client.get_run(run_id).info.status == "FINISHED"
         assert len(client.get_metric_history(run_id, "validation/score")) == 2
         assert len(client.search_model_versions(f"name='{MODEL_NAME}' and run_id='{run_id}'")) == 1
-    assert main(["sync", "--root", str(tmp_path), "--tracking-uri", mlflow_server.uri]) == 0
-    assert f"Nothing to sync under {tmp_path}" in capsys.readouterr().out
-    assert sync_pending(tmp_path).synced == 0
+    assert main(["sync", "--root", str(root), "--tracking-uri", mlflow_server.uri]) == 0
+    assert f"Nothing to sync under {root}" in capsys.readouterr().out
+    assert sync_pending(root).synced == 0
     assert len(client.get_metric_history(late_run, "validation/score")) == 2
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert (
@@ -201,26 +228,7 @@ def test_an_outage_spools_and_sync_uploads_once(
     )
 
 
-def test_a_sweep_driver_uploads_what_its_trials_spooled_once_the_server_answers(
-    mlflow_server: LocalMlflowServer, tracked: dict[str, Any], tmp_path: Path
-) -> None:
-    """A trial that finished during an outage leaves its calls spooled; the driver replays them when the server
-    answers by the sweep's end, and does not wait for a server that does not."""
-    sweep = load_sweep_config(ROOT / "pipelines/configs/smoke.yaml", [f"storage_path={tmp_path}", "name=outage"])
-    trial = tmp_path / "outage" / "jobs" / "cb-tiny-t5-capt-s3-0a1b2c"
-    trial.mkdir(parents=True)
-    mlflow_server.stop()
-    try:
-        tracker = _tracker(mlflow_server.uri, trial, 3, retry=RetryPolicy(budget_s=1.0, first_delay_s=0.2),
-                           reconnect_s=3600, system_metrics=False)
-        assert tracker.start() is None
-        _log_trial(tracker, tracked["result"])
-        began = time.monotonic()
-        assert upload_spooled(sweep, mlflow_server.uri) == []
-        assert time.monotonic() - began < 5, "a server that does not answer is not waited for"
-        assert spooled_operations(sweep) == {trial.name: 5}
-    finally:
-        mlflow_server.start()
+def _assert_the_driver_uploaded_once(mlflow_server: LocalMlflowServer, sweep: SweepConfig, trial: Path) -> None:
     assert upload_spooled(sweep, mlflow_server.uri) == [
         "Uploaded 5 operations that 1 trial spooled while the MLflow server could not be reached."]
     assert spooled_operations(sweep) == {} and leftover_lines(sweep, mlflow_server.uri, local_server=False) == []
