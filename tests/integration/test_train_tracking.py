@@ -45,6 +45,12 @@ def _runs(client: MlflowClient, experiment: str) -> list[Any]:
     return [] if found is None else client.search_runs([found.experiment_id])
 
 
+def _tracked_runs(client: MlflowClient, tracked_job: dict[str, Any]) -> list[Any]:
+    """The runs of the tracked job's own config (the hyper-parameter test adds other jobs to its experiment)."""
+    config_hash = tracked_job["result"]["config_hash"]
+    return [run for run in _runs(client, tracked_job["experiment"]) if run.data.tags.get("config_hash") == config_hash]
+
+
 @pytest.fixture(scope="module")
 def tracked_job(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One job run with --tracking-uri: its output, result and experiment."""
@@ -58,7 +64,7 @@ def tracked_job(mlflow_server: LocalMlflowServer, tmp_path_factory: pytest.TempP
 def test_a_tracked_job_logs_one_finished_run_like_a_trial(mlflow_server: LocalMlflowServer,
                                                            tracked_job: dict[str, Any]) -> None:
     client, result = MlflowClient(mlflow_server.uri), tracked_job["result"]
-    [run] = _runs(client, tracked_job["experiment"])
+    [run] = _tracked_runs(client, tracked_job)
     url = RUN_URL.search(tracked_job["done"].stderr)
     assert url and url.group(1).startswith(mlflow_server.uri) and url.group(3) == run.info.run_id, "its URL is printed"
     lr = result["config"]["optim"]["lr"]  # then what JOB sets away from CaPT's own settings
@@ -84,29 +90,34 @@ def test_a_tracked_job_logs_one_finished_run_like_a_trial(mlflow_server: LocalMl
 def test_the_same_job_again_reuses_its_result_and_adds_no_run(mlflow_server: LocalMlflowServer,
                                                               tracked_job: dict[str, Any]) -> None:
     client = MlflowClient(mlflow_server.uri)
-    [before] = _runs(client, tracked_job["experiment"])
+    before = _runs(client, tracked_job["experiment"])
+    [tracked] = _tracked_runs(client, tracked_job)
     # the same job, the server from MLFLOW_TRACKING_URI this time
     again = _train(*JOB, f"output_dir={tracked_job['folder']}", "--experiment", tracked_job["experiment"],
                    env={"MLFLOW_TRACKING_URI": mlflow_server.uri})
     assert again.returncode == 0, again.stderr[-4000:]
     assert "reused, not trained again" in again.stderr
     url = RUN_URL.search(again.stderr)
-    assert url and url.group(3) == before.info.run_id, "it names the run of the result it reused"
-    [after] = _runs(client, tracked_job["experiment"])
-    assert after.info.run_id == before.info.run_id and after.info.end_time == before.info.end_time
-    assert len(client.get_metric_history(after.info.run_id, "validation/score")) == 2
+    assert url and url.group(3) == tracked.info.run_id, "it names the run of the result it reused"
+    after = _runs(client, tracked_job["experiment"])
+    assert [(r.info.run_id, r.info.end_time) for r in after] == [(r.info.run_id, r.info.end_time) for r in before]
+    assert len(client.get_metric_history(tracked.info.run_id, "validation/score")) == 2
 
 
 def test_jobs_differing_in_one_hyper_parameter_have_distinct_run_names_and_the_report_says_which_it_kept(
-        mlflow_server: LocalMlflowServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Three single jobs in one experiment, the same but for optim.lr or train.batch_size: their runs are told apart
-    by name, and the report, which tabulates one run per (task, model, method, seed), names the run it kept (best
-    validation) and the ones it left out."""
-    experiment, validation = f"test-train-hp-{uuid.uuid4().hex[:8]}", {}
-    jobs = {"lr-0.05": ("optim.lr=0.05",), "lr-0.3": ("optim.lr=0.3",),
-            "batch-2": ("optim.lr=0.05", "train.batch_size=2")}
+        mlflow_server: LocalMlflowServer, tracked_job: dict[str, Any], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Three single jobs in one experiment, the same but for optim.lr or train.batch_size (the tracked job at CaPT's
+    own lr, two more at lr 0.05, one of them at batch size 2): their runs are told apart by name, and the report, which
+    tabulates one run per (task, model, method, seed), names the run it kept (best validation) and the ones it left
+    out."""
+    experiment, own_lr = tracked_job["experiment"], tracked_job["result"]["config"]["optim"]["lr"]
+    assert own_lr != 0.05, "the tracked job must differ from the others in its lr"
+    tracked_name = f"cb/tiny-t5/capt/s7 lr={own_lr:g} {JOB_SETTINGS}"
+    assert f"run {tracked_name!r}" in tracked_job["done"].stderr, "the run's name is said before it trains"
+    validation = {tracked_name: tracked_job["result"]["metrics"]["best_validation_score"]}
+    jobs = {"lr-0.05": ("optim.lr=0.05",), "batch-2": ("optim.lr=0.05", "train.batch_size=2")}
     names = {"lr-0.05": f"cb/tiny-t5/capt/s7 lr=0.05 {JOB_SETTINGS}",
-             "lr-0.3": f"cb/tiny-t5/capt/s7 lr=0.3 {JOB_SETTINGS}",
              "batch-2": f"cb/tiny-t5/capt/s7 lr=0.05 {JOB_SETTINGS.replace('batch_size=4', 'batch_size=2')}"}
     for folder, overrides in jobs.items():
         done = _train(*JOB, *overrides, f"output_dir={tmp_path / folder}", "--tracking-uri", mlflow_server.uri,
