@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from helpers.mlflow_runs import trial_runs
 from helpers.multinode import (
-    LOCALHOST,
     ROOT,
     FakeAutoscalingHead,
     cluster_records,
@@ -123,9 +122,10 @@ def _note_results(jobs: Path, results: dict[Path, float]) -> None:
             continue
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def three_nodes():
-    """Ray's multi-node test cluster: a head with no CPU for trials and 3 worker nodes of 1 CPU each."""
+    """Ray's multi-node test cluster: a head with no CPU for trials and 3 worker nodes of 1 CPU each (the test's own:
+    it removes one)."""
     with local_cluster(workers=3, worker_cpus=1) as cluster_and_env:
         yield cluster_and_env
 
@@ -148,7 +148,6 @@ def test_a_6_trial_sweep_spreads_over_the_nodes_and_survives_losing_one(three_no
     finally:
         if driver.poll() is None:
             driver.kill()
-        cluster.add_node(num_cpus=1, node_ip_address=LOCALHOST)  # as the fixture made it, for later tests
     wall_s = time.monotonic() - started
     folders = _check_every_trial_finished_once(tmp_path, "mn-chaos", mlflow_server.uri)
     rewritten = [p.parent.name for p, mtime in results.items() if p.stat().st_mtime_ns != mtime]
