@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from helpers.ray_head import LocalRayHead
-from pipelines.services import LOCALHOST, free_port
+from pipelines.services import LOCALHOST
 from pipelines.services.private import RAY_LOOPBACK_ENV
 from pipelines.services.ray_connect import environ
 from pipelines.sweeps.resources import TRIAL_DRIVER_RESOURCE
@@ -57,9 +57,9 @@ def local_cluster(workers: int, worker_cpus: float, head_cpus: float = 0) -> Ite
     with environ(RAY_TMPDIR=str(temp), OMP_NUM_THREADS="1", **client_env):
         cluster = Cluster(shutdown_at_exit=True)
         try:
+            # no dashboard: its sweeps' trials run in Tune processes, and nothing asks the state API
             cluster.add_node(num_cpus=head_cpus, node_ip_address=LOCALHOST, temp_dir=str(temp / "ray"),
-                             include_dashboard=True, dashboard_host=LOCALHOST, dashboard_port=free_port(),
-                             resources={TRIAL_DRIVER_RESOURCE: 16})
+                             include_dashboard=False, resources={TRIAL_DRIVER_RESOURCE: 16})
             for _ in range(workers):
                 cluster.add_node(num_cpus=worker_cpus, node_ip_address=LOCALHOST)
             cluster.wait_for_nodes()
@@ -97,7 +97,7 @@ class FakeAutoscalingHead(LocalRayHead):
     """A 0-CPU head whose autoscaler (fake_multinode provider) adds worker nodes of one type on demand."""
 
     def __init__(self, worker_resources: dict[str, float], max_workers: int) -> None:
-        super().__init__(num_cpus=0, auth_mode="token")
+        super().__init__(num_cpus=0, auth_mode="token", include_dashboard=False)  # its trials run in Tune processes
         self.head_resources = {TRIAL_DRIVER_RESOURCE: 16}
         self.config_dir = _private_temp_dir()
         self.config_path = self.config_dir / "autoscaling.json"

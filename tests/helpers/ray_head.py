@@ -83,16 +83,21 @@ class LocalRayHead(ManagedService):
     ``auth_mode`` is always explicit, because Ray 2.60 silently turns token auth on when
     ``~/.ray/auth_token`` exists (any local ``ray.init()`` creates one) and clients then fail with 401.
     ``"token"`` writes a fresh token to a private file; give clients :meth:`client_env`.
+
+    ``include_dashboard=False`` starts no dashboard (no job API, no state API: Ray Train's controller and
+    ``ray job submit`` need it): for a head that only Tune trials of one worker use, it saves the dashboard's start
+    and its steady polling; the head is ready once ``ray start`` succeeded.
     """
 
     def __init__(
         self, num_cpus: int | None = None, port: int | None = None, dashboard_port: int | None = None,
         temp_dir: str | os.PathLike[str] | None = None, startup_timeout: float = 120.0,
-        auth_mode: str = "disabled",
+        auth_mode: str = "disabled", include_dashboard: bool = True,
     ) -> None:  # fmt: skip
         if auth_mode not in ("disabled", "token"):
             raise ValueError(f"auth_mode must be 'disabled' or 'token', got {auth_mode!r}")
         self.auth_mode = auth_mode
+        self.include_dashboard = include_dashboard
         self.token_path: Path | None = None
         self.num_cpus = num_cpus
         self._picks_ports = port is None and dashboard_port is None
@@ -141,7 +146,7 @@ class LocalRayHead(ManagedService):
             _ray_executable(), "start", "--head", "--disable-usage-stats",
             "--node-ip-address", LOCALHOST, "--port", str(self.port),
             "--dashboard-host", LOCALHOST, "--dashboard-port", str(self.dashboard_port),
-            "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
+            "--include-dashboard", str(self.include_dashboard).lower(), "--ray-client-server-port", str(free_port()),
             "--dashboard-agent-listen-port", str(free_port()),
         ]  # fmt: skip
         if self.num_cpus is not None:
@@ -200,6 +205,9 @@ class LocalRayHead(ManagedService):
                 return self.start(wait=False).wait_ready(retries - 1)
             tail = "\n".join(output.splitlines()[-30:])
             raise ServiceError(f"`ray start --head` failed (exit code {launcher.returncode}):\n{tail}")
+        if not self.include_dashboard:  # `ray start` returned once the GCS and the raylet were up
+            self._ready = True
+            return self
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if http_status(f"{self.dashboard_url}/api/version", timeout=1.0) in (200, 401, 403):
