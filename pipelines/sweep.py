@@ -29,7 +29,6 @@ from pipelines.sweeps.config import (  # noqa: E402
     trials,
 )
 from pipelines.sweeps.interrupt import StopRequest, SweepInterrupted, stop_on_signals  # noqa: E402
-from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, upload_spooled  # noqa: E402
 from pipelines.sweeps.parent_run import SweepRun  # noqa: E402
 from pipelines.sweeps.run import (  # noqa: E402
     hold_sweep_folder,
@@ -94,6 +93,10 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
             parent.stop()
         stop.raise_if_stopped()
+        # imported here, with MLflow's client: a sweep refused before its trials ran (its config, a running driver,
+        # resources) ends without that import's seconds
+        from pipelines.sweeps.leftover import EXIT_NOT_FULLY_TRACKED, leftover_lines, upload_spooled
+
         uploaded = upload_spooled(sweep, uri, endpoint.moved_from)  # before promotion reads the registry
         table, rows = results_table(grid, data_kinds(sweep))
         table += "\n" + write_summary(sweep, rows)

@@ -28,14 +28,17 @@ REAP_ENV = "CAPT_REAP_TOKEN"
 GRACE_S = 5.0
 """How long the orphans get to exit on SIGTERM before SIGKILL."""
 _DONE = b"done\n"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_THIS_FILE = os.path.abspath(__file__)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_THIS_FILE)))
 
 
 @contextlib.contextmanager
 def reap_on_death() -> Iterator[None]:
     """For the block: if this process dies, whatever it started in the block is terminated within seconds."""
     token, before = secrets.token_hex(8), os.environ.get(REAP_ENV)
-    watcher = subprocess.Popen([sys.executable, "-m", "pipelines.services.reaper", token], stdin=subprocess.PIPE,
+    # this file run by its path, isolated (-I: no script folder or PYTHONPATH on sys.path): the watcher imports
+    # psutil alone, not the `pipelines` packages that `-m` would import first (half a second of CPU per command)
+    watcher = subprocess.Popen([sys.executable, "-I", _THIS_FILE, token], stdin=subprocess.PIPE,
                                start_new_session=True, cwd=_ROOT,
                                env={k: v for k, v in os.environ.items() if k != REAP_ENV})
     os.environ[REAP_ENV] = token
