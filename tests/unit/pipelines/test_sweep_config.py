@@ -19,29 +19,49 @@ CONFIGS = ROOT / "pipelines" / "configs"
 SWEEPS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "job")
 
 
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """One hub cache and data dir for the module: a shipped sweep loads alike in every test (`shipped`)."""
+    return tmp_path_factory.mktemp("sweep-config")
+
+
 @pytest.fixture(autouse=True)
-def _paper_models_cached(monkeypatch, tmp_path):
+def _paper_models_cached(monkeypatch, data_dir):
     # Paper configs name hub checkpoints: validation reads their config.json (layers, positions) from the cache.
-    use_hub_cache(tmp_path / "hub", monkeypatch)
-    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))  # configs that read local data need a data dir
+    use_hub_cache(data_dir / "hub", monkeypatch)
+    monkeypatch.setenv("CAPT_DATA_DIR", str(data_dir))  # configs that read local data need a data dir
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """`shipped(path)`: the shipped sweep at `path`, loaded as it ships, and its trials; each loaded once for the
+    tests that only read them (a paper grid's 777 trials take seconds to build and validate)."""
+    loaded: dict[Path, tuple] = {}
+
+    def load(path: Path) -> tuple:
+        if path not in loaded:
+            sweep = load_sweep_config(path)
+            loaded[path] = sweep, trials(sweep)
+        return loaded[path]
+
+    return load
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.relative_to(CONFIGS)))
 @pytest.mark.slow
-def test_every_shipped_sweep_parses_and_names_its_command(path):
+def test_every_shipped_sweep_parses_and_names_its_command(path, shipped):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and f"--config pipelines/configs/{path.relative_to(CONFIGS)}" in first
     assert "pipelines/sweep.py" in first
-    assert trials(load_sweep_config(path))
+    assert shipped(path)[1]
 
 
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
 @pytest.mark.slow
-def test_paper_grids_are_seven_tasks_every_method_three_seeds(name):
+def test_paper_grids_are_seven_tasks_every_method_three_seeds(name, shipped):
     from pipelines.config.schema import METHOD_NAMES
 
-    sweep = load_sweep_config(CONFIGS / "paper" / f"{name}.yaml")
-    points = trials(sweep)
+    sweep, points = shipped(CONFIGS / "paper" / f"{name}.yaml")
     # XPrompt selects its two pruning ratios on validation, 5 x 5 candidate pairs: 25 trials per task and seed.
     assert len(points) == 7 * (len(METHOD_NAMES) + 24) * 3
     assert {p.method for p in points} == set(METHOD_NAMES), "CaPT and all twelve baselines of the paper's table"
@@ -59,8 +79,8 @@ def test_paper_grids_are_seven_tasks_every_method_three_seeds(name):
 
 
 @pytest.mark.slow
-def test_ablations_cover_every_row_of_the_table():
-    points = trials(load_sweep_config(CONFIGS / "ablations.yaml"))
+def test_ablations_cover_every_row_of_the_table(shipped):
+    points = shipped(CONFIGS / "ablations.yaml")[1]
     options = {p.method: p.job["method"]["options"] for p in points}
     assert {o.get("layers") for o in options.values()} >= {"all", "first_half", "odd"}
     assert {o.get("fusion") for o in options.values()} >= {"project", "prepend", "conv"}
@@ -253,11 +273,11 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them():
 
 @pytest.mark.parametrize("name", ["t5-base", "t5-large", "llama-3.2-1b", "qwen2.5-1.5b"])
 @pytest.mark.slow
-def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
+def test_paper_presets_run_on_real_data_only(name, monkeypatch, data_dir, shipped):
     path = CONFIGS / "paper" / f"{name}.yaml"
-    local = {p.task: p.job["task"] for p in trials(load_sweep_config(path))}  # CAPT_DATA_DIR set by the fixture
+    local = {p.task: p.job["task"] for p in shipped(path)[1]}  # CAPT_DATA_DIR set by the fixture
     chosen = (local["rte"]["source"], local["rte"]["data_dir"], local["boolq"]["source"])
-    assert chosen == ("local", str(tmp_path), "hub")
+    assert chosen == ("local", str(data_dir), "hub")
     monkeypatch.delenv("CAPT_DATA_DIR")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the hub allowed (the models' configs still come from the cache)
@@ -265,7 +285,7 @@ def test_paper_presets_run_on_real_data_only(name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PipelineConfigError, match="CAPT_DATA_DIR is not set and the hub is off"):
         load_sweep_config(path)
-    monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CAPT_DATA_DIR", str(data_dir))
     with pytest.raises(PipelineConfigError, match="set task.source='generated'"):
         load_sweep_config(path, ["task_overrides.cb.task.source=generated"])
 

@@ -1,5 +1,6 @@
-"""Two processes (torchrun, gloo) train the same capsule as one process with the same global batch; a launch
-whose processes Accelerate does not join stops on every rank with a message that says how to launch."""
+"""Two processes (`accelerate launch`, gloo) train the same capsule as one process (torchrun) with the same global
+batch; `accelerate launch` of the job joins its two processes; a launch whose processes Accelerate does not join
+stops on every rank with a message that says how to launch."""
 
 from __future__ import annotations
 
@@ -25,12 +26,9 @@ JOB = ["model.name=tiny-t5", "task.source=generated", "task.generated_size=32", 
        "train.eval_mode=rank", "model.max_length=96", "method.options.init=normal"]
 
 
-def _launch(processes: int, output_dir: Path, late_rank: int | None = None) -> tuple[subprocess.Popen, Path]:
-    """Start torchrun on the job, its output to ``<output_dir>.log``; ``late_rank`` reaches every checkpoint save
-    late (the others must wait for it)."""
+def _launch(processes: int, output_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """Start torchrun on the job, its output to ``<output_dir>.log``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    if late_rank is not None:
-        env["DDP_JOB_LATE_CHECKPOINT_RANK"] = str(late_rank)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                str(SCRIPT), str(output_dir), *JOB]
     log = output_dir.with_suffix(".log")
@@ -52,8 +50,9 @@ def _finish(*launches: tuple[subprocess.Popen, Path]) -> None:
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
-    # side by side: the one-process job uses the CPU the two ranks leave while one waits for the other's checkpoint
-    _finish(_launch(1, tmp_path / "one"), _launch(2, tmp_path / "two", late_rank=1))
+    # side by side: the one-process job uses the CPU the two ranks leave while one waits for the other's checkpoint.
+    # The two ranks are launched as `ACCELERATE_USE_CPU=1 accelerate launch` (the launch the job's message names).
+    _finish(_launch(1, tmp_path / "one"), _accelerate_popen(tmp_path / "two", late_rank=1))
     single = load_file(str(tmp_path / "one" / "rank0.safetensors"))
     rank0 = load_file(str(tmp_path / "two" / "rank0.safetensors"))
     rank1 = load_file(str(tmp_path / "two" / "rank1.safetensors"))
@@ -70,28 +69,42 @@ def test_two_processes_match_one_process(tmp_path):
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (checkpoints / "latest").iterdir()}
 
 
-def _accelerate_launch(target: list[str], output_dir: Path, use_cpu: bool) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file infra/accelerate/cpu_2proc.yaml TARGET --config smoke.yaml ...`."""
+def _accelerate(arguments: list[str], use_cpu: bool) -> tuple[list[str], dict[str, str]]:
+    """The command `accelerate launch --config_file infra/accelerate/cpu_2proc.yaml ARGUMENTS` and its environment."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("ACCELERATE_USE_CPU", None)
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "1"
     # A free rendezvous port: the config's default (29500) would collide with a launch in another test process.
     command = [str(ACCELERATE), "launch", "--config_file", str(CPU_2PROC),
-               "--main_process_port", str(free_port(LOCALHOST)), *target,
-               "--config", str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml"), f"output_dir={output_dir}",
-               *JOB]
+               "--main_process_port", str(free_port(LOCALHOST)), *arguments]
+    return command, env
+
+
+def _accelerate_popen(output_dir: Path, late_rank: int) -> tuple[subprocess.Popen, Path]:
+    """`ACCELERATE_USE_CPU=1 accelerate launch ...` of the rank-saving job (`_launch`'s script), its output to
+    ``<output_dir>.log``; ``late_rank`` reaches every checkpoint save late (the other rank must wait for it)."""
+    command, env = _accelerate([str(SCRIPT), str(output_dir), *JOB], use_cpu=True)
+    env["DDP_JOB_LATE_CHECKPOINT_RANK"] = str(late_rank)
+    log = output_dir.with_suffix(".log")
+    with log.open("w") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log
+
+
+def _accelerate_launch(target: list[str], output_dir: Path, use_cpu: bool) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file infra/accelerate/cpu_2proc.yaml TARGET --config smoke.yaml ...`."""
+    command, env = _accelerate([*target, "--config", str(ROOT / "pipelines" / "configs" / "job" / "smoke.yaml"),
+                                f"output_dir={output_dir}", *JOB], use_cpu)
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("use_cpu", [True, False], ids=["ACCELERATE_USE_CPU=1", "no-env"])
-def test_accelerate_launch_of_the_job_joins_two_processes(tmp_path, use_cpu):
-    # Without ACCELERATE_USE_CPU the job itself asks Accelerate for the CPU when there is no CUDA. Both ranks run in
-    # one job folder: only the main process locks it (a second rank taking the lock would fail the job as "in use").
-    if torch.cuda.is_available() and not use_cpu:
-        pytest.skip("with CUDA, the job without ACCELERATE_USE_CPU=1 or train.cpu=true runs on the GPUs")
-    done = _accelerate_launch(["-m", "pipelines.train"], tmp_path / "job", use_cpu)
+def test_accelerate_launch_of_the_job_joins_two_processes(tmp_path):
+    # Without CUDA the launch leaves ACCELERATE_USE_CPU unset: the job itself asks Accelerate for the CPU (the
+    # launch with ACCELERATE_USE_CPU=1 is test_two_processes_match_one_process's). With CUDA it sets it: without it
+    # or train.cpu=true the job runs on the GPUs. Both ranks run in one job folder: only the main process locks it
+    # (a second rank taking the lock would fail the job as "in use").
+    done = _accelerate_launch(["-m", "pipelines.train"], tmp_path / "job", use_cpu=torch.cuda.is_available())
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["processes"] == 2 and result["ranks_in_sync"] is True
