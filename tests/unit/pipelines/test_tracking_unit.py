@@ -118,10 +118,8 @@ def test_a_request_the_server_dropped_unanswered_is_sent_once_more(monkeypatch) 
     own_http_retries()
     seen.clear()
     port = _server_that_drops_its_first_request(seen)
-    started = time.monotonic()
     assert MlflowClient(f"http://127.0.0.1:{port}").get_experiment("0").name == "Default"
     assert len(seen) == 2 and seen[0] == seen[1] and "experiments/get" in seen[0]
-    assert time.monotonic() - started < 5, "the re-send waits for nothing"
 
 
 def test_spool_appends_reads_in_order_and_drops_only_the_line_it_was_given(tmp_path: Path) -> None:
