@@ -136,15 +136,17 @@ def ensure_checkpoint() -> Path:
 
 
 def verified(folder: Path, names: Sequence[str] | None = None) -> Path:
-    """`folder` after checking every file its manifest lists (or those of them in `names`); ModelSourceError naming
-    the first mismatch."""
+    """`folder` after checking every file its manifest lists (or only `names`, each of which it must list);
+    ModelSourceError naming the first mismatch."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         files = dict(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _damaged(folder, f"its manifest {MANIFEST} cannot be read ({err})") from err
     if names is not None:
-        files = {name: digest for name, digest in files.items() if name in names}
+        if unlisted := [name for name in names if name not in files]:
+            raise _damaged(folder, f"its manifest {MANIFEST} records no digest of {', '.join(unlisted)}")
+        files = {name: files[name] for name in names}
     for name, digest in files.items():
         path = folder / name
         if not path.is_file():

@@ -146,6 +146,11 @@ def test_a_damaged_checkpoint_is_one_error_naming_the_file_and_the_fix(tmp_path)
     (folder / smollm2.MANIFEST).write_text(json.dumps({"files": {"config.json": "0" * 64}}))
     with pytest.raises(smollm2.ModelSourceError, match=r"config\.json does not match.*rm -r .*checkpoint"):
         smollm2.verified(folder)
+    with pytest.raises(smollm2.ModelSourceError, match=r"config\.json does not match"):  # a config read checks it too
+        smollm2.verified(folder, smollm2.CONFIG_FILES)
+    (folder / smollm2.MANIFEST).write_text(json.dumps({"files": {"model.safetensors": "0" * 64}}))
+    with pytest.raises(smollm2.ModelSourceError, match=r"records no digest of config\.json.*rm -r"):
+        smollm2.verified(folder, smollm2.CONFIG_FILES)  # a config read never believes a file the manifest omits
     (folder / smollm2.MANIFEST).write_text("not json")
     with pytest.raises(smollm2.ModelSourceError, match="manifest .* cannot be read"):
         smollm2.verified(folder)
