@@ -207,8 +207,9 @@ class LocalMlflowServer(ManagedService):
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the server's process group and wait for it (SIGKILL after ``timeout``)."""
         if self._proc is not None:
+            deadline = time.monotonic() + timeout  # one budget for both steps: a hung server is killed at `timeout`
             self._end_launcher_after_its_server(timeout)
-            stop_process_group(self._proc.pid, timeout, child=self._proc)
+            stop_process_group(self._proc.pid, max(0.0, deadline - time.monotonic()), child=self._proc)
             logger.info("MLflow server at %s stopped", self.uri)
         self._proc, self._ready = None, False
         if self._log is not None:
