@@ -468,8 +468,6 @@ def member_problems(pack: PackSection | None, job: dict[str, Any]) -> list[str]:
 def member_config(job: dict[str, Any]):
     """The resolved config a pack member trains with: the trial's, less `train.resume` (a pack trains an unfinished
     member afresh; `train.resume` is outside the config hash, so its folder and hash are the trial's)."""
-    from pipelines.config.load import validate_job_config
-
     return validate_job_config({**job, "train": {**job.get("train", {}), "resume": False}})
 
 
