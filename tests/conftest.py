@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test, its thread count restored afterwards: a result compared bit for bit (or to
+    a tight tolerance) with another computation needs the same reduction order, which the thread count changes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=sorted(BUILDERS))
 def kind(request) -> str:
     """Each tiny architecture in turn: bert, llama, qwen2, t5."""

@@ -43,19 +43,11 @@ def loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0))
 
 
-@pytest.fixture
-def one_thread():
-    """torch on one thread: with two, the reduction order of a batch of 6 rows and of 2 differ, and the test T5's
-    large-scale states turn that into differences beyond RTOL (measured: 0.003 on logits of scale 1.6)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("configs", [CONFIGS, LIKE_CONFIGS], ids=["unlike", "two-alike"])
 @pytest.mark.parametrize("kind", ["t5", "llama", "bert"])
 def test_each_members_gradient_equals_its_rows_alone(kind, configs, one_thread):
+    # one thread: with two, the reduction order of a batch of 6 rows and of 2 differ, and the test T5's large-scale
+    # states turn that into differences beyond RTOL (measured: 0.003 on logits of scale 1.6)
     model = packed_model(kind, configs)
     batch = random_batch(kind, batch=6)
     rows = torch.tensor([0, 1, 2, 1, 0, 2])

@@ -46,21 +46,16 @@ def _kill_after_checkpoint(output_dir: Path, min_step: int) -> int:
 
 
 def _run_in_this_process(output_dir: Path) -> None:
-    """The uninterrupted job of `_command`, run here (no second interpreter to start) on the one torch thread that
-    the command's OMP_NUM_THREADS=1 gives it: the losses match bit for bit only on the same thread count."""
+    """The uninterrupted job of `_command`, run here (no second interpreter to start); its caller holds torch on the
+    one thread that the command's OMP_NUM_THREADS=1 gives it: the losses match bit for bit only on the same count."""
     from pipelines.config.load import load_job_config
     from pipelines.training.loop import run
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run(load_job_config(None, [*JOB, f"output_dir={output_dir}"]))
-    finally:
-        torch.set_num_threads(threads)
+    run(load_job_config(None, [*JOB, f"output_dir={output_dir}"]))
 
 
 @pytest.mark.slow
-def test_killed_job_resumes_to_the_same_result(tmp_path):
+def test_killed_job_resumes_to_the_same_result(tmp_path, one_thread):
     killed_at = _kill_after_checkpoint(tmp_path / "resumed", min_step=10)
     assert not (tmp_path / "resumed" / "result.json").exists()
     subprocess.run(_command(tmp_path / "resumed", "train.resume=true"), cwd=ROOT, env=_env(), check=True,
