@@ -75,8 +75,6 @@ class CapsuleModel(SinglePhase, nn.Module):
 
     method = "capt"
     """The method's name in `capt.methods.METHODS`."""
-    registers_model = True
-    """Capsule artifacts are what sweeps publish as registry versions."""
     packs_capsules = True
     """Jobs of this method (CaPT and its ablations) can train together on one frozen base (`capt.packing`)."""
 

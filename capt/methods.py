@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from capt.baselines.adapter.config import AdapterConfig
 from capt.baselines.config import FullFinetuneConfig, LoraConfig, PromptTuningConfig, PTuningV2Config
@@ -52,8 +52,6 @@ class MethodModel(Protocol):
     """The method's name (its key in `METHODS`)."""
     base_model: nn.Module
     """The wrapped base model."""
-    registers_model: ClassVar[bool]
-    """Whether a sweep publishes this method's artifacts as registry versions (`capt-<model>-<task>`)."""
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters the method trains (none of the frozen base model's)."""
@@ -102,6 +100,9 @@ class Method:
     model_path: str
     """Where the class implementing `MethodModel` lives, as ``module:Class``. Imported on first use, so that
     reading the registry (names, configs: what config validation needs) loads no torch or transformers."""
+    registers_model: bool = False
+    """Whether sweeps publish the method's artifacts as registry versions (`capt-<model>-<task>`): capsules, not
+    the baselines' adapters. Stated here, not on the model class, so that a sweep's driver decides without torch."""
 
     @property
     def model_class(self) -> type:
@@ -167,7 +168,7 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "capt": Method(CapsuleConfig, "capt.inject:CapsuleModel"),
+    "capt": Method(CapsuleConfig, "capt.inject:CapsuleModel", registers_model=True),
     "prompt_tuning": Method(PromptTuningConfig, "capt.baselines.prompt:PromptTuningModel"),
     "ptuning_v2": Method(PTuningV2Config, "capt.baselines.prefix:PTuningV2Model"),
     "lora": Method(LoraConfig, "capt.baselines.lora:LoraModel"),

@@ -128,11 +128,6 @@ def sequence_overhead(method: str, options: dict[str, Any]) -> int:
     return get_method(method).sequence_overhead(options)
 
 
-def registers_model(method: str) -> bool:
-    """Whether sweeps publish `method`'s artifacts as registry versions (`capt-<model>-<task>`)."""
-    return get_method(method).model_class.registers_model
-
-
 def model_inputs(batch: dict, keys=("input_ids", "attention_mask", "token_type_ids", "prompt_mask")) -> dict:
     """The batch entries every adapted model's `forward` takes (each method accepts `prompt_mask`)."""
     return {k: batch[k] for k in keys if k in batch}

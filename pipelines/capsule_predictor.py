@@ -73,15 +73,6 @@ def validated_examples(task: str, rows: Sequence[Mapping[str, Any]]) -> list[tas
     return examples_from_rows(task, "predict", numbered, source="model input")
 
 
-def example_rows(task: str, count: int = 2) -> list[dict[str, Any]]:
-    """Unlabelled raw rows in the official layout (schema-valid generated data): an input example."""
-    rows = []
-    for row in tasks.generate_rows(task, "val", count, seed=0):
-        row = {k: v for k, v in row.items() if k not in ("generated", "idx", "id", "label", "answerKey")}
-        rows.append(row)
-    return rows
-
-
 @contextlib.contextmanager
 def _quiet_when_head_follows(artifact_dir: Path) -> Iterator[None]:
     """Silence transformers' load report while the base model loads, when the artifact holds the trained head.

@@ -173,7 +173,7 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
 def registry_line(name: str, uri: str, stopped: bool) -> str:
     """How to load a champion: the server it needs (the sweep's own has stopped: `make mlflow-ui` serves the store
     again) and a row of its task's fields, so that the line runs as printed."""
-    from pipelines.capsule_predictor import example_rows
+    from capt.tasks import example_rows
 
     task = name.rsplit("-", 1)[-1]
     row = repr(example_rows(task, 1))  # Python's quotes, inside the shell's double quotes

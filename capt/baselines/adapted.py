@@ -33,9 +33,6 @@ class AdaptedModel(SinglePhase, nn.Module):
     implements ``capt.methods.MethodModel``.
     """
 
-    registers_model = False
-    """Sweeps publish capsules, not adapters, as registry versions."""
-
     def __init__(self, base: nn.Module, config: BaselineConfig) -> None:
         super().__init__()
         if getattr(base, _MARKER, False):

@@ -20,7 +20,7 @@ from capt.tasks.config import DATA_DIR_ENV, SOURCES, DataConfig
 from capt.tasks.decoding import INVALID, normalize_text, rank_classify, text_to_label, texts_to_labels
 from capt.tasks.errors import TaskDataError, UnknownTaskError
 from capt.tasks.formats import DecoderInput, EncoderInput, T5Input, render
-from capt.tasks.generated import generate_rows, write_generated
+from capt.tasks.generated import example_rows, generate_rows, write_generated
 from capt.tasks.loading import load_split, load_splits
 from capt.tasks.metrics import (
     accuracy,
@@ -45,7 +45,7 @@ _LAZY = {
 __all__ = [
     "DATA_DIR_ENV", "FAMILIES", "INVALID", "SOURCES", "SUPERGLUE_TASKS", "TASK_NAMES", "Collator", "DataConfig",
     "DecoderInput", "EncoderInput", "Example", "IGNORE_INDEX", "Splits", "T5Input", "TaskDataError", "TaskSpec",
-    "UnknownTaskError", "accuracy", "average_score", "compute_metrics", "exact_match", "f1a",
+    "UnknownTaskError", "accuracy", "average_score", "compute_metrics", "exact_match", "example_rows", "f1a",
     "generate_rows", "get", "load_split", "load_splits", "macro_f1", "minilm_tokenizer", "names",
     "normalize_text", "rank_classify", "render", "split_train_validation", "subsample", "task_score",
     "test_tokenizer", "text_to_label", "texts_to_labels", "write_generated",

@@ -154,6 +154,13 @@ def generate_rows(task: str, split: str, size: int, seed: int = 0) -> list[Row]:
     return rows
 
 
+def example_rows(task: str, count: int = 2) -> list[dict[str, Any]]:
+    """`count` unlabelled raw rows of `task` in the official layout (generated, schema-valid): an input example
+    for a capsule's model card, its registry snippet and its tests."""
+    unlabelled = (GENERATED_KEY, "idx", "id", "label", "answerKey")
+    return [{k: v for k, v in row.items() if k not in unlabelled} for row in generate_rows(task, "val", count)]
+
+
 def write_generated(directory: str | Path, tasks: Iterable[str] = registry.TASK_NAMES, train_size: int = 200,
                     val_size: int = 50, seed: int = 0) -> Path:
     """Write generated data in the official local layout ``<directory>/<task>/{train,val}.jsonl``."""

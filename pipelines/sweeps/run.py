@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from capt.errors import CaptError
+from capt.methods import get_method
 from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.provenance import registered_model_name
@@ -277,9 +278,7 @@ def refuse_credentials_in_uri(uri: str) -> None:
 def champion_pairs(sweep: SweepConfig, rows: list[dict]) -> list[tuple[str, str]]:
     """(model, task) of every capsule this sweep registered (a done trial of a method that registers one), sorted:
     the champions it promotes."""
-    from pipelines.adapted import registers_model
-
-    capsule_rows = {e.key for e in sweep.methods if registers_model(e.name)}
+    capsule_rows = {e.key for e in sweep.methods if get_method(e.name).registers_model}
     return sorted({(r["model"], r["task"]) for r in rows if r["status"] == "done" and r["method"] in capsule_rows})
 
 

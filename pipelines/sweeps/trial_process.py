@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from capt.methods import get_method
 from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.select import SELECT_TAG, select_label
@@ -45,8 +46,6 @@ def forget_accelerate_state() -> None:
 def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str,
                    uri: str | None) -> dict:
     """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`."""
-    from pipelines.adapted import registers_model
-
     job_config = validate_job_config(job)
     run_name = job_run_name(job_config, entry.key)
     if searched:
@@ -54,7 +53,7 @@ def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched:
     return {
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
-        "register": config.tracking.register and registers_model(entry.name),
+        "register": config.tracking.register and get_method(entry.name).registers_model,
         "tags": {**job_run_tags(job_config, entry.key), "sweep": config.name, "trial": trial,
                  SELECT_TAG: select_label(point.get("select", {})),
                  DESCRIPTION_TAG: f"{entry.key} on {point['task']} with base model {point['model']}, "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capt.methods import get_method
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.folder_lock import folder_problem
@@ -59,7 +60,6 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     origin = "--tracking-uri" if args.tracking_uri else URI_ENV
     _refuse_credentials(uri, origin)
     check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
-    from pipelines.adapted import registers_model
     from pipelines.tracking.experiment import source_tags
     from pipelines.tracking.run_content import DESCRIPTION_TAG, RUN_KIND_TAG
 
@@ -70,7 +70,7 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     if config_file:
         tags["config_file"] = config_file
     return RunPlan(uri, args.experiment, single_job_run_name(config), tags,
-                   register=args.register and registers_model(config.method.name))
+                   register=args.register and get_method(config.method.name).registers_model)
 
 
 def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> int:

@@ -113,7 +113,7 @@ def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSign
     Always a signature: without one MLflow would load the model to infer it from the example. Rows
     whose layout has no column schema get an output-only signature.
     """
-    from pipelines.capsule_predictor import example_rows
+    from capt.tasks import example_rows
 
     example, outputs = pd.DataFrame(example_rows(task, 2)), [label_names[0]] * 2
     try:
@@ -186,8 +186,8 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
 
     Returns (version, logged model id). `ui_uri` is the server the description's loading snippet names.
     """
+    from capt.tasks import example_rows
     from capt.tasks import get as task_spec
-    from pipelines.capsule_predictor import example_rows
 
     name = registered_model_name(result["model_slug"], result["task"])
     existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")

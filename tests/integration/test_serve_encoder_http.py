@@ -19,8 +19,9 @@ from helpers.bad_inputs import ROOT
 from helpers.jobs import tiny_job
 from helpers.ray_head import LocalRayHead
 
+from capt.tasks import example_rows
 from pipelines.adapted import _to
-from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
+from pipelines.capsule_predictor import CapsulePredictor, validated_examples
 from pipelines.services import LOCALHOST, free_port
 from pipelines.training.loop import run
 

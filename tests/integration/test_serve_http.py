@@ -21,7 +21,8 @@ from helpers.bad_inputs import ROOT
 from helpers.ray_head import LocalRayHead
 from helpers.registry import train_capsule
 
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from capt.tasks import example_rows
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.services import LOCALHOST, free_port
 from pipelines.serving.proxy_heads import H11_ONLY, HEAD_LIMIT_BYTES, head_flood, head_limit_problem
 

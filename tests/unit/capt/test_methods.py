@@ -74,7 +74,7 @@ def test_sequence_overhead_is_the_positions_each_method_adds():
 
 
 def test_only_capsules_are_published_to_the_registry():
-    assert {name for name, m in METHODS.items() if m.model_class.registers_model} == {"capt"}
+    assert {name for name, m in METHODS.items() if m.registers_model} == {"capt"}
 
 
 def test_model_types_each_method_refuses_are_named():

@@ -1,6 +1,7 @@
 """Loading and validating job and sweep configs imports no torch or transformers: a fresh process validates jobs on
 every kind of model source (built-in tiny models, MiniLM's folder, a local folder, the hub cache, SmolLM2's converted
-checkpoint or its GGUF file) and a sweep's trials, then lists what of torch and transformers it imported."""
+checkpoint or its GGUF file) and a sweep's trials, takes the sweep driver's closing steps (the champions to promote,
+the registry line it prints), then lists what of torch and transformers it imported."""
 
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ import json, sys
 from pipelines.config.load import load_job_config
 from pipelines.sweeps.config import load_sweep_config, trials
 
+from pipelines.sweep import registry_line
+from pipelines.sweeps.run import champion_pairs
+
 for model in sys.argv[1:]:
     load_job_config({JOB!r}, [f"model.name={{model}}"])
-assert trials(load_sweep_config({SWEEP!r}))
+sweep = load_sweep_config({SWEEP!r})
+assert trials(sweep)
+done = [{{"model": "minilm", "task": "cb", "method": "capt", "status": "done"}}]
+assert champion_pairs(sweep, done) == [("minilm", "cb")]
+assert "capt-minilm-cb@champion" in registry_line("capt-minilm-cb", "http://127.0.0.1:5000", stopped=True)
 print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))
 """
 # SmolLM2's published config.json fields that validation reads, as its conversion writes them.

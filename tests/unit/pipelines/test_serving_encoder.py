@@ -15,8 +15,9 @@ from torch import nn
 from capt import heads as heads_module
 from capt.errors import CapsuleArtifactError
 from capt.heads import TaskHead, TaskHeads, linear_head, linear_head_problem
+from capt.tasks import example_rows
 from pipelines.adapted import _to
-from pipelines.capsule_predictor import CapsulePredictor, example_rows, validated_examples
+from pipelines.capsule_predictor import CapsulePredictor, validated_examples
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 from pipelines.training.loop import run
 

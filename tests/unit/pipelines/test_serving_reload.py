@@ -13,7 +13,8 @@ from helpers.asgi import respond
 from helpers.registry import train_capsule
 
 from capt.errors import CapsuleArtifactError
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from capt.tasks import example_rows
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.serving.app import CapsuleServer
 from pipelines.serving.engine import CapsuleEngine, ServedCapsule
 
