@@ -176,7 +176,7 @@ def one_round(config: dict[str, Any], order: list, urls: dict, bodies: dict, num
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Train the capsules, serve them on a local Ray, load the applications round by round, tabulate."""
     from benchmarks import serving_engine
-    from pipelines.capsule_predictor import example_rows
+    from capt.tasks import example_rows
     from pipelines.services.ray_connect import ray_cluster
 
     result = BenchResult(NAME, TITLE, config)

@@ -12,8 +12,9 @@ import capt
 from capt import tasks
 from capt.arch.readout import install_readout, installed_readout
 from capt.digest import MANIFEST_NAME
+from capt.tasks import example_rows
 from pipelines.adapted import load_artifact, predict
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config.load import ENCODER_READOUT
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models.cache import BaseModelCache

@@ -15,8 +15,8 @@ from helpers.registry import train_capsule
 from ray.serve.schema import ServeDeploySchema
 
 from capt.errors import CapsuleArtifactError
-from capt.tasks import TaskDataError
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from capt.tasks import TaskDataError, example_rows
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.config.sources import PipelineConfigError
 from pipelines.serving.app import build
 from pipelines.serving.auth import TOKEN_ENV, digest

@@ -14,8 +14,9 @@ import torch
 from helpers.jobs import tiny_job
 from safetensors.torch import load_file
 
+from capt.tasks import example_rows
 from pipelines.adapted import model_inputs
-from pipelines.capsule_predictor import CapsulePredictor, example_rows
+from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.models import smollm2
 from pipelines.models.loading import load_model
 from pipelines.models.shape import forget_model_shapes, model_shape
