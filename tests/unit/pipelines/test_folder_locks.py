@@ -1,5 +1,6 @@
 """One writer per folder: a sweep's folder, a local MLflow store and a job's folder each refuse a second
-holder at once, naming the first (pid, host, start time, command line); a killed holder leaves nothing locked."""
+holder at once, naming the first (pid, host, start time, command line); a killed holder leaves nothing locked; an
+exclusive section waits for the process inside to leave."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from helpers.bad_inputs import ROOT, call_entry
 
 from pipelines.services import LocalMlflowServer
-from pipelines.services.folder_lock import FolderInUse, current_holder, held_folder
+from pipelines.services.folder_lock import FolderInUse, current_holder, exclusive, held_folder
 from pipelines.services.mlflow_server import STORE_LOCK_FILE
 from pipelines.services.probe import ServiceError
 from pipelines.sweeps.run import SWEEP_LOCK_FILE
@@ -54,6 +55,25 @@ def test_a_killed_holder_leaves_the_folder_free(tmp_path):
         holder.wait(10)
     with held_folder(lock):
         pass
+
+
+def test_an_exclusive_section_waits_for_the_other_process_to_leave_its_own(tmp_path):
+    """`exclusive` (a spool's rewrite, SmolLM2's one conversion among workers starting at once) waits, it does not
+    refuse: the second process enters once the first has left, never while it is inside."""
+    lock, left = tmp_path / "deep" / "conversion.lock", tmp_path / "left"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from pathlib import Path\nfrom pipelines.services.folder_lock import exclusive\n"
+            f"with exclusive(Path({str(lock)!r})):\n    print('inside', flush=True); time.sleep(1.0)\n"
+            f"    Path({str(left)!r}).touch()\n")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "inside"
+        with exclusive(lock):
+            assert left.exists(), "entered while the other process was inside"
+    finally:
+        other.wait(10)
+    with exclusive(tmp_path):  # a folder itself can be the lock: nothing is written into it
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "left"]
 
 
 def test_a_local_mlflow_store_in_use_is_refused_before_a_server_starts(tmp_path):
