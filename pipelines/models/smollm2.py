@@ -29,7 +29,6 @@ from typing import Any
 
 from capt.digest import file_sha256
 from capt.errors import CaptError
-from pipelines.services.folder_lock import exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +120,13 @@ def _gguf_config_fields(source: Path) -> dict[str, Any]:
 
 def ensure_checkpoint() -> Path:
     """The verified converted checkpoint folder, converting the GGUF file first when there is none."""
+    from filelock import FileLock
+
     target = checkpoint_dir()
     if (target / MANIFEST).is_file():
         return verified(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(target.with_name(target.name + ".lock")):  # workers starting at once: one converts, the rest wait
+    with FileLock(str(target) + ".lock"):  # several workers may start at once: one converts, the others wait
         if not (target / MANIFEST).is_file():
             if target.exists():
                 raise _damaged(target, "it has no manifest (an interrupted conversion?)")

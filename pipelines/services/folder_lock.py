@@ -7,8 +7,7 @@ a killed holder never leaves anything locked.
 - `held_folder`: one writer per folder (a job's output folder, a sweep's storage folder, a local MLflow store: two
   servers migrating one SQLite file break it). The holder's pid, host, start time and command line are written into
   the lock file so that a refusal can name them (the command says which of the user's commands it is).
-- `exclusive`: a critical section waited for (a spool's append or rewrite, a folder's replay, SmolLM2's conversion
-  by the first of several workers that start at once).
+- `exclusive`: a short critical section (a spool's append or rewrite, a folder's replay), waited for.
 """
 
 from __future__ import annotations

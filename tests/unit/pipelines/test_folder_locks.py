@@ -58,9 +58,9 @@ def test_a_killed_holder_leaves_the_folder_free(tmp_path):
 
 
 def test_an_exclusive_section_waits_for_the_other_process_to_leave_its_own(tmp_path):
-    """`exclusive` (a spool's rewrite, SmolLM2's one conversion among workers starting at once) waits, it does not
-    refuse: the second process enters once the first has left, never while it is inside."""
-    lock, left = tmp_path / "deep" / "conversion.lock", tmp_path / "left"
+    """`exclusive` (a spool's append or rewrite, a folder's replay) waits, it does not refuse: the second process
+    enters once the first has left, never while it is inside."""
+    lock, left = tmp_path / "deep" / "spool.lock", tmp_path / "left"
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
             "from pathlib import Path\nfrom pipelines.services.folder_lock import exclusive\n"
             f"with exclusive(Path({str(lock)!r})):\n    print('inside', flush=True); time.sleep(1.0)\n"
