@@ -25,6 +25,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from packaging.version import InvalidVersion, Version
 
+from capt.tasks import example_rows
+from capt.tasks import get as task_spec
 from pipelines.provenance import registered_model_name
 from pipelines.tracking.bundle import DATA_FOLDER, code_size, code_tags, write_code_archive
 from pipelines.tracking.client import fluent_uri
@@ -113,8 +115,6 @@ def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSign
     Always a signature: without one MLflow would load the model to infer it from the example. Rows
     whose layout has no column schema get an output-only signature.
     """
-    from capt.tasks import example_rows
-
     example, outputs = pd.DataFrame(example_rows(task, 2)), [label_names[0]] * 2
     try:
         return mlflow.models.infer_signature(example, outputs), example
@@ -186,9 +186,6 @@ def register_capsule(client: MlflowClient, uri: str, run_id: str, result: Mappin
 
     Returns (version, logged model id). `ui_uri` is the server the description's loading snippet names.
     """
-    from capt.tasks import example_rows
-    from capt.tasks import get as task_spec
-
     name = registered_model_name(result["model_slug"], result["task"])
     existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
     if existing:
