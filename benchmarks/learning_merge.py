@@ -154,8 +154,10 @@ def chosen_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if chosen.get((row["model"], row["task"], row["method"]), row["select"]) == row["select"]]
 
 
-def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(every piece's result, every trial row); raises MergeError listing every problem."""
+def collect(folders: list[Path],
+            out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """(every piece's result, the chosen trial rows, the methods marked `OTHER_SETTINGS`); raises MergeError listing
+    every problem. Rows are marked before the choice, so trials under other settings are chosen among themselves."""
     results, rows, problems = [], [], []
     for folder in folders:
         if out is not None and folder.resolve() == out.resolve():
@@ -176,7 +178,8 @@ def collect(folders: list[Path], out: Path | None = None) -> tuple[list[dict[str
     problems += duplicate_trials(rows)
     if problems:
         raise MergeError("Cannot merge the learning results: " + "; ".join(problems) + ".")
-    return [r for _, r in results], chosen_rows(rows)
+    marked = mark_other_settings(rows)
+    return [r for _, r in results], chosen_rows(rows), marked
 
 
 def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
@@ -208,8 +211,7 @@ def merge(folders: list[Path], out: Path) -> str:
 
     from pipelines.reporting import build_tables, markdown, plot
 
-    results, rows = collect(folders, out)
-    marked = mark_other_settings(rows)
+    results, rows, marked = collect(folders, out)
     tables = build_tables(pd.DataFrame(rows))
     config = shared_settings(results[0])[0]
     text = markdown(tables, "test_score", f"{config}, merged from {len(folders)} benchmark run(s): test_score")

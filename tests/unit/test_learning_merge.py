@@ -108,17 +108,20 @@ def test_out_may_not_be_a_piece_and_a_skipped_run_is_refused(tmp_path):
 
 
 def write_selected_piece(folder: Path, methods: dict[str, dict[str, tuple[float, float]]],
-                         levels: tuple[float, float] | None = None) -> Path:
+                         levels: tuple[float, float] | None = None, trained: dict | None = None,
+                         started: str = "2026-11-30T00:00:00+00:00") -> Path:
     """A CB piece split by method rows: method -> select label -> (validation, test) of each of 3 seeds; with
-    `levels`, the trials carry the job's (majority, chance) test scores, seed added, as newer pieces do."""
+    `levels`, the trials carry the job's (majority, chance) test scores, seed added, as newer pieces do; with
+    `trained`, the training settings every trial records."""
     rows = [{"task": "cb", "model": "minilm", "method": method, "seed": seed, "select": label,
              "test_score": test + seed, "test_accuracy": test + 10 + seed, "best_validation_score": validation + seed,
-             **({"majority": levels[0] + seed, "chance": levels[1] + seed} if levels else {}), "steps": 150}
+             **({"majority": levels[0] + seed, "chance": levels[1] + seed} if levels else {}), "steps": 150,
+             **({"settings": trained} if trained else {})}
             for method, by_label in methods.items() for label, (validation, test) in by_label.items()
             for seed in range(3)]
     row_override = "methods=[" + ", ".join(f"{{name: {m}}}" for m in methods) + "]"
     settings = {**learning.settings(quick=False), "overrides": ["tasks=[cb]", row_override]}
-    result = BenchResult("learning", learning.TITLE, settings, started="2026-11-30T00:00:00+00:00", duration_s=60.0)
+    result = BenchResult("learning", learning.TITLE, settings, started=started, duration_s=60.0)
     result.tables.append(Table(learning_merge.TRIALS_TABLE, list(rows[0]), rows))
     save_result(result, folder)
     return folder
@@ -174,3 +177,17 @@ def test_cells_trained_under_other_settings_are_a_row_of_their_own(tmp_path):
     assert marked[tasks.index("copa")] == "54.00 ± 3.46" and marked[tasks.index("cb")] == "-"
     assert "† Cells of capt trained under other settings" in text
     assert "lora †" not in text, "a method no piece records settings for is not marked"
+
+
+def test_a_cell_re_run_under_new_settings_is_chosen_apart_from_its_older_trials(tmp_path):
+    """CB re-run under new defaults beside the older CB piece: the older trials' better validation score must not
+    take the method's selection from the re-run (each is chosen on validation within its own settings)."""
+    new = {"optim": {"name": "adamw", "lr": 0.01, "weight_decay": 1e-5}, "batch_size": 16}
+    old = write_selected_piece(tmp_path / "old", {"capt": {"optim.lr=0.1": (80.0, 50.0)}})  # rows without settings
+    rerun = write_selected_piece(tmp_path / "new", {"capt": {"optim.lr=0.01": (60.0, 70.0),
+                                                             "optim.lr=0.03": (55.0, 90.0)}}, trained=new,
+                                 started="2026-12-07T00:00:00+00:00")
+    text = learning_merge.merge([old, rerun], tmp_path / "merged")
+    score = text[:text.index("test_accuracy`:")]
+    assert table_row(score, "capt")[0].startswith("71.00 ± 1.00") and "optim.lr=0.01" in table_row(score, "capt")[0]
+    assert table_row(score, "capt †")[0].startswith("51.00 ± 1.00")
