@@ -279,7 +279,9 @@ ORDERINGS = (
 
 
 def orderings(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """Each of the paper's orderings: holds or not here, with both means; "not measured yet" while a cell lacks."""
+    """Each of the paper's orderings: holds where CaPT is above the other row on every seed (the per-seed difference
+    averaged over the claim's tasks), does not hold where it is below on every seed, not told apart where the seeds
+    disagree; with both means and the paired differences. "Not measured yet" while a cell lacks 3 seeds."""
     cells, verdicts = report["cells"], []
     for claim, task, row in ORDERINGS:
         tasks = [task] if task else report["tasks"]
@@ -289,9 +291,17 @@ def orderings(report: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         mine = statistics.fmean(statistics.fmean(a["test"]) for a, _ in pairs)
         other = statistics.fmean(statistics.fmean(b["test"]) for _, b in pairs)
+        by_seed = [(dict(zip(a["seeds"], a["test"], strict=True)), dict(zip(b["seeds"], b["test"], strict=True)))
+                   for a, b in pairs]
+        seeds = sorted(set.intersection(*(set(a) & set(b) for a, b in by_seed)))
+        diffs = [statistics.fmean(a[s] - b[s] for a, b in by_seed) for s in seeds]
+        verdict = ("holds (on every seed" if all(d > 0 for d in diffs) else
+                   "does not hold (the other row is above on every seed" if all(d < 0 for d in diffs) else
+                   "not told apart (the seeds disagree")
         where = task or "average over " + ", ".join(tasks)
-        verdicts.append((claim, f"{'holds' if mine > other else 'does not hold'} ({where}: {mine:.1f} against "
-                                f"{other:.1f})"))
+        spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        verdicts.append((claim, f"{verdict}; {where}: {mine:.1f} against {other:.1f}, paired by seed "
+                                f"{statistics.fmean(diffs):+.1f} ± {spread:.1f} ({len(diffs)}))"))
     return verdicts
 
 
@@ -316,8 +326,10 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         lines.append(f"| {row} | " + " | ".join(cells.get(f"{t}|{row}", {}).get("select", "-") or "-"
                                                 for t in tasks) + " |")
-    lines += ["", "The paper's decoder-only orderings, here (CaPT's mean test score against the other row's; "
-              "complete cells only):", ""]
+    lines += ["", "The paper's decoder-only orderings, here (complete cells only). An ordering holds where CaPT is "
+              "above the other row on every seed (CaPT minus the row, paired by seed and averaged over the claim's "
+              "tasks), does not hold where it is below on every seed, and is not told apart where the seeds "
+              "disagree:", ""]
     lines += [f"- {claim}: {verdict}" for claim, verdict in orderings(report)]
     lines += ["", "CaPT minus each row, paired by seed (mean ± std (pairs)):", "",
               "| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]

@@ -46,6 +46,24 @@ def test_selection_uses_validation_and_pairs_capt_with_each_row_by_seed():
     assert "| capt | 61.0 ± 1.0 (3) | 61.0 |" in text and "| lora | 6.0 ± 1.0 (3) |" in text
 
 
+def test_an_ordering_holds_only_where_every_seed_agrees():
+    """A higher mean is not enough: an ordering holds where CaPT is above the row on every seed (paired, averaged over
+    the claim's tasks), is reversed where it is below on every seed, and is not told apart where seeds disagree."""
+    records = []
+    for seed, (capt, ptuning, length4) in enumerate([(60.0, 50.0, 70.0), (60.0, 55.0, 71.0), (60.0, 70.0, 72.0)]):
+        records += [_record("cb", "capt", seed, 0.1, 80.0, capt),
+                    _record("cb", "lora", seed, 0.1, 80.0, 50.0, untrained=40.0 + seed),  # the untrained row's source
+                    _record("cb", "ptuning_v2", seed, 0.1, 80.0, ptuning),
+                    _record("cb", "capt-length4", seed, 0.1, 80.0, length4)]
+    verdicts = dict(learning_llm.orderings(learning_llm.build_report(records)))
+    by_row = {row: verdicts[claim] for claim, _, row in learning_llm.ORDERINGS}
+    assert by_row["ptuning_v2"].startswith("not told apart (the seeds disagree;")  # means 60.0 against 58.3
+    assert "paired by seed +1.7 ± 10.4 (3)" in by_row["ptuning_v2"]
+    assert by_row["capt-length4"].startswith("does not hold (the other row is above on every seed;")
+    assert by_row["untrained"].startswith("holds (on every seed;")
+    assert by_row["capt-task-only"].startswith("not measured yet")
+
+
 @pytest.mark.slow
 def test_a_stopped_grid_resumes_without_retraining_a_recorded_trial(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPT_DATA_DIR", str(tmp_path / "unused"))  # the generated grid reads no files
