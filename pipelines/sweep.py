@@ -168,6 +168,30 @@ def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[st
         print(f"MLflow experiment: {sweep.experiment_name()}  ({ui})")
     for name in champions:
         print(registry_line(name, ui, stopped=ui != uri))
+    for line in serve_lines(sweep, champions, ui, stopped=ui != uri):
+        print(line)
+
+
+def serve_lines(sweep: SweepConfig, champions: list[str], uri: str, stopped: bool) -> list[str]:
+    """The command that serves the champions, one per base model (a Serve app holds one base model and mixes its
+    tasks): without --tracking-uri where serve finds the store by itself (the default local store), else the server's
+    address (a local store elsewhere needs the `mlflow server` printed above)."""
+    from pipelines.config.schema import model_slug
+    from pipelines.provenance import registered_model_name
+    from pipelines.services.mlflow_server import LOCAL_STORE
+
+    if not stopped:
+        where = f" --tracking-uri {uri}"
+    elif Path(sweep.tracking.local_dir).absolute() == LOCAL_STORE.absolute():
+        where = ""
+    else:
+        where = f" --tracking-uri {uri}   (with the `mlflow server` above running)"
+    lines = []
+    for model in sweep.models:
+        tasks = [task for task in sweep.tasks if registered_model_name(model_slug(model), task) in champions]
+        if tasks:
+            lines.append(f"Serve: python -m pipelines.serve --model {model} --tasks {','.join(tasks)}{where}")
+    return lines
 
 
 def registry_line(name: str, uri: str, stopped: bool) -> str:

@@ -27,7 +27,7 @@ import json, sys
 from pipelines.config.load import load_job_config
 from pipelines.sweeps.config import load_sweep_config, trials
 
-from pipelines.sweep import registry_line
+from pipelines.sweep import registry_line, serve_lines
 from pipelines.sweeps.run import champion_pairs
 
 for model in sys.argv[1:]:
@@ -37,6 +37,7 @@ assert trials(sweep)
 done = [{{"model": "minilm", "task": "cb", "method": "capt", "status": "done"}}]
 assert champion_pairs(sweep, done) == [("minilm", "cb")]
 assert "capt-minilm-cb@champion" in registry_line("capt-minilm-cb", "http://127.0.0.1:5000", stopped=True)
+assert serve_lines(sweep, ["capt-" + sweep.models[0] + "-" + sweep.tasks[0]], "http://127.0.0.1:5000", True)
 print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))
 """
 # SmolLM2's published config.json fields that validation reads, as its conversion writes them.

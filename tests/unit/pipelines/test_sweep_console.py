@@ -115,6 +115,28 @@ def test_the_registry_line_is_a_command_with_a_row_of_the_tasks_fields():
     assert set(row) == {"premise", "hypothesis"}
 
 
+def test_the_serve_line_names_each_base_models_champion_tasks_and_where_their_store_is(tmp_path):
+    from pydantic import TypeAdapter
+
+    from pipelines.sweep import serve_lines
+    from pipelines.sweeps.config import SweepConfig
+
+    sweep = TypeAdapter(SweepConfig).validate_python({"tasks": ["cb", "copa", "rte"],
+                                                      "models": ["smollm2-135m", "tiny-t5"]})
+    champions = ["capt-smollm2-135m-copa", "capt-smollm2-135m-cb", "capt-tiny-t5-rte"]
+    assert serve_lines(sweep, champions, "http://127.0.0.1:5000", stopped=True) == [
+        "Serve: python -m pipelines.serve --model smollm2-135m --tasks cb,copa",
+        "Serve: python -m pipelines.serve --model tiny-t5 --tasks rte"]
+    assert serve_lines(sweep, champions[2:], "http://mlflow:5000", stopped=False) == [
+        "Serve: python -m pipelines.serve --model tiny-t5 --tasks rte --tracking-uri http://mlflow:5000"]
+    elsewhere = TypeAdapter(SweepConfig).validate_python({"tasks": ["rte"], "models": ["tiny-t5"],
+                                            "tracking": {"local_dir": str(tmp_path / "mlflow")}})
+    [line] = serve_lines(elsewhere, champions, "http://127.0.0.1:5000", stopped=True)
+    assert line.startswith("Serve: python -m pipelines.serve --model tiny-t5 --tasks rte --tracking-uri "
+                           "http://127.0.0.1:5000") and "mlflow server" in line
+    assert serve_lines(sweep, [], "http://127.0.0.1:5000", stopped=True) == []
+
+
 @pytest.mark.slow
 def test_the_registry_line_fails_within_seconds_when_no_server_answers():
     """Run as printed with nothing listening at its URI: it ends in seconds (MLflow's retries would take minutes)."""
