@@ -46,6 +46,9 @@ WORK = "outputs/bench-learning-smollm2"
 REFERENCE = "capt"
 UNTRAINED_FROM = "lora"
 """The row whose test score before training is the bare model's (LoRA's update starts at zero)."""
+STEP0_FROM = "capt-untrained"
+"""The row whose trials score CaPT's own capsule before its first step (the instance mean, zero task vectors): the
+report's `capt-step0` row; the one step these trials train is not a result and is not shown."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -222,21 +225,22 @@ def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
              "majority": r["result"]["metrics"].get("test_majority_score")} for r in records]
     chosen = chosen_labels(rows, keys=("task", "row"))
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    methods = sorted({r["row"] for r in rows}, key=lambda m: (m != REFERENCE, not m.startswith(REFERENCE), m))
+    methods = sorted({r["row"] for r in rows} - {STEP0_FROM},
+                     key=lambda m: (m != REFERENCE, not m.startswith(REFERENCE), m))
     cells: dict[str, dict[str, Any]] = {}
     for (task, row), label in chosen.items():
         picked = sorted((r for r in rows if (r["task"], r["row"], r["select"]) == (task, row, label)),
                         key=lambda r: r["seed"])
-        cells[f"{task}|{row}"] = {"select": label, "seeds": [r["seed"] for r in picked],
-                                  "test": [r["test"] for r in picked],
-                                  "validation": [r["validation"] for r in picked]}
+        if row != STEP0_FROM:
+            cells[f"{task}|{row}"] = {"select": label, "seeds": [r["seed"] for r in picked],
+                                      "test": [r["test"] for r in picked],
+                                      "validation": [r["validation"] for r in picked]}
         if any(r["untrained"] is None for r in picked):  # scored only where the row asks (train.score_untrained)
             continue
-        if row == UNTRAINED_FROM:  # the bare model: the same for every lr and seed of the split; kept per seed
-            cells[f"{task}|untrained"] = {"select": "", "seeds": [r["seed"] for r in picked],
-                                          "test": [r["untrained"] for r in picked], "validation": []}
-        if row == REFERENCE:
-            cells[f"{task}|capt-step0"] = {"select": label, "seeds": [r["seed"] for r in picked],
+        # scores before the first step, the same for every lr of a seed's split; kept per seed
+        for source, name in ((UNTRAINED_FROM, "untrained"), (STEP0_FROM, "capt-step0")):
+            if row == source:
+                cells[f"{task}|{name}"] = {"select": "", "seeds": [r["seed"] for r in picked],
                                            "test": [r["untrained"] for r in picked], "validation": []}
     majority = {task: next(r["majority"] for r in rows if r["task"] == task) for task in tasks}
     order = ["untrained", "capt-step0", *methods]
@@ -252,7 +256,7 @@ def paired_differences(cells: dict[str, dict[str, Any]], tasks: list[str], metho
         if reference is None:
             continue
         mine = dict(zip(reference["seeds"], reference["test"], strict=True))
-        for row in ["untrained", *methods]:
+        for row in ["untrained", "capt-step0", *methods]:
             other = cells.get(f"{task}|{row}")
             if row == REFERENCE or other is None:
                 continue
@@ -274,6 +278,7 @@ ORDERINGS = (
     ("CaPT above its task-only ablation on CSQA (paper: 61.60 against 45.29)", "csqa", "capt-task-only"),
     ("a 1-token capsule above a longer one (paper, Llama-3.2-1B: 67.51 against 59.38)", None, "capt-length4"),
     ("CaPT above the untrained model", None, "untrained"),
+    ("CaPT above its own capsule before training (the instance mean, zero task vectors)", None, "capt-step0"),
 )
 """(claim, task or None for the average over tasks, the row CaPT is compared with)."""
 
@@ -322,7 +327,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Chosen learning rate (on validation):", "",
               "| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
     for row in report["rows"]:
-        if row in ("untrained",):
+        if row in ("untrained", "capt-step0"):
             continue
         lines.append(f"| {row} | " + " | ".join(cells.get(f"{t}|{row}", {}).get("select", "-") or "-"
                                                 for t in tasks) + " |")

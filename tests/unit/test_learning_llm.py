@@ -35,7 +35,11 @@ def test_selection_uses_validation_and_pairs_capt_with_each_row_by_seed():
         records += [_record("cb", "capt", seed, 0.1, 80.0, 60.0 + seed), _record("cb", "capt", seed, 0.01, 70.0, 90.0),
                     _record("cb", "lora", seed, 0.001, 75.0, 55.0, untrained=40.0 + seed),
                     _record("cb", "lora", seed, 0.01, 60.0, 95.0, untrained=40.0 + seed)]
+        records.append(_record("cb", learning_llm.STEP0_FROM, seed, 0.05, 10.0, 99.0, untrained=50.0 + 2 * seed))
     report = learning_llm.build_report(records)
+    assert report["cells"]["cb|capt-step0"]["test"] == [50.0, 52.0, 54.0]  # the capsule before its first step
+    assert report["paired"]["cb|capt-step0"] == [10.0, 9.0, 8.0]
+    assert learning_llm.STEP0_FROM not in report["rows"] and "99.0" not in learning_llm.markdown(report)
     assert report["cells"]["cb|capt"]["select"] == "optim.lr=0.1"
     assert report["cells"]["cb|capt"]["test"] == [60.0, 61.0, 62.0]
     assert report["cells"]["cb|lora"]["test"] == [55.0, 55.0, 55.0]
