@@ -183,11 +183,12 @@ def collect(folders: list[Path],
 
 
 def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
-    """One problem per (model, task, method, seed, combination) that two pieces both ran."""
+    """One problem per (model, task, method, seed, combination) that two pieces both ran under the same recorded
+    settings (a re-run under other settings is a trial of its own: its cells are marked, `mark_other_settings`)."""
     seen: dict[tuple[str, ...], str] = {}
     problems = []
     for row in rows:
-        key = (row["model"], row["task"], row["method"], row["seed"], *filter(None, [row["select"]]))
+        key = (row["model"], row["task"], row["method"], row["seed"], *filter(None, [row["select"], row["settings"]]))
         if key in seen and seen[key] != row["piece"]:
             problems.append(f"{'/'.join(key)} is in both {seen[key]} and {row['piece']}")
         seen.setdefault(key, row["piece"])

@@ -183,10 +183,14 @@ def test_a_cell_re_run_under_new_settings_is_chosen_apart_from_its_older_trials(
     """CB re-run under new defaults beside the older CB piece: the older trials' better validation score must not
     take the method's selection from the re-run (each is chosen on validation within its own settings)."""
     new = {"optim": {"name": "adamw", "lr": 0.01, "weight_decay": 1e-5}, "batch_size": 16}
-    old = write_selected_piece(tmp_path / "old", {"capt": {"optim.lr=0.1": (80.0, 50.0)}})  # rows without settings
+    old = write_selected_piece(tmp_path / "old", {"capt": {"optim.lr=0.1": (80.0, 50.0),  # rows without settings
+                                                           "optim.lr=0.01": (50.0, 30.0)}})
     rerun = write_selected_piece(tmp_path / "new", {"capt": {"optim.lr=0.01": (60.0, 70.0),
                                                              "optim.lr=0.03": (55.0, 90.0)}}, trained=new,
                                  started="2026-12-07T00:00:00+00:00")
+    with pytest.raises(learning_merge.MergeError, match="is in both"):  # the same settings twice: a duplicate
+        learning_merge.merge([old, write_selected_piece(tmp_path / "again", {"capt": {"optim.lr=0.1": (1.0, 1.0)}})],
+                             tmp_path / "refused")
     text = learning_merge.merge([old, rerun], tmp_path / "merged")
     score = text[:text.index("test_accuracy`:")]
     assert table_row(score, "capt")[0].startswith("71.00 ± 1.00") and "optim.lr=0.01" in table_row(score, "capt")[0]
