@@ -300,13 +300,15 @@ def orderings(report: dict[str, Any]) -> list[tuple[str, str]]:
                    for a, b in pairs]
         seeds = sorted(set.intersection(*(set(a) & set(b) for a, b in by_seed)))
         diffs = [statistics.fmean(a[s] - b[s] for a, b in by_seed) for s in seeds]
+        if len(diffs) < 3:  # the cells' seeds do not pair up
+            verdicts.append((claim, "not measured yet (3 seeds paired in every cell needed)"))
+            continue
         verdict = ("holds (on every seed" if all(d > 0 for d in diffs) else
                    "does not hold (the other row is above on every seed" if all(d < 0 for d in diffs) else
                    "not told apart (the seeds disagree")
         where = task or "average over " + ", ".join(tasks)
-        spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         verdicts.append((claim, f"{verdict}; {where}: {mine:.1f} against {other:.1f}, paired by seed "
-                                f"{statistics.fmean(diffs):+.1f} ± {spread:.1f} ({len(diffs)}))"))
+                                f"{statistics.fmean(diffs):+.1f} ± {statistics.stdev(diffs):.1f} ({len(diffs)}))"))
     return verdicts
 
 

@@ -66,6 +66,10 @@ def test_an_ordering_holds_only_where_every_seed_agrees():
     assert by_row["capt-length4"].startswith("does not hold (the other row is above on every seed;")
     assert by_row["untrained"].startswith("holds (on every seed;")
     assert by_row["capt-task-only"].startswith("not measured yet")
+    unpaired = [_record("csqa", row, seed + shift, 0.1, 80.0, 30.0)  # 3 seeds each, not the same ones
+                for row, shift in (("capt", 0), ("capt-task-only", 5)) for seed in range(3)]
+    verdicts = dict(learning_llm.orderings(learning_llm.build_report(unpaired)))
+    assert verdicts[learning_llm.ORDERINGS[1][0]] == "not measured yet (3 seeds paired in every cell needed)"
 
 
 @pytest.mark.slow
