@@ -237,11 +237,10 @@ def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
                                       "validation": [r["validation"] for r in picked]}
         if any(r["untrained"] is None for r in picked):  # scored only where the row asks (train.score_untrained)
             continue
-        # scores before the first step, the same for every lr of a seed's split; kept per seed
-        for source, name in ((UNTRAINED_FROM, "untrained"), (STEP0_FROM, "capt-step0")):
-            if row == source:
-                cells[f"{task}|{name}"] = {"select": "", "seeds": [r["seed"] for r in picked],
-                                           "test": [r["untrained"] for r in picked], "validation": []}
+        before = {UNTRAINED_FROM: "untrained", STEP0_FROM: "capt-step0"}.get(row)
+        if before:  # scores before the first step, the same for every lr of a seed's split; kept per seed
+            cells[f"{task}|{before}"] = {"select": "", "seeds": [r["seed"] for r in picked],
+                                         "test": [r["untrained"] for r in picked], "validation": []}
     majority = {task: next(r["majority"] for r in rows if r["task"] == task) for task in tasks}
     order = ["untrained", "capt-step0", *methods]
     return {"tasks": tasks, "rows": [m for m in order if any(f"{t}|{m}" in cells for t in tasks)], "cells": cells,
