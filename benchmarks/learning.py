@@ -1,31 +1,23 @@
 """Benchmark 5: learning on real data: MiniLM on CB, RTE, COPA, WiC and BoolQ, 3 seeds, every method.
 
-The grid is the sweep config `pipelines/configs/bench/learning.yaml` (equal step budgets for every
-method). Full mode runs it through `pipelines/sweep.py` (local Ray + local MLflow) and tabulates the
-MLflow runs with `python -m pipelines.report`. Quick mode (one task, one seed, a few steps) runs the same
-trial jobs (`pipelines.sweeps.config.trials`) back to back with `pipelines.training.loop.run` and tabulates them with
-`pipelines.report`'s own table and plot functions: a sweep pays about 40-50 s of Ray Train worker start-up
-per trial on 2 CPUs (see pipeline_overhead), more than the whole quick budget for six methods.
-
-Data: `CAPT_DATA_DIR` must hold the official jsonl files. BoolQ's official train split is not in the
-shared data (only its validation file): the benchmark splits that file, seeded, into train and test
-(the pipeline then holds 10 % of that train part out for validation). Without `CAPT_DATA_DIR` it is skipped.
+Full mode runs the grid `pipelines/configs/bench/learning.yaml` through `pipelines/sweep.py` and tabulates it with
+`python -m pipelines.report`; quick mode runs its trial jobs in this process (a sweep trial's Ray start-up would take
+the whole quick budget). Needs `CAPT_DATA_DIR`; BoolQ's train split is cut from its validation file (README).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import OFFLINE_ENV, REPO, BenchResult, Table, log_tail, run_logged
+from pipelines.services.ray_connect import environ
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +96,6 @@ def prepare_data(source: Path, target: Path, tasks: list[str], config: dict[str,
     return ready, notes
 
 
-@contextlib.contextmanager
-def data_dir_env(path: Path) -> Iterator[None]:
-    """Set CAPT_DATA_DIR for this process (the sweep config reads it), restoring it afterwards."""
-    before = os.environ.get("CAPT_DATA_DIR")
-    os.environ["CAPT_DATA_DIR"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CAPT_DATA_DIR", None)
-        else:
-            os.environ["CAPT_DATA_DIR"] = before
-
-
 def trial_results(sweep) -> list[dict[str, Any]]:
     """One row per finished trial of `sweep` (read from its result.json), labelled by the method row."""
     from pipelines.sweeps.config import trials
@@ -176,7 +154,7 @@ def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Pat
     cmd = [sys.executable, "pipelines/sweep.py", "--config", config["config"], "--num-cpus", "2", *overrides]
     code, wall = run_logged(cmd, tmp / "sweep.log", env=env, timeout=config["timeout_s"])
     logger.info("learning sweep: exit %d after %.0f s", code, wall)
-    with data_dir_env(data):
+    with environ(CAPT_DATA_DIR=str(data)):
         sweep = load_sweep_config(REPO / config["config"], overrides)
     report = [sys.executable, "-m", "pipelines.report", "--experiment", sweep.experiment_name(), "--tracking-uri",
               f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", "--out", str(out), "--sweep", sweep.name]
@@ -193,13 +171,10 @@ def first_combinations(trials: list) -> list:
     The quick route checks that every row trains and tabulates, not which value validation would choose: running
     every candidate (855 trials for the full grid) does not fit its budget, and an unselected table must not mix them.
     """
-    seen, kept = set(), []
+    kept: dict[tuple, Any] = {}
     for trial in trials:
-        key = (trial.task, trial.model, trial.method, trial.seed)
-        if key not in seen:
-            seen.add(key)
-            kept.append(trial)
-    return kept
+        kept.setdefault((trial.task, trial.model, trial.method, trial.seed), trial)
+    return list(kept.values())
 
 
 def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Path) -> str:
@@ -212,7 +187,7 @@ def in_process(config: dict[str, Any], overrides: list[str], data: Path, out: Pa
     from pipelines.sweeps.config import load_sweep_config, trials
     from pipelines.training.loop import run as train_run
 
-    with data_dir_env(data):
+    with environ(CAPT_DATA_DIR=str(data)):
         sweep = load_sweep_config(REPO / config["config"], overrides)
         for trial in first_combinations(trials(sweep)):
             train_run(validate_job_config(trial.job))
@@ -239,7 +214,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         return result
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp_name:
         tmp = Path(tmp_name)
-        with data_dir_env(Path(source)):
+        with environ(CAPT_DATA_DIR=str(Path(source))):
             tasks = load_sweep_config(REPO / config["config"], config["overrides"]).tasks
         ready, notes = prepare_data(Path(source), tmp / "data", tasks, config)
         overrides = [*config["overrides"], f"tasks=[{','.join(ready)}]", f"storage_path={tmp / 'sweeps'}",
@@ -249,7 +224,7 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
             text = via_sweep(config, overrides, tmp / "data", tmp, out)
         else:
             text = in_process(config, overrides, tmp / "data", out)
-        with data_dir_env(tmp / "data"):
+        with environ(CAPT_DATA_DIR=str(tmp / "data")):
             rows = trial_results(load_sweep_config(REPO / config["config"], overrides))
     body = text.split("\n", 1)[1]  # without the report's own title
     title = "Table from pipelines.report (test_score, mean ± std over seeds)"
