@@ -1,20 +1,9 @@
-"""The device check, ready for a GPU: the step-cost table at real sizes, packed capsules per hour, a 1,000-capsule
-serving run and a 4-trial sweep at 0.25 GPU each, in bf16 on one GPU within 10 minutes (random weights at real
-shapes, no network); `--cpu-smoke` runs the same parts at tiny shapes on the CPU.
+"""The device check (README, "Ready for a GPU"): the step-cost table at real sizes, packed capsules per hour, a
+1,000-capsule serving run and a 4-trial sweep at 0.25 GPU each, in bf16 on one GPU; `--cpu-smoke`: tiny shapes.
 
-    bash benchmarks/device_check.sh --out DIR              # on a machine with a CUDA GPU
-    bash benchmarks/device_check.sh --cpu-smoke --out DIR  # anywhere (CI)
-    bash benchmarks/device_check.sh --check-imports        # first, on a new machine: what the parts import
-    bash benchmarks/device_check.sh --merge DIR1 DIR2 --out benchmarks/results/device_check   # calls in pieces
-
-Writes `<part>.json`, `run.json` (machine, GPU, versions) and `report.md` under --out, as `benchmarks.run` does;
-a part that fails is recorded in its JSON and the others still run (exit 1). GPU mode without a GPU: exit 2.
-
-A lent GPU machine brings its own Python packages, and what is carried there can clash with them (a carried
-grpcio-reflection refused the machine's grpcio at `from ray import serve`, after the other parts had run), so
-`--check-imports` imports every module the chosen parts load lazily and names every failure at once, in seconds.
-Such a machine may also take the check only in pieces (each call's time is limited): `--merge` makes one result
-folder of several calls' folders.
+A part that fails is recorded in its JSON and the others still run (exit 1); GPU mode without a GPU exits 2.
+`--check-imports` names every module of the parts that fails to import, in seconds: a lent machine's own packages
+can refuse carried ones (grpcio-reflection at `from ray import serve`). `--merge`: one folder of several calls'.
 """
 
 from __future__ import annotations
@@ -43,6 +32,7 @@ from benchmarks.common import (
     at_least,
     at_most,
     interleaved,
+    load_results,
     log_tail,
     machine,
     median,
@@ -61,8 +51,7 @@ logger = logging.getLogger("benchmarks.device_check")
 
 # --- Sizes: real shapes in bf16 on one GPU, or tiny shapes on the CPU -------------------------------------------
 
-ARCHS = ("t5-base", "llama-3.2-1b", "qwen2.5-1.5b")
-"""The step-cost architectures (keys of `benchmarks.models.ARCHS`)."""
+ARCHS = ("t5-base", "llama-3.2-1b", "qwen2.5-1.5b")  # keys of `benchmarks.models.ARCHS`
 TINY = {"t5-base": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 2,
                     "num_decoder_layers": 2, "vocab_size": 1024},
         "llama-3.2-1b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -70,16 +59,11 @@ TINY = {"t5-base": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num
         "qwen2.5-1.5b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}}
 """Smoke shapes: 2 layers, width 64 and the test tokenizer's 1,024-token vocabulary, each architecture's own kind."""
-SMOKE_METHODS = ["capt", "lora-r8", "ptuning_v2-20"]
-"""Step-cost rows of the smoke run besides the floor (the GPU run has every `step_cost.METHODS` row)."""
-PACK_GOAL = 4.0
-"""Packing target: capsules per hour packed over sequential at the largest K (16 on the GPU)."""
-STEP_GOAL = 1.05
-"""Step-cost target: CaPT's step over the floor's."""
-T5_LABEL = "t5-base-shape"
-"""How tables name the random-weight T5 checkpoint the jobs load by its temporary path."""
-SWEEP_CONFIG = "pipelines/configs/bench/overhead.yaml"
-"""The sweep whose 4 CB trials (seeds 0-3) the check runs, on the T5 checkpoint."""
+SMOKE_METHODS = ["capt", "lora-r8", "ptuning_v2-20"]  # besides the floor (the GPU run: every step_cost.METHODS row)
+PACK_GOAL = 4.0  # capsules per hour packed over sequential at the largest K (16 on the GPU)
+STEP_GOAL = 1.05  # CaPT's step over the floor's
+T5_LABEL = "t5-base-shape"  # the tables' name of the random-weight T5 checkpoint that jobs load by a temporary path
+SWEEP_CONFIG = "pipelines/configs/bench/overhead.yaml"  # its 4 CB trials (seeds 0-3) run on the T5 checkpoint
 SWEEP_TRIALS = 4  # the trials SWEEP_CONFIG holds
 STEP_COLUMNS = ["method", "trainable", "model_tokens", "median_step_s", "ratio_to_floor", "ratio_range", "gflops",
                 "flop_ratio_to_floor", "peak_step_mb", "persistent_mb"]
@@ -91,50 +75,29 @@ SWEEP_COLUMNS = ["trial", "model", "seed", "steps", "wall_time_s", "tokens_per_s
 class Mode:
     """Every size of one device-check run."""
 
-    name: str
-    """"gpu" (real shapes, CUDA) or "cpu-smoke" (tiny shapes, CPU)."""
-    device: str
-    """Torch device of the step-cost table and of the jobs."""
-    dtype: str = "bfloat16"
-    """Dtype of the frozen weights and of autocast."""
-    archs: list[dict[str, Any]] = field(default_factory=list)
-    """Step-cost architectures: arch, shape changes, batch, input tokens, target tokens (and methods: a subset)."""
-    rounds: int = 5
-    """Interleaved timing rounds of the step-cost table."""
-    warmup: int = 2
-    """Untimed steps of each method first."""
-    t5_changes: dict[str, Any] = field(default_factory=dict)
-    """Changes to T5-Base's shape of the checkpoint that packing, serving and the sweep load by path."""
+    name: str  # "gpu" (real shapes, CUDA) or "cpu-smoke" (tiny shapes, CPU)
+    device: str  # torch device of the step-cost table and of the jobs
+    dtype: str = "bfloat16"  # of the frozen weights and of autocast
+    archs: list[dict[str, Any]] = field(default_factory=list)  # step-cost specs (`step_cost.settings`; + methods)
+    rounds: int = 5  # interleaved step-cost timing rounds
+    warmup: int = 2  # untimed steps of each method first
+    t5_changes: dict[str, Any] = field(default_factory=dict)  # to T5-Base's shape, of the checkpoint jobs load
     pack_ks: list[int] = field(default_factory=lambda: [1, 4, 16])
-    """Pack sizes K."""
-    pack_steps: int = 8
-    """Training steps of each pack member."""
-    pack_examples: tuple[int, int] = (200, 16)
-    """(train, validation and test) examples per pack member."""
+    pack_steps: int = 8  # training steps of each pack member
+    pack_examples: tuple[int, int] = (200, 16)  # (train, validation and test) examples per pack member
     serve_tasks: list[str] = field(default_factory=lambda: ["boolq", "cb", "copa", "multirc", "rte", "wic", "csqa"])
-    """Tasks whose capsules are served."""
+    # capsules per application by workload, the first of each its baseline
     serve_counts: dict[str, list[int]] = field(default_factory=lambda: {"rte": [1, 1000], "mix": [7, 1000]})
-    """Capsules per application by workload (the first of each its baseline)."""
-    serve_requests: int = 300
-    """Requests per application and round."""
+    serve_requests: int = 300  # per application and round
     serve_rounds: int = 2
-    """Interleaved serving rounds."""
-    serve_gpus: float = 0.2
-    """GPU share of each serving replica (0: CPU replicas)."""
-    sweep_steps: int = 30
-    """Training steps of each sweep trial."""
-    sweep_cpus: float = 2.0
-    """CPUs per sweep trial."""
-    sweep_gpus: float = 0.25
-    """GPUs per sweep trial (4 trials share one GPU)."""
-    sweep_register: bool = True
-    """Whether the sweep registers its capsules and promotes champions in MLflow."""
-    ray_cpus: int = 16
-    """CPUs of the local Ray the sweep starts (no --ray-address)."""
-    timeout_s: float = 300.0
-    """Most seconds the sweep subprocess may run."""
-    threads: int | None = None
-    """Torch threads of this process and OMP_NUM_THREADS of its children (None: torch's default)."""
+    serve_gpus: float = 0.2  # GPU share of each serving replica (0: CPU replicas)
+    sweep_steps: int = 30  # training steps of each sweep trial
+    sweep_cpus: float = 2.0  # per sweep trial
+    sweep_gpus: float = 0.25  # per sweep trial (4 trials share one GPU)
+    sweep_register: bool = True  # the sweep registers its capsules and promotes champions in MLflow
+    ray_cpus: int = 16  # of the local Ray the sweep starts (no --ray-address)
+    timeout_s: float = 300.0  # most seconds the sweep subprocess may run
+    threads: int | None = None  # torch threads here and OMP_NUM_THREADS of children (None: torch's default)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings."""
@@ -153,10 +116,8 @@ def gpu_mode() -> Mode:
 
 
 def smoke_mode() -> Mode:
-    """The same parts at tiny shapes on the CPU: K = 1 and 2, 2 steps, 1 and 3 RTE capsules served (no task mix: one
-    replica fewer), 4 trials at 0.25 CPU. Every architecture and code path of the GPU run stays (bf16 frozen weights
-    under bf16 autocast, a local T5 checkpoint loaded by path, a served capsule bank, a sweep of fractional trials)
-    on one torch thread: tiny steps on two threads of a loaded 2-CPU machine took 100 times longer (2.5 s, 27 ms)."""
+    """The same parts and code paths at tiny shapes on the CPU (README), on one torch thread: tiny steps on two
+    threads of a loaded 2-CPU machine took 100 times longer (2.5 s, 27 ms)."""
     archs = [{"arch": arch, "changes": TINY[arch], "batch": 2, "seq": 16, "target": 4, "methods": SMOKE_METHODS}
              for arch in ARCHS]
     return Mode("cpu-smoke", "cpu", archs=archs, rounds=1, warmup=1, t5_changes=TINY["t5-base"], pack_ks=[1, 2],
@@ -167,10 +128,7 @@ def smoke_mode() -> Mode:
 
 
 # --- (a) Step cost on the device --------------------------------------------------------------------------------
-# `step_cost`'s floor and methods, timed with the device synchronised. Each method is adapted on the CPU (as a job
-# adapts its base model before Accelerate moves it) and then moved to the device, where it holds a copy of its own
-# of the base weights (on the CPU all methods share one copy). Steps run under autocast in the base model's dtype,
-# as a job with `train.precision=bf16` does.
+# `step_cost`'s steps, each waited for on the device, under autocast in the base model's dtype (`train.precision`).
 
 
 def synced(step: Callable[[], None], device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
@@ -205,20 +163,12 @@ def measure_arch(spec: dict[str, Any], device: torch.device, dtype: torch.dtype,
     """The table rows of every `step_cost` method and the floor on one architecture, on `device` in `dtype`."""
     import torch
 
-    from benchmarks import models, step_cost
+    from benchmarks import step_cost
     from benchmarks.profiling import count_flops
 
-    config = models.config_for(spec["arch"], **spec["changes"])
-    base = models.build(config).to(dtype)
-    batch = {k: v.to(device) for k, v in step_cost.make_batch(config, spec["batch"], spec["seq"],
-                                                              spec["target"]).items()}
     methods = {k: step_cost.METHODS[k] for k in spec.get("methods", step_cost.METHODS)}
-    runners = {label: step_cost.MethodRunner(base, method, options, batch, device)
-               for label, (method, options) in methods.items()}
-    floor = step_cost.floor_step(models.shared_copy(base).to(device), batch)
-    steps = {label: synced(step, device, dtype)
-             for label, step in {step_cost.FLOOR: floor, **{k: r.step for k, r in runners.items()}}.items()}
-    del base
+    runners, steps = step_cost.method_steps(spec, methods, device, dtype)
+    steps = {label: synced(step, device, dtype) for label, step in steps.items()}
     wall, _ = interleaved(steps, rounds=rounds, warmup=warmup)
     ratios = paired_ratios(wall, step_cost.FLOOR)
     peaks = {label: peak_step_bytes(step, device) for label, step in steps.items()}
@@ -226,7 +176,7 @@ def measure_arch(spec: dict[str, Any], device: torch.device, dtype: torch.dtype,
     rows = [step_cost._row(label, runners.get(label), wall[label], ratios[label], peaks[label], spec["seq"])
             | {"gflops": flops[label] / 1e9, "flop_ratio_to_floor": flops[label] / flops[step_cost.FLOOR]}
             for label in steps]
-    del runners, steps, floor
+    del runners, steps
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -463,13 +413,9 @@ def pick_parts(sources: list[Path]) -> dict[str, tuple[Path, BenchResult]]:
     """Part name -> (folder, result): the last folder where the part succeeded, else the last where it failed."""
     picked: dict[str, tuple[Path, BenchResult]] = {}
     for source in sources:
-        for name in PARTS:
-            path = source / f"{name}.json"
-            if not path.is_file():
-                continue
-            result = BenchResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            if name not in picked or not result.error or picked[name][1].error:
-                picked[name] = (source, result)
+        for result in load_results(source, list(PARTS)):
+            if result.name not in picked or not result.error or picked[result.name][1].error:
+                picked[result.name] = (source, result)
     return picked
 
 

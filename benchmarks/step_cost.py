@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 NAME = "step_cost"
 TITLE = "Training step cost against the frozen floor"
 FLOOR = "floor"
+CPU = torch.device("cpu")
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "capt": ("capt", {}),
     "prompt_tuning-100": ("prompt_tuning", {"num_tokens": 100}),
@@ -137,14 +138,12 @@ class MethodRunner:
     """One method on its own weight-sharing copy of the base model, with its optimizer."""
 
     def __init__(self, base: torch.nn.Module, method: str, options: dict[str, Any],
-                 batch: dict[str, torch.Tensor], device: torch.device | None = None) -> None:
+                 batch: dict[str, torch.Tensor], device: torch.device) -> None:
         """`device`: where the adapted model runs (adapted on `base`'s device first, then moved, as a job's
         Accelerate does: on another device it is a copy of its own, no longer sharing `base`'s storage)."""
         from pipelines.adapted import adapt
 
-        self.model = adapt(models.shared_copy(base), method, options)
-        if device is not None:
-            self.model.to(device)
+        self.model = adapt(models.shared_copy(base), method, options).to(device)
         self.params = list(self.model.trainable_parameters())
         self.optimizer = make_optimizer(method, models.family(base.config), self.model)
         self.batch = batch
@@ -183,13 +182,23 @@ def profile_all(steps: dict[str, Callable[[], None]], passes: int) -> dict[str, 
     return best
 
 
+def method_steps(spec: dict[str, Any], methods: dict[str, tuple[str, dict[str, Any]]] = METHODS,
+                 device: torch.device = CPU,
+                 dtype: torch.dtype = torch.float32) -> tuple[dict[str, MethodRunner], dict[str, Callable[[], None]]]:
+    """(runners, steps): the floor's and each method's step on one architecture, every one on a copy of one random
+    base model in `dtype` (moving to the CPU, where they are built, keeps one shared copy)."""
+    config = models.config_for(spec["arch"], **spec["changes"])
+    base = models.build(config).to(dtype)
+    batch = {k: v.to(device) for k, v in make_batch(config, spec["batch"], spec["seq"], spec["target"]).items()}
+    runners = {label: MethodRunner(base, method, options, batch, device) for label, (method, options) in
+               methods.items()}
+    floor = floor_step(models.shared_copy(base).to(device), batch)
+    return runners, {FLOOR: floor, **{k: r.step for k, r in runners.items()}}
+
+
 def measure_arch(spec: dict[str, Any], rounds: int, warmup: int, passes: int) -> dict[str, Any]:
     """Time and profile every method on one architecture; returns rows, the op difference and profiles."""
-    config = models.config_for(spec["arch"], **spec["changes"])
-    base = models.build(config)
-    batch = make_batch(config, spec["batch"], spec["seq"], spec["target"])
-    runners = {label: MethodRunner(base, method, options, batch) for label, (method, options) in METHODS.items()}
-    steps = {FLOOR: floor_step(models.shared_copy(base), batch), **{k: r.step for k, r in runners.items()}}
+    runners, steps = method_steps(spec)
     wall, cpu = interleaved(steps, rounds=rounds, warmup=warmup)
     ratios, cpu_ratios = paired_ratios(wall, FLOOR), paired_ratios(cpu, FLOOR)
     profiles = profile_all(steps, passes)
@@ -198,13 +207,13 @@ def measure_arch(spec: dict[str, Any], rounds: int, warmup: int, passes: int) ->
             | {"cpu_ratio_to_floor": median(cpu_ratios[label]), "gflops": flops[label] / 1e9,
                "flop_ratio_to_floor": flops[label] / flops[FLOOR]} for label in steps]
     diff = op_difference(profiles["capt"].self_cpu_us, profiles[FLOOR].self_cpu_us)
-    del runners, steps, base
+    del runners, steps
     gc.collect()
     return {"rows": rows, "wall": wall, "cpu": cpu, "op_diff": diff,
             "profile_capt": profiles["capt"].table, "profile_floor": profiles[FLOOR].table}
 
 
-def _row(label: str, runner: MethodRunner | None, times: list[float], ratios: list[float], peak: int,
+def _row(label: str, runner: MethodRunner | None, times: list[float], ratios: list[float], peak: float,
          seq: int) -> dict[str, Any]:
     """One table row of a method (the floor has no runner)."""
     return {"method": label, "trainable": sum(p.numel() for p in runner.params) if runner else 0,
