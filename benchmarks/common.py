@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -12,7 +11,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -30,16 +29,11 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE"
 class Target:
     """A stated goal and how the measurement compares with it."""
 
-    name: str
-    """What is compared, e.g. "CaPT step / floor (T5-Base)"."""
-    goal: str
-    """The goal in words, e.g. "<= 1.05x"."""
+    name: str  # what is compared, e.g. "CaPT step / floor (T5-Base)"
+    goal: str  # e.g. "<= 1.05x"
     measured: float
-    """The measured value."""
     met: bool
-    """Whether the goal is met."""
-    detail: str = ""
-    """By how much it is missed (or "met")."""
+    detail: str = ""  # by how much it is missed (or "met")
 
 
 @dataclass
@@ -61,25 +55,17 @@ class BenchResult:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
-    plots: list[str] = field(default_factory=list)
-    """PNG file names relative to the results folder."""
-    profiles: dict[str, str] = field(default_factory=dict)
-    """Title -> torch.profiler top-ops text table."""
-    sections: dict[str, str] = field(default_factory=dict)
-    """Title -> Markdown produced by another tool (e.g. `pipelines.report`), shown as is."""
-    skipped: str | None = None
-    """Why the benchmark did not run (e.g. no CAPT_DATA_DIR)."""
+    plots: list[str] = field(default_factory=list)  # PNG file names relative to the results folder
+    profiles: dict[str, str] = field(default_factory=dict)  # title -> torch.profiler top-ops text table
+    sections: dict[str, str] = field(default_factory=dict)  # title -> another tool's Markdown, shown as is
+    skipped: str | None = None  # why the benchmark did not run (e.g. no CAPT_DATA_DIR)
     error: str | None = None
     started: str = ""
     duration_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchResult:
-        """Inverse of `to_dict`."""
+        """The result `save_result` wrote as JSON."""
         data = dict(data)
         data["tables"] = [Table(**t) for t in data.get("tables", [])]
         data["targets"] = [Target(**t) for t in data.get("targets", [])]
@@ -150,6 +136,8 @@ def spread(values: Sequence[float]) -> str:
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, RAM, load and platform of this machine."""
+    import torch
+
     info: dict[str, Any] = {"cpu_model": platform.processor() or platform.machine(), "logical_cpus": os.cpu_count(),
                             "usable_cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
                             "python": platform.python_version()}
@@ -163,17 +151,11 @@ def machine() -> dict[str, Any]:
         total = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemTotal"))
         info["ram_gib"] = round(int(total.split()[1]) / 2**20, 1)
     info["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
-    try:
-        import torch
-
-        info["torch_threads"] = torch.get_num_threads()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    info["torch_threads"] = torch.get_num_threads()
     return info
 
 
-NAMED_MODELS = ("tiny-t5", "minilm", "smollm2-135m")
-"""Models a benchmark's `--...-model` option may name: the embedded ones and the real LLM."""
+NAMED_MODELS = ("tiny-t5", "minilm", "smollm2-135m")  # a `--...-model` option's choices: embedded ones, the real LLM
 
 
 def commit_info() -> dict[str, Any]:
@@ -200,18 +182,14 @@ def save_result(result: BenchResult, out_dir: Path) -> Path:
     """Write `<out_dir>/<name>.json`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{result.name}.json"
-    path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    path.write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
     return path
 
 
 def load_results(out_dir: Path, names: Sequence[str]) -> list[BenchResult]:
     """The saved results of `names` that exist in `out_dir`, in that order."""
-    found = []
-    for name in names:
-        path = out_dir / f"{name}.json"
-        if path.is_file():
-            found.append(BenchResult.from_dict(json.loads(path.read_text())))
-    return found
+    paths = [out_dir / f"{name}.json" for name in names]
+    return [BenchResult.from_dict(json.loads(path.read_text())) for path in paths if path.is_file()]
 
 
 def fmt(value: Any) -> str:
