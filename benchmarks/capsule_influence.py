@@ -3,12 +3,8 @@ with its task vectors zeroed (the instance-mean anchor and the trained head rema
 
     python -m benchmarks.capsule_influence JOB_DIR [JOB_DIR ...] [--data-dir DIR] [--out FILE.json]
 
-JOB_DIR is a CaPT training job's output folder (its `artifact/` and `result.json`), e.g. a learning-benchmark
-trial's job folder. The test split is rebuilt from the job's resolved task config; `--data-dir` replaces its
-data folder (a benchmark's temporary copy is gone after the run). One Markdown row per job: the test score
-as trained, the job's own (they match when the data is the job's), with the task vectors zeroed, the share of
-test predictions that change, and the task vectors' mean L2 norm per layer. A capsule whose zeroing changes no
-prediction has not moved the model past what its head reads from the anchor.
+The test split is rebuilt from the job's resolved task config (`--data-dir` replaces its data folder). A capsule
+whose zeroing changes no prediction has not moved the model past what its head reads from the anchor.
 """
 
 from __future__ import annotations

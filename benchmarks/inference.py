@@ -1,15 +1,8 @@
 """Benchmark 4: serving many tasks on one frozen model with `CapsuleBank`, and capsule artifact sizes.
 
-Throughput: one batch whose rows cycle through 7 task capsules (row i uses task i mod 7), scored by a
-teacher-forced forward pass (encoder over the input, decoder over a short label: what rank
-classification does), under `torch.inference_mode`. Compared, interleaved round-robin:
-the bare model (no capsule), the bank with the 7 tasks mixed in the one batch, the bank with one capsule
-for every row, and one task at a time (7 batches, each holding that task's rows).
-
-Artifact sizes: the capsule tensor size is computed on the meta device from the real configuration
-(T5-Base, T5-Large, Llama-3.2-1B, Qwen2.5-1.5B), and the artifact is saved for real with
-`capt.save_capsule` from a stand-in model with the same hidden size and layer count (tiny everything
-else), which yields the same capsule tensors.
+Throughput: one teacher-forced batch whose row i uses task capsule i mod 7, against the bare model, one capsule for
+all rows and one task at a time, interleaved. Artifacts: capsule sizes from the real configs on the meta device, the
+files saved by `capt.save_capsule` from stand-ins of the same hidden size and layer count (the same tensors).
 """
 
 from __future__ import annotations

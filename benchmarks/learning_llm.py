@@ -1,24 +1,13 @@
-"""The paper's decoder-only comparison on a real LLM (SmolLM2-135M), resumable over many sessions.
+"""The paper's decoder-only comparison on a real LLM (SmolLM2-135M), resumable over sessions (README, "A real LLM").
 
     CAPT_DATA_DIR=DIR python -m benchmarks.learning_llm --out benchmarks/results/learning_smollm2
     python -m benchmarks.learning_llm --out benchmarks/results/learning_smollm2 --report-only
 
-The grid is the sweep config `pipelines/configs/bench/learning_smollm2.yaml` (tasks x method rows x learning rates
-x seeds). Its trial jobs run here, in `--workers` processes sharing the CPUs' threads (default one process: on the
-2-CPU machine two one-thread processes each stepped at half the speed of one alone, 15.5 s against 7.5 s at batch
-8 x 128, where one two-thread process takes about 4.5 s; a sweep's Ray actors would add start-up to each of 144
-trials), seed 0 of every cell first so that a stopped run leaves whole tables. Each process keeps its base model
-loaded between trials (`pipelines.models.cache.BASE_MODELS`).
-
-Resumable: every finished trial's result.json is copied to `<out>/trials/<trial>.json`, keyed by the hash of its
-resolved job config; a later run skips a trial whose record there has the same config hash and an intact
-`result_digest`, and a trial stopped midway continues from its checkpoint in `--work` (the sweep's job folders).
-Packing is not used: on the CPU a pack's members cost their full compute each; packing saves host overhead on a GPU.
-
-The report (`report.md`, `report.json`) selects on validation only: per (task, row), the learning rate whose mean
-best validation score over the seeds is highest (`pipelines.sweeps.select.chosen_labels`); the test scores shown
-are that learning rate's. The untrained row is LoRA's test score before its first step (its B starts at zero: the
-bare model on the same prompt). CaPT's per-seed paired differences against every other row follow.
+The trials of `pipelines/configs/bench/learning_smollm2.yaml` run here, seed 0 of every cell first, in `--workers`
+processes keeping their base model loaded (default one: on 2 CPUs two one-thread processes each stepped at half the
+speed of one alone, 15.5 s against 7.5 s at batch 8 x 128; a sweep's Ray actors would add start-up to each of 144
+trials). Each finished result.json is recorded in `<out>/trials/`, keyed by its config hash; a rerun skips a trial
+whose record has the same hash and an intact `result_digest`. The report selects on validation only.
 """
 
 from __future__ import annotations

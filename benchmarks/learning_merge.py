@@ -3,19 +3,11 @@
     python -m benchmarks.learning_merge benchmarks/results/learning_3seeds/cb_rte \\
         benchmarks/results/learning_3seeds/copa_wic_boolq --out benchmarks/results/learning_3seeds
 
-On a small machine the whole learning grid does not fit one sitting, so it runs in pieces that differ only
-in their `tasks=[...]` and `methods=[...]` overrides (`python -m benchmarks.run --only learning
---learning-override "tasks=[cb,rte]" --out DIR`). This reads each piece's "Every trial" rows, keeps for each
-(model, task, method) the `select:` combination with the best mean validation score over seeds, as the
-sweep's own report does (`pipelines.sweeps.select.chosen_labels`), and tabulates the kept test scores with
-`pipelines.report`'s table and plot functions (mean ± std over seeds, the chosen value, the SuperGLUE average
-column; then the same trials' test accuracy), so the merged table is the one `python -m pipelines.report`
-would print for one sweep over the union.
-
-The pieces must share the sweep config and every override but `tasks` and `methods`, and no (task, method,
-seed, combination) may appear in two of them; every problem is reported at once and nothing is written. Cells whose
-trials recorded other training settings than their method's newest piece (a default changed between pieces) are a
-row of their own, marked "†", never averaged with the newer ones.
+The pieces differ only in their `tasks=[...]` and `methods=[...]` overrides. Per (model, task, method) the `select:`
+combination with the best mean validation score is kept (`pipelines.sweeps.select.chosen_labels`) and tabulated
+with `pipelines.report`'s functions: the table `python -m pipelines.report` would print for one sweep over the union.
+Every problem (other shared settings, a trial in two pieces) is reported at once and nothing is written. Cells
+trained under other settings than their method's newest piece are a row of their own, marked "†".
 """
 
 from __future__ import annotations

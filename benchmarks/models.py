@@ -1,9 +1,7 @@
 """Real architecture sizes with random weights, built from `*Config` objects (no download, no checkpoint).
 
-`ARCHS` holds the published shapes of the paper's models; `config_for(arch, **changes)` returns one with
-fewer layers or a smaller vocabulary where a benchmark says so. `shared_copy` gives a method its own
-module tree whose parameters share the base model's storage, so every method of a benchmark can be
-ready at once (for interleaved timing) without one weight copy per method.
+`shared_copy` gives each method a module tree sharing the base model's storage, so every method of a benchmark is
+ready at once for interleaved timing without a weight copy per method.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Benchmark: packed training (#34), capsules per hour with K members in one loop against the same members one
 after another.
 
-For each model and K, the same K CaPT jobs (tasks RTE and CB alternating, seeds 0..K-1, three learning rates in turn)
-are trained (a) as one pack (`pipelines.training.packed.train_pack`: one base model load, one forward and backward per
-step over every member's rows) and (b) one after another in this process, two ways: the single-job path a sweep trial
-runs (`pipelines.training.loop.run`, with a shared `BaseModelCache` so the base model is loaded once, as in a reused
-trial process), and packs of one (the same code as (a), a base model load per member). Each member trains the same
-steps, then validates and tests once. Capsules per hour = K / wall time; the ratio is against the faster of the two
-sequential routes.
+For each model and K, the same K CaPT jobs are trained as one pack (`pipelines.training.packed.train_pack`) and one
+after another, both through `pipelines.training.loop.run` with a shared base-model cache and as packs of one; the
+ratio is against the faster sequential route (README).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Page faults of a CPU training step at a packed batch: glibc's defaults against settings that keep pages mapped.
 
-    python -m benchmarks.page_faults                      # MiniLM shapes, batches 144 and 16 of 128 tokens
     python -m benchmarks.page_faults --batches 144 16 --steps 3 --where thread main
 
-Each (batch, glibc settings, where) runs in a fresh process (glibc reads its `MALLOC_*` settings at start-up):
-random weights at MiniLM's shapes, one torch thread, forward and backward. `where=thread` runs the steps in a
-thread of their own, as a Tune trial trains (its glibc arena is not the main one); `where=main` in the main thread.
-It prints one markdown table of user and system CPU seconds and minor page faults per step (after one warm-up
-step). CPU times, not wall times: run it on a quiet machine or read only those columns.
+Each (batch, glibc settings, where) runs in a fresh process (glibc reads `MALLOC_*` at start-up): MiniLM's shapes,
+random weights, one torch thread, forward and backward; `where=thread` steps in a thread of its own, as a Tune trial
+does. Prints user and system CPU seconds and minor faults per step after a warm-up: CPU times, not wall times.
 """
 
 from __future__ import annotations

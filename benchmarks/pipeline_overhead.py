@@ -1,17 +1,9 @@
 """Benchmark 3: what the sweep machinery costs: Ray Tune + Ray Train + MLflow against plain `run()` calls.
 
-The sweep is `python pipelines/sweep.py --config pipelines/configs/bench/overhead.yaml` in a subprocess,
-which starts its own local Ray and local MLflow server, runs N trials (each a Ray Train worker group
-running `pipelines.training.loop.run`, tracked and registered in MLflow), promotes, and stops both services.
-The same N job configs (taken from the sweep config by `pipelines.sweeps.config.trials`) also run back to
-back in this process, which is already warm (one untimed job first). Repetitions alternate the order.
-Start-up costs are measured on their own: `import ray` + `ray.init` + `ray.shutdown` in a fresh process,
-and `LocalMlflowServer` from start to `GET /health` = 200 (fresh database) and its stop.
-
-A second comparison runs trials whose own work is about a minute (the same config with more steps,
-`MINUTE_TRIALS`): that is where the targets apply, <= 5 s of overhead per trial net of the once-per-sweep
-start-up and a sweep efficiency >= 0.8. Its in-process reference runs torch with the trial's
-`resources.cpus_per_worker` threads, as the sweep's trials do.
+`python pipelines/sweep.py --config pipelines/configs/bench/overhead.yaml` in a subprocess (its own local Ray and
+MLflow) against the same trial jobs back to back in this warm process, repetitions alternating the order; Ray and
+MLflow start-up measured on their own. Targets apply to trials of about a minute of their own work (`MINUTE_TRIALS`),
+whose in-process reference runs torch on the trial's `resources.cpus_per_worker` threads (README).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """One step under torch.profiler: peak tensor memory (CPU allocator events) and the top ops by self time.
 
-Peak memory is read from the profiler's allocation events (``profile_memory=True``): every CPU tensor
-allocation and free during the step, in time order; the peak is the highest running total above the
-level at the start of the step. It counts tensor memory only (activations, gradients, optimizer
-temporaries and any state first created in the step), the CPU analogue of
-``torch.cuda.max_memory_allocated`` minus the memory allocated before the step. Process RSS is not used:
-glibc keeps freed memory, so RSS deltas under-count a second step.
+The peak is the highest running total of the step's allocation events above its starting level: tensor memory
+only, the CPU analogue of ``torch.cuda.max_memory_allocated``. Not RSS: glibc keeps freed memory, so RSS deltas
+under-count a second step.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Run the benchmarks and write JSON results, PNG plots and the Markdown report.
 
-    python -m benchmarks.run                      # full run (under an hour on 2 CPUs without `learning`)
-    python -m benchmarks.run --quick              # every benchmark at small sizes (a few minutes)
-    python -m benchmarks.run --only step_cost inference
-    python -m benchmarks.run --only packing     # packed training: capsules per hour (#34)
-    python -m benchmarks.run --only time_to_result --time-to-result-model smollm2-135m --out ...  # on the real LLM
-    python -m benchmarks.run --only serving --serving-model smollm2-135m --out ...
-    CAPT_DATA_DIR=/path/to/superglue python -m benchmarks.run --only learning [--learning-override seeds=[0]]
-    CAPT_DATA_DIR=... python -m benchmarks.run --only learning --learning-override "tasks=[cb]" \\
-        --learning-rows capt lora
+    python -m benchmarks.run [--quick] [--only NAME ...] [--out DIR]    # more in --help and benchmarks/README.md
 
-Results go to benchmarks/results/ (<name>.json, *.png, report.md, run.json); the report covers every
-benchmark whose JSON is there, so `--only` refreshes one section and keeps the others.
+Results go to --out (<name>.json, *.png, report.md, run.json); the report covers every benchmark whose JSON is there,
+so `--only` refreshes one section and keeps the others.
 """
 
 from __future__ import annotations

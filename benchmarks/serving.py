@@ -1,20 +1,9 @@
 """Benchmark 6: the Ray Serve app under a bounded local load, 1 capsule against 50 and 1,000 on the same rows.
 
-Per base model (tiny-t5 and MiniLM, an encoder whose capsules each bring their task head), seven real capsules
-(one CaPT job per task on generated data, a few steps each) and perturbed copies of them (distinct values,
-`serving_capsules`) are served by `pipelines.serving.app`'s replica (`serving_app.TimedServer`: the same class,
-timed) as `python -m pipelines.serve` serves registry versions, minus the registry: one application per
-(workload, count) on one local Ray + Serve, HTTP on 127.0.0.1 only. Like is compared with like:
-
-- workload "rte": 1, 50 and 1,000 distinct RTE capsules, every request RTE rows (many capsules, nothing else);
-- workload "mix": the 7 tasks' capsules, and 1,000 (copies of the 7 in turn), every request rows of its capsule's
-  task, compared with the 7-task application, which gets the same mix.
-
-A fixed number of requests (cycling through the application's capsules) is sent by a fixed number of client
-threads, stopped early at a time limit. Rounds are interleaved: each round loads every application once, in an
-order rotated from round to round, and every ratio is taken within one round. Reported: rows per second and its
-ratio to the round's rate of the workload's smallest application (and of 1 RTE capsule), latency p50/p99, the time
-to a running application, the memory its capsules add to a replica against their bytes, and a hot add's time.
+Per base model, real capsules (one short CaPT job per task) and perturbed copies (`serving_capsules`) are served by
+`serving_app.TimedServer`, the app's replica timed, one application per (workload, count) on one local Ray + Serve:
+"rte" sends RTE rows to 1, 50 and 1,000 RTE capsules, "mix" each task's rows to the 7 tasks' capsules and 1,000.
+Rounds are interleaved and every ratio is taken within one round (README, `serving`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The serving benchmark's side of Ray Serve: the app's replica with timers, HTTP load, the hot add.
 
-`TimedServer` is `pipelines.serving.app.CapsuleServer` unchanged but for three readings: resident memory at the
-start of its constructor, the constructor's time (base model and every capsule loaded), and an ``add`` method
-that a Serve handle calls to put one more capsule into the running replica through `CapsuleEngine.add` (what
-the registry poll, `pipelines.serving.app.Reloader`, calls when a new task's version appears; the app has no
-HTTP route for it). Requests go over HTTP on 127.0.0.1 with the bearer token the app checks.
+`TimedServer` is `pipelines.serving.app.CapsuleServer` with its constructor timed (and the memory at its start), and
+an ``add`` a Serve handle calls to put one more capsule into the running replica (`CapsuleEngine.add`, what the
+registry poll calls; the app has no HTTP route for it). Requests carry the bearer token the app checks.
 """
 
 from __future__ import annotations

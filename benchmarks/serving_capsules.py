@@ -1,10 +1,8 @@
 """The serving benchmark's capsules: one short real CaPT job per task and base model, and perturbed copies of them.
 
-Two workloads. "rte": N distinct RTE capsules, the real one then copies whose capsule values are moved
-deterministically (distinct tensors), all reading RTE rows, so that N capsules and 1 capsule serve the same rows.
-"mix": the real capsules of every task, then perturbed copies of them in turn (capsule i of task i mod T), so that
-requests cycling through the set mix the tasks in the same proportions at every N. A smaller set is the start of
-the larger one of its workload (the same folders).
+"rte": N distinct RTE capsules (the real one, then copies with moved values); "mix": every task's real capsule, then
+perturbed copies in turn, so requests cycling through a set mix the tasks alike at every N. A smaller set is the start
+of the larger one of its workload.
 """
 
 from __future__ import annotations

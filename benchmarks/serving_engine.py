@@ -1,15 +1,8 @@
 """Where a mixed batch's time goes, in process: `CapsuleEngine.answer` on the batches the Serve applications form.
 
-No Ray, no HTTP: one batch of 8 requests (2 rows each) answered by the replica's engine on one torch thread (as a
-replica with a fraction of a CPU runs), timed round-robin:
-
-- ``1 capsule``: 8 RTE requests of the one RTE capsule (the 1-task application's batch);
-- ``8 RTE capsules``: the same rows, each request of another copy of the RTE capsule (distinct capsules only);
-- ``task mix``: the first 8 capsules of the largest set, 7 tasks (the mixed applications' batch: other tasks'
-  rows, lengths and label counts);
-- ``task mix, all capsules loaded``: the same requests to an engine holding every capsule of the largest set.
-
-The ratios separate what the Serve ratios mix: more distinct capsules in a batch, other tasks' rows, a larger bank.
+No Ray, no HTTP: a batch of 8 requests (2 rows each) on one torch thread (as a replica with a fraction of a CPU),
+timed round-robin: 1 capsule, 8 distinct RTE capsules, the task mix, and the task mix in an engine holding every
+capsule. The ratios separate what the Serve ratios mix: distinct capsules, other tasks' rows, a larger bank.
 """
 
 from __future__ import annotations

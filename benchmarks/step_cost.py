@@ -1,12 +1,8 @@
 """Benchmark 1: training step time and peak memory of every method, as ratios to the frozen floor.
 
-The floor is forward + backward through the frozen model at n+1 tokens with nothing trainable but a
-dummy input gradient (`inputs_embeds.requires_grad_()`): the least any method that trains something
-inside the model can cost. A step of a method is forward + backward + optimizer step (+ zero_grad),
-through `pipelines.adapted.adapt` (the pipeline's own wrapping) with the pipeline's default optimizer
-(Adafactor for the prompt methods, AdamW for LoRA and full fine-tuning); no gradient clipping.
-All methods are built up front on weight-sharing copies of one random-weight model and timed
-round-robin, so load from other processes hits every method alike; ratios are medians of per-round ratios.
+The floor is forward + backward through the frozen model at n+1 tokens with only the input's gradient: the least any
+method training something inside the model can cost. Every method steps through `pipelines.adapted.adapt` with the
+pipeline's default optimizer, on weight-sharing copies of one random model, timed round-robin (README).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Benchmark 2: time to a result (the paper's Table 2): one CaPT run against a prompt-length grid search.
 
-Prompt tuning and P-Tuning v2 need their prompt length searched (1, 5, 10, 20, 50, 100); CaPT has
-nothing to search. Every run is one `pipelines.training.loop.run` job (model build, training, validation, test,
-artifact) with the same task, steps, batch and evaluation. The CaPT run is repeated and its repetitions
-are spread through the grid (start, middle, end), so load drift affects both sides; its median is the
-denominator. Wall time of a run = building the job + `fit` (train, validate, test, save).
+Every run is one `pipelines.training.loop.run` job (build + fit) with the same task, steps, batch and evaluation; the
+CaPT repetitions are spread through the grid (start, middle, end) so load drift hits both sides, their median the
+denominator.
 """
 
 from __future__ import annotations
