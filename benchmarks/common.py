@@ -95,11 +95,8 @@ def now_iso() -> str:
 
 def interleaved(fns: Mapping[str, Callable[[], object]], rounds: int,
                 warmup: int = 1) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """(wall seconds, process CPU seconds) of each callable, `rounds` times, round-robin with a rotating start.
-
-    Every callable first runs `warmup` times untimed. Wall time is what a user waits; process CPU time
-    (all threads) is far less sensitive to other processes competing for the cores.
-    """
+    """(wall seconds, process CPU seconds: far less sensitive to other processes) of each callable, `rounds` times
+    round-robin with a rotating start, after `warmup` untimed runs each."""
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -215,10 +212,8 @@ def markdown_table(table: Table) -> str:
 
 def run_logged(cmd: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
                timeout: float | None = None) -> tuple[int, float]:
-    """Run `cmd` in its own session from the repository root, output to `log_path`; (exit code, wall s).
-
-    On a timeout the process group gets SIGINT (so a sweep stops its own Ray and MLflow), then SIGTERM.
-    """
+    """Run `cmd` in its own session from the repository root, output to `log_path`; (exit code, wall s). On a
+    timeout its process group gets SIGINT (so a sweep stops its own Ray and MLflow), then SIGTERM."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log_path.open("w") as log:

@@ -166,11 +166,8 @@ def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Pat
 
 
 def first_combinations(trials: list) -> list:
-    """The trials of each (task, model, method, seed) with the first combination of its `select:` values only.
-
-    The quick route checks that every row trains and tabulates, not which value validation would choose: running
-    every candidate (855 trials for the full grid) does not fit its budget, and an unselected table must not mix them.
-    """
+    """The trials of each (task, model, method, seed) with the first combination of its `select:` values only: the
+    quick route checks that every row trains and tabulates; every candidate (855 trials) does not fit its budget."""
     kept: dict[tuple, Any] = {}
     for trial in trials:
         kept.setdefault((trial.task, trial.model, trial.method, trial.seed), trial)

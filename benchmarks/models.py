@@ -57,11 +57,8 @@ def model_class(config) -> type[nn.Module]:
 
 
 def build(config, seed: int = 0, std: float = 0.02) -> nn.Module:
-    """A random-weight model in train mode: N(0, std) matrices, unit norm weights, zero biases.
-
-    transformers' own initialisation takes over ten seconds for a 1B-parameter vocabulary on 2 CPUs;
-    timing does not depend on how random weights were drawn, so construction skips it.
-    """
+    """A random-weight model in train mode: N(0, std) matrices, unit norm weights, zero biases (transformers' own
+    initialisation, skipped, takes over ten seconds for a 1B-parameter vocabulary on 2 CPUs)."""
     from transformers.initialization import no_init_weights
 
     with no_init_weights():
@@ -85,11 +82,8 @@ def build_meta(config) -> nn.Module:
 
 
 def shared_copy(model: nn.Module) -> nn.Module:
-    """A new module tree of the same class whose parameters and buffers share `model`'s storage.
-
-    Parameters are new `nn.Parameter` objects, so `requires_grad` is set per copy; tied weights are
-    tied again, so a copy trains like the original.
-    """
+    """A new module tree of the same class whose parameters and buffers share `model`'s storage; its parameters
+    are new `nn.Parameter` objects (`requires_grad` is per copy), tied weights tied again."""
     copy = build_meta(model.config)
     copy.load_state_dict(model.state_dict(), assign=True, strict=False)
     for name, buffer in model.named_buffers():  # non-persistent buffers (rotary inv_freq) are not in the state

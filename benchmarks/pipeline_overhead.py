@@ -85,11 +85,8 @@ def run_sweep(config: dict[str, Any], tmp: Path, index: int) -> dict[str, Any]:
 
 
 def mlflow_start_in_log(log: Path) -> float | None:
-    """Seconds from the sweep's "starting MLflow server" log line to its "MLflow server ready" line.
-
-    The sweep starts Ray between the two and waits for the server only then: this is its whole
-    start-up of both services.
-    """
+    """Seconds from the sweep's "starting MLflow server" log line to its "MLflow server ready" line: its whole
+    start-up of both services (it starts Ray between the two and waits for the server only then)."""
     stamps = {}
     for line in log.read_text(errors="replace").splitlines():
         for key, marker in (("start", "starting MLflow server"), ("ready", "MLflow server ready")):
@@ -101,10 +98,8 @@ def mlflow_start_in_log(log: Path) -> float | None:
 
 def run_in_process(config: dict[str, Any], tmp: Path, index: int, limit: int | None = None,
                    trial_threads: bool = False) -> dict[str, Any]:
-    """The sweep's trial jobs, back to back through `pipelines.training.loop.run`; total wall and fit times.
-
-    With `trial_threads`, torch uses the trial's `resources.cpus_per_worker` threads (as in the sweep).
-    """
+    """The sweep's trial jobs, back to back through `pipelines.training.loop.run`; total wall and fit times. With
+    `trial_threads`, torch uses the trial's `resources.cpus_per_worker` threads (as in the sweep)."""
     import torch
 
     from pipelines.config.load import validate_job_config
@@ -149,6 +144,14 @@ def mlflow_startup(directory: Path) -> dict[str, float]:
     return {MLFLOW_PROBE: ready - start, "mlflow server stop": time.perf_counter() - ready}
 
 
+def side_by_side(sweep: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:
+    """The columns of both comparisons: walls, overhead per trial, sweep efficiency, fit times, trials done."""
+    return {"sweep_s": sweep["wall_s"], "in_process_s": local["wall_s"],
+            "overhead_per_trial_s": (sweep["wall_s"] - local["wall_s"]) / local["trials"],
+            "sweep_efficiency": local["wall_s"] / sweep["wall_s"], "fit_in_sweep_s": sweep["fit_s"],
+            "fit_in_process_s": local["fit_s"], "trials_done_in_sweep": sweep["trials"]}
+
+
 def compare(config: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
     """Sweep and in-process runs, alternating which goes first; one row per repetition."""
     run_in_process(config, tmp, 99, limit=1)  # warm this process: imports, tokenizer, first-use caches
@@ -157,12 +160,7 @@ def compare(config: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
         order = ("sweep", "in_process") if index % 2 else ("in_process", "sweep")
         measured = {kind: (run_sweep if kind == "sweep" else run_in_process)(config, tmp, index) for kind in order}
         sweep, local = measured["sweep"], measured["in_process"]
-        trials = local["trials"]
-        rows.append({"repetition": index + 1, "trials": trials, "sweep_s": sweep["wall_s"],
-                     "in_process_s": local["wall_s"],
-                     "overhead_per_trial_s": (sweep["wall_s"] - local["wall_s"]) / trials,
-                     "sweep_efficiency": local["wall_s"] / sweep["wall_s"], "fit_in_sweep_s": sweep["fit_s"],
-                     "fit_in_process_s": local["fit_s"], "trials_done_in_sweep": sweep["trials"],
+        rows.append({"repetition": index + 1, "trials": local["trials"], **side_by_side(sweep, local),
                      "mlflow_start_in_sweep_s": sweep["mlflow_start_s"]})
     return rows
 
@@ -172,11 +170,7 @@ def compare_minute_trials(config: dict[str, Any], tmp: Path) -> dict[str, Any]:
     minute = {**config, "overrides": config["minute_overrides"]}
     local = run_in_process(minute, tmp, 50, trial_threads=True)
     sweep = run_sweep(minute, tmp, 51)
-    trials = local["trials"]
-    return {"trials": trials, "trial_s": local["wall_s"] / trials, "sweep_s": sweep["wall_s"],
-            "in_process_s": local["wall_s"], "overhead_per_trial_s": (sweep["wall_s"] - local["wall_s"]) / trials,
-            "sweep_efficiency": local["wall_s"] / sweep["wall_s"], "fit_in_sweep_s": sweep["fit_s"],
-            "fit_in_process_s": local["fit_s"], "trials_done_in_sweep": sweep["trials"]}
+    return {"trials": local["trials"], "trial_s": local["wall_s"] / local["trials"], **side_by_side(sweep, local)}
 
 
 def minute_targets(row: dict[str, Any]) -> list:
@@ -204,11 +198,8 @@ def startups(config: dict[str, Any], tmp: Path, rows: list[dict[str, Any]]) -> l
 
 
 def fixed_costs(starts: list[dict[str, Any]]) -> float:
-    """What a sweep pays once: its services' start-up plus ray.shutdown (the MLflow server stops meanwhile).
-
-    The start-up is the sweep log's (MLflow server and Ray start together); without it, the probes'
-    ray.init + MLflow start.
-    """
+    """What a sweep pays once: its services' start-up (from its log, else the probes' ray.init + MLflow start) plus
+    ray.shutdown (the MLflow server stops meanwhile)."""
     cost = {r["component"]: r["median_s"] for r in starts}
     start = cost.get(MLFLOW_IN_SWEEP, cost.get("ray.init (local)", 0.0) + cost.get(MLFLOW_PROBE, 0.0))
     return start + max(cost.get("ray.shutdown", 0.0), cost.get("mlflow server stop", 0.0))
@@ -224,14 +215,12 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     start_cost = fixed_costs(starts)
     for row in [*rows, minute]:
         row["overhead_per_trial_net_s"] = (row["sweep_s"] - row["in_process_s"] - start_cost) / row["trials"]
+    columns = ["sweep_s", "in_process_s", "overhead_per_trial_s", "overhead_per_trial_net_s", "sweep_efficiency",
+               "fit_in_sweep_s", "fit_in_process_s"]
     result.tables.append(Table("Sweep (subprocess, local Ray + MLflow) against the same jobs in one process",
-                               ["repetition", "trials", "sweep_s", "in_process_s", "overhead_per_trial_s",
-                                "overhead_per_trial_net_s", "sweep_efficiency", "fit_in_sweep_s",
-                                "fit_in_process_s"], rows))
+                               ["repetition", "trials", *columns], rows))
     result.tables.append(Table("Trials of about a minute: sweep against the same jobs in one process (trial threads)",
-                               ["trials", "trial_s", "sweep_s", "in_process_s", "overhead_per_trial_s",
-                                "overhead_per_trial_net_s", "sweep_efficiency", "fit_in_sweep_s",
-                                "fit_in_process_s"], [minute]))
+                               ["trials", "trial_s", *columns], [minute]))
     result.targets += minute_targets(minute)
     result.tables.append(Table("Start-up and stop costs", ["component", "median_s", "range_s", "samples"], starts))
     grouped_bars({f"rep {r['repetition']}": {"sweep": r["sweep_s"], "in process": r["in_process_s"]} for r in rows},

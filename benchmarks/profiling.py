@@ -81,13 +81,9 @@ def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_shape=
 
 
 def count_flops(step: Callable[[], None]) -> int:
-    """Floating-point operations of one call of ``step`` (matmuls and attention, forward and backward).
-
-    Uses ``torch.utils.flop_counter.FlopCounterMode``, which counts ops from their shapes, so the count
-    is exact and untouched by other processes. Its registry lacks the CPU kernel of
-    ``scaled_dot_product_attention`` (``_scaled_dot_product_flash_attention_for_cpu`` and its
-    backward); they are added here with torch's own SDPA formulas, or attention on CPU would count zero.
-    """
+    """Floating-point operations of one call of ``step`` (matmuls and attention, forward and backward), counted from
+    op shapes by ``FlopCounterMode``: exact, untouched by other processes. Its registry lacks SDPA's CPU kernels,
+    added here with torch's own SDPA formulas, or attention on CPU would count zero."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -92,10 +92,8 @@ def extra_capsule(results: dict[str, dict[str, Any]], directory: Path) -> Any:
 
 
 def write_manifest(capsules: Sequence[Any], path: Path) -> Path:
-    """An application's capsules as a JSON Lines file for its replica to read (`read_manifest`), each with the path
-    of its job's result.json. The replica builds its `ServedCapsule`s itself, one line at a time, as `pipelines.serve`'s
-    replicas fetch registry versions one at a time, rather than taking them as constructor arguments, which Serve
-    keeps for the replica's lifetime (1,000 capsules' descriptions that a registry replica drops once each is read)."""
+    """An application's capsules as a JSON Lines file for its replica to read a line at a time (`read_manifest`), as
+    registry versions are fetched: constructor arguments Serve would keep for the replica's lifetime."""
     lines = [json.dumps({"name": c.name, "task": c.task, "model_name": c.model_name, "version": c.version,
                          "capsule_dir": str(c.capsule_dir),
                          "result_file": str(Path(c.result["artifact_dir"]).parent / "result.json")})
@@ -105,9 +103,8 @@ def write_manifest(capsules: Sequence[Any], path: Path) -> Path:
 
 
 def read_manifest(path: str | Path) -> Iterator[Any]:
-    """The `ServedCapsule`s of `write_manifest`'s file, a line at a time (as a replica fetches registry versions: no
-    list of them all is ever built), each with its own parsed result (as a registry source parses each version's
-    result.json: no two share one dict)."""
+    """The `ServedCapsule`s of `write_manifest`'s file, a line at a time (no list of them all), each with its own
+    parsed result (no two share one dict), as a registry source yields versions."""
     from pipelines.serving.records import ServedCapsule
 
     with Path(path).open(encoding="utf-8") as lines:
