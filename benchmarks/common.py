@@ -152,9 +152,6 @@ def machine() -> dict[str, Any]:
     return info
 
 
-NAMED_MODELS = ("tiny-t5", "minilm", "smollm2-135m")  # a `--...-model` option's choices: embedded ones, the real LLM
-
-
 def commit_info() -> dict[str, Any]:
     """The commit the code ran at, and whether its code folders (capt, pipelines, benchmarks) matched it."""
     def git(*cmd: str) -> str:

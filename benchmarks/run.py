@@ -35,9 +35,9 @@ from pipelines.services.folder_lock import folder_problem
 
 logger = logging.getLogger("benchmarks.run")
 
-BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in
-                                     (step_cost, time_to_result, pipeline_overhead, inference, serving, learning,
-                                                      packing)}
+BENCHMARKS: dict[str, ModuleType] = {module.NAME: module for module in (
+    step_cost, time_to_result, pipeline_overhead, inference, serving, learning, packing)}
+NAMED_MODELS = ("tiny-t5", "minilm", "smollm2-135m")  # `--...-model` choices: the embedded models and the real LLM
 
 
 def run_benchmark(module: ModuleType, quick: bool, out_dir: Path, learning_overrides: list[str] | None = None,
@@ -99,10 +99,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                              "one piece of a grid run in pieces")
     parser.add_argument("--step-cost-archs", nargs="+", default=[], metavar="ARCH",
                         help="run step_cost on these of its architectures only (e.g. smollm2-135m)")
-    parser.add_argument("--time-to-result-model", choices=time_to_result.MODELS, metavar="MODEL",
-                        help=f"run time_to_result on this model ({', '.join(time_to_result.MODELS)})")
-    parser.add_argument("--serving-model", choices=serving.MODELS, metavar="MODEL",
-                        help=f"run serving on this model only ({', '.join(serving.MODELS)})")
+    parser.add_argument("--time-to-result-model", choices=NAMED_MODELS, metavar="MODEL",
+                        help=f"run time_to_result on this model ({', '.join(NAMED_MODELS)})")
+    parser.add_argument("--serving-model", choices=NAMED_MODELS, metavar="MODEL",
+                        help=f"run serving on this model only ({', '.join(NAMED_MODELS)})")
     args = parser.parse_args(argv)
     problems = [problem] if (problem := folder_problem("--out", args.out)) else []
     known = [a["arch"] for a in step_cost.settings(args.quick)["archs"]]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import NAMED_MODELS, BenchResult, Table, at_least, at_most
+from benchmarks.common import BenchResult, Table, at_least, at_most
 from benchmarks.serving_capsules import MIX, SINGLE, capsule_sets, extra_capsule, train_capsules, weight_bytes
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,6 @@ def settings(quick: bool) -> dict[str, Any]:
             "task_counts": {SINGLE: [1, 50, 1000], MIX: [len(TASKS), 1000]},
             "requests": {"tiny-t5": 900, "minilm": 360}, "rounds": 3, "slices": 6, "duration_s": 60.0,
             "engine_rounds": 5}
-
-
-MODELS = NAMED_MODELS
-"""Models `--serving-model` may name."""
 
 
 def for_model(config: dict[str, Any], model: str) -> dict[str, Any]:

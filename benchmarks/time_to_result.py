@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import NAMED_MODELS, BenchResult, Table, median
+from benchmarks.common import BenchResult, Table, median
 from benchmarks.plots import grouped_bars
 
 logger = logging.getLogger(__name__)
@@ -36,10 +36,6 @@ def settings(quick: bool) -> dict[str, Any]:
                 "capt_runs": 2}
     return {**common, "model": "minilm", "steps": 20, "max_eval_examples": 32, "max_train_examples": 1000,
             "capt_runs": 3}
-
-
-MODELS = NAMED_MODELS
-"""Models `--time-to-result-model` may name."""
 
 
 def for_model(config: dict[str, Any], model: str) -> dict[str, Any]:
