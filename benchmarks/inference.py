@@ -8,7 +8,6 @@ files saved by `capt.save_capsule` from stand-ins of the same hidden size and la
 from __future__ import annotations
 
 import gc
-import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +21,6 @@ from benchmarks import models
 from benchmarks.common import BenchResult, Table, interleaved, median, paired_ratios, spread
 from benchmarks.plots import grouped_bars
 from capt.tasks.registry import TASK_NAMES
-
-logger = logging.getLogger(__name__)
 
 NAME = "inference"
 TITLE = "Inference: CapsuleBank with 7 tasks mixed in one batch, and capsule artifact sizes"

@@ -33,8 +33,7 @@ CONFIG = "pipelines/configs/bench/learning_smollm2.yaml"
 OUT = "benchmarks/results/learning_smollm2"
 WORK = "outputs/bench-learning-smollm2"
 REFERENCE = "capt"
-UNTRAINED_FROM = "lora"
-"""The row whose test score before training is the bare model's (LoRA's update starts at zero)."""
+UNTRAINED_FROM = "lora"  # the row whose test score before training is the bare model's (LoRA's update starts at zero)
 STEP0_FROM = "capt-untrained"
 """The row whose trials score CaPT's own capsule before its first step (the instance mean, zero task vectors): the
 report's `capt-step0` row; the one step these trials train is not a result and is not shown."""

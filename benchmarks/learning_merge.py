@@ -106,8 +106,7 @@ def _settings_key(settings: dict[str, Any] | None) -> str | None:
     return json.dumps({**settings, "optim": optim}, sort_keys=True)
 
 
-OTHER_SETTINGS = " †"
-"""Appended to a method's label for cells trained under other settings than its newest piece's."""
+OTHER_SETTINGS = " †"  # appended to a method's label for cells trained under other settings than its newest piece's
 
 
 def mark_other_settings(rows: list[dict[str, Any]]) -> list[str]:

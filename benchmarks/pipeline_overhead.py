@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,6 @@ from benchmarks.common import (
     spread,
 )
 from benchmarks.plots import grouped_bars
-
-logger = logging.getLogger(__name__)
 
 NAME = "pipeline_overhead"
 TITLE = "Pipeline overhead: a Ray + MLflow sweep against the same jobs in one process"

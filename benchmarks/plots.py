@@ -10,7 +10,7 @@ logger = logging.getLogger(__name__)
 
 
 def grouped_bars(groups: Mapping[str, Mapping[str, float]], path: Path, title: str, ylabel: str,
-                 hline: float | None = None, hline_label: str = "", log: bool = False) -> Path:
+                 hline: float | None = None, hline_label: str = "") -> Path:
     """One cluster of bars per group (x axis), one bar per series, values printed on the bars."""
     import matplotlib
 
@@ -31,8 +31,6 @@ def grouped_bars(groups: Mapping[str, Mapping[str, float]], path: Path, title: s
     ax.set_xticks(range(len(groups)), list(groups))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if log:
-        ax.set_yscale("log")
     ax.margins(y=0.2)
     ax.legend(fontsize="small", ncols=min(4, len(series) + 1))
     fig.tight_layout()

@@ -7,25 +7,18 @@ under-count a second step.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
+from itertools import accumulate
 
 
 @dataclass
 class StepProfile:
     """What one profiled step tells."""
 
-    peak_bytes: int
-    """Highest tensor memory in use during the step above the level at its start."""
-    net_bytes: int
-    """Tensor memory still held at the end of the step minus that at its start."""
-    self_cpu_us: dict[str, float]
-    """Op name -> self CPU time (microseconds)."""
-    table: str
-    """torch.profiler's key_averages table, sorted by self CPU time."""
+    peak_bytes: int  # highest tensor memory in use during the step above the level at its start
+    self_cpu_us: dict[str, float]  # op name -> self CPU time (microseconds)
+    table: str  # torch.profiler's key_averages table, sorted by self CPU time
 
 
 def profile_step(step: Callable[[], object], row_limit: int = 12) -> StepProfile:
@@ -34,15 +27,15 @@ def profile_step(step: Callable[[], object], row_limit: int = 12) -> StepProfile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    peak, net = _allocation_peak(prof)
+    peak = _allocation_peak(prof)
     averages = prof.key_averages()
     self_cpu = {event.key: float(event.self_cpu_time_total) for event in averages}
     table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=48)
-    return StepProfile(peak, net, self_cpu, table)
+    return StepProfile(peak, self_cpu, table)
 
 
-def _allocation_peak(prof) -> tuple[int, int]:
-    """(peak, net) of the running total of allocation events, in bytes."""
+def _allocation_peak(prof) -> int:
+    """The peak of the running total of allocation events (frees are negative), in bytes."""
     from torch._C._profiler import _EventType
 
     events: list[tuple[int, int]] = []
@@ -52,12 +45,7 @@ def _allocation_peak(prof) -> tuple[int, int]:
         if node.tag == _EventType.Allocation:
             events.append((node.start_time_ns, int(node.extra_fields.alloc_size)))
         stack.extend(node.children)
-    events.sort()
-    total = peak = 0
-    for _, size in events:
-        total += size
-        peak = max(peak, total)
-    return peak, total
+    return max([0, *accumulate(size for _, size in sorted(events))])
 
 
 def op_difference(method: dict[str, float], floor: dict[str, float], top: int = 8) -> list[dict[str, object]]:

@@ -65,8 +65,7 @@ def schedule(apps: list[Any], rounds: int) -> list[list[Any]]:
     return [apps[(r * shift) % len(apps):] + apps[:(r * shift) % len(apps)] for r in range(rounds)]
 
 
-App = tuple[str, int]
-"""(workload, capsule count): one Serve application of a model."""
+App = tuple[str, int]  # (workload, capsule count): one Serve application of a model
 
 
 def deploy(config: dict[str, Any], sets: dict[str, dict[App, list]], rows: dict[str, list], port: int,

@@ -13,10 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-SINGLE = "rte"
-"""The task of the one-capsule application and of the "rte" workload."""
-MIX = "mix"
-"""The workload of every task's rows."""
+SINGLE = "rte"  # the task of the one-capsule application and of the "rte" workload
+MIX = "mix"  # the workload of every task's rows
 
 
 def train_capsules(directory: Path, model: str, tasks: Sequence[str], steps: int,

@@ -8,7 +8,6 @@ pipeline's default optimizer, on weight-sharing copies of one random model, time
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from benchmarks import models
 from benchmarks.common import BenchResult, Table, at_most, interleaved, median, paired_ratios, spread
 from benchmarks.plots import grouped_bars
 from benchmarks.profiling import StepProfile, count_flops, op_difference, profile_step
-
-logger = logging.getLogger(__name__)
 
 NAME = "step_cost"
 TITLE = "Training step cost against the frozen floor"

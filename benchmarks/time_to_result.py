@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 NAME = "time_to_result"
 TITLE = "Time to a result: one CaPT run against the prompt-length grid search (paper Table 2)"
 GRID_METHODS = ("prompt_tuning", "ptuning_v2")
-PAPER = {"prompt_tuning": 8.77, "ptuning_v2": 8.37}
-"""The paper's Table 2 ratios (grid search time / CaPT time)."""
+PAPER = {"prompt_tuning": 8.77, "ptuning_v2": 8.37}  # the paper's Table 2 ratios (grid search time / CaPT time)
 
 
 def settings(quick: bool) -> dict[str, Any]:
