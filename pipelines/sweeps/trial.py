@@ -158,7 +158,7 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
 
 # One Tune trial of a packed sweep (`run_trial` hands `run_pack_trial` a pack's point): the members of one
 # pack (`pipelines.sweeps.packs`) trained in one loop on one base model, in the Tune trial's own process
-# (`pipelines.tracking.packs`).
+# (`pipelines.tracking.jobs.tracked_pack`).
 #
 # Each member is what a trial is in a sweep without packing: its job config from `config.trial_job` (same config
 # hash, same output folder), its own MLflow run named and tagged as a trial's (`trial_process.trial_tracking`),
@@ -177,8 +177,7 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     """Tune function trainable of a packed sweep: train the pack in `params["point"]` and report every member."""
     from ray import tune
 
-    from pipelines.tracking.jobs import RunPlan
-    from pipelines.tracking.packs import tracked_pack
+    from pipelines.tracking.jobs import RunPlan, tracked_pack
     from pipelines.training.packed import train_unfinished_members
 
     quiet_trial_process()
@@ -189,8 +188,7 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members],
             "heap": heap_in_force()}
     done = tracked_pack([job for job, _ in members], [RunPlan.from_dict(t) for _, t in members],
-                        train_unfinished_members,
-                        claim_wait_s=CLAIM_WAIT_S, pack_info=info)
+                        train_unfinished_members, claim_wait_s=CLAIM_WAIT_S, pack_info=info)
     tune.report(pack_report(done))
 
 

@@ -39,7 +39,7 @@ summary tags), `operations` (apply and replay of spooled operations, among them 
 (`CapsulePyfunc`, its registration and a version's description; `capsule_model` is its models-from-code file),
 `bundle` (the project code a version carries and its digest), `registry` (`Registry`, `VersionInfo`, a version's
 files downloaded and verified, `load_capsule_model`), `promotion` (the champion policy of `pipelines.promote`).
-`jobs` and `packs` (a job's or a pack member's run around its training callbacks: `tracked_job`, `tracked_pack`) and
+`jobs` (a job's or a pack member's run around its training callbacks: `tracked_job`, `tracked_pack`) and
 `job_cli` (`python -m pipelines.train`'s tracking flags and closing lines) import no mlflow until a run is tracked.
 """
 

@@ -1,5 +1,6 @@
-"""A job tracked in MLflow: its folder claimed, one run per job folder, every validation and loss-curve point logged,
-the result and capsule logged at the end. `python -m pipelines.train` and the sweep's trials both run jobs this way.
+"""A job, or a pack of jobs, tracked in MLflow: each job's folder claimed, one run per job folder, every validation
+(and a single job's loss curve) logged, the result and capsule logged at the end. `python -m pipelines.train` and the
+sweep's trials run jobs this way.
 
 `tracked_job` runs the job given as a function of its two callbacks (``train(report, log)``, e.g.
 `pipelines.training.loop.run` bound to its config) and tracks it when `RunPlan.uri` is set; without a URI it only claims
@@ -7,13 +8,21 @@ the folder and runs the job. The run's record lives in the job folder (`pipeline
 already finished there (its result reused, `pipelines.training.outputs.finished_result`) logs nothing again, and a
 result reused from an earlier attempt is believed only when its scores are those its run logged.
 
+`tracked_pack` runs several jobs so: a member whose folder already holds its finished result is not trained again; the
+others train as a pack (the `train` handed in: `pipelines.training.packed.train_unfinished_members`), each saving its
+state at every validation, so that an unfinished member, e.g. after a killed sweep, continues from its last checkpoint
+in its own run (`TrialTracker` reopens it from the record in its folder). If the job or pack raises, every run not
+finished ends FAILED.
+
 Imports no mlflow itself: `pipelines.tracking` is imported only when a run is tracked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +33,17 @@ from pipelines.config.schema import JobConfig, flatten, model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models import smollm2
 from pipelines.tracking.spool import numeric_metrics
-from pipelines.training.outputs import claim_job_folder, config_hash, hashed_config
+from pipelines.training.outputs import RESULT_FILE, claim_job_folder, config_hash, finished_result, hashed_config
+
+logger = logging.getLogger(__name__)
 
 Report = Callable[[dict[str, Any]], None]
 Train = Callable[[Report, Report], dict[str, Any]]
 """The job itself: ``train(report, log)`` returns the result; `report` gets every validation, `log` every point
 of the training-loss curve (the arguments of `pipelines.training.loop.run`)."""
+TrainPack = Callable[[list, dict[int, Report], dict[str, Any] | None], list[dict[str, Any]]]
+"""Trains a pack's unfinished members (configs, validation reporters by member index, pack info) and returns their
+results in order: `pipelines.training.packed.train_unfinished_members`."""
 JOB_EXPERIMENT = "capt-jobs"
 """The experiment of single jobs (`python -m pipelines.train`) unless another is given."""
 NOT_HYPERPARAMETERS = ("model.name", "model.max_new_tokens", "task.", "method.name", "seed", "train.eval_batch_size",
@@ -96,38 +110,84 @@ def tracked_job(config: JobConfig, plan: RunPlan, train: Train, report_to: Repor
     otherwise.
     `claim_wait_s`: how long to wait for a previous attempt of the same job to let go of its folder.
     """
-    tracker = None
+    def run(trackers: list) -> list[dict[str, Any]]:
+        tracker = trackers[0]
 
-    def report(metrics: dict[str, Any]) -> None:
-        numeric = numeric_metrics(metrics)
-        if tracker is not None:
-            tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
-        if report_to is not None:
-            report_to(numeric)
-
-    def log(point: dict[str, Any]) -> None:
-        if tracker is not None:
-            tracker.log_metrics(numeric_metrics(point), step=int(point["step"]))
-
-    # The folder is claimed before the tracker reads or writes its run record there.
-    with claim_job_folder(config, wait_s=claim_wait_s):
-        tracker = start_tracker(plan, config) if is_main and plan.uri else None
-        reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
-        stored = stored_digest(config)
-        try:
-            result = train(report, log)
-            if reusing:  # believed only when its scores are those its run logged
-                tracker.verify_reused(result, Path(config.resolved_output_dir()) / "result.json")
-        except BaseException as err:
+        def report(metrics: dict[str, Any]) -> None:
+            numeric = numeric_metrics(metrics)
             if tracker is not None:
-                tracker.fail(err)  # the run ends FAILED; a retried job reopens the same run
+                tracker.log_metrics({k: v for k, v in numeric.items() if k != "train_loss"}, step=int(metrics["step"]))
+            if report_to is not None:
+                report_to(numeric)
+
+        def log(point: dict[str, Any]) -> None:
+            if tracker is not None:
+                tracker.log_metrics(numeric_metrics(point), step=int(point["step"]))
+
+        result = train(report, log)
+        if tracker is not None and tracker.finished:  # a reused result is believed only when its run logged its scores
+            tracker.verify_reused(result, Path(config.resolved_output_dir()) / RESULT_FILE)
+        return [result]
+
+    return _run_tracked([config], [plan], run, claim_wait_s, is_main)[0]
+
+
+def tracked_pack(configs: list, plans: list[RunPlan], train: TrainPack, claim_wait_s: float = 0.0,
+                 pack_info: dict[str, Any] | None = None) -> list[TrackedResult]:
+    """Run the jobs `configs` (resolved) as one pack, each tracked by its `plans[i]`, the unfinished ones trained by
+    `train`; their results, in order."""
+    return _run_tracked(configs, plans, lambda trackers: _pack_results(configs, trackers, train, pack_info),
+                        claim_wait_s)
+
+
+def _run_tracked(configs: list, plans: list[RunPlan], run: Callable[[list], list[dict[str, Any]]],
+                 claim_wait_s: float, is_main: bool = True) -> list[TrackedResult]:
+    """``run(trackers)`` with every job folder claimed (before a tracker reads or writes its run record there) and,
+    on the main process, each planned run started; every run ends FAILED when `run` raises (a retried job reopens
+    the same run), FINISHED with its result otherwise."""
+    with contextlib.ExitStack() as stack:
+        for config in configs:
+            stack.enter_context(claim_job_folder(config, wait_s=claim_wait_s))
+        trackers = [start_tracker(plan, config) if is_main and plan.uri else None
+                    for plan, config in zip(plans, configs, strict=True)]
+        stored = [stored_digest(config) for config in configs]
+        try:
+            results = run(trackers)
+        except BaseException as err:
+            for tracker in trackers:
+                if tracker is not None:
+                    tracker.fail(err)
             raise
-        if tracker is not None:
-            tracker.finish(result, Path(result["artifact_dir"]), register=plan.register)
-    reused = stored is not None and result.get("result_digest") == stored
-    if tracker is None:
-        return TrackedResult(result, reused)
-    return TrackedResult(result, reused, tracker.run_id, tracker.run_url)
+        for tracker, plan, result in zip(trackers, plans, results, strict=True):
+            if tracker is not None:
+                tracker.finish(result, Path(result["artifact_dir"]), register=plan.register)
+    return [TrackedResult(result, digest is not None and result.get("result_digest") == digest,
+                          *((tracker.run_id, tracker.run_url) if tracker is not None else ()))
+            for result, digest, tracker in zip(results, stored, trackers, strict=True)]
+
+
+def _pack_results(configs: list, trackers: list, train: TrainPack,
+                  pack_info: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each member's result: the finished one in its folder (verified), else trained now with the other such."""
+    results = [finished_result(config) for config in configs]
+    for config, tracker, result in zip(configs, trackers, results, strict=True):
+        if result is not None and tracker is not None and tracker.finished:  # as `tracked_job` checks a reused one
+            tracker.verify_reused(result, Path(config.resolved_output_dir()) / RESULT_FILE)
+    todo = [i for i, result in enumerate(results) if result is None]
+    if todo:
+        logger.info("Pack %s: training %d member(s), reusing %d", (pack_info or {}).get("name", ""), len(todo),
+                    len(configs) - len(todo))
+        reports = {j: _pack_reporter(trackers[i]) for j, i in enumerate(todo) if trackers[i] is not None}
+        trained = train([configs[i] for i in todo], reports, pack_info)
+        for i, result in zip(todo, trained, strict=True):
+            results[i] = result
+    return results
+
+
+def _pack_reporter(tracker) -> Report:
+    """Logs a member's validation records to its run: a pack draws no loss curve of its own, so each record's
+    ``train_loss`` (the mean since the previous validation) is the run's ``train/loss``."""
+    return lambda record: tracker.log_metrics(numeric_metrics(record), step=int(record["step"]))
 
 
 def start_tracker(plan: RunPlan, config: JobConfig):

@@ -21,7 +21,7 @@ one within float noise (relative 1e-5 in fp32: only the batch's padding and size
 What differs from a single job (`pipelines.training.loop.run`): one process only; no loss-curve callbacks; checkpoints
 only with `PackOptions.checkpoints` ("A member's outputs" below: each member's state at its last validation,
 continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact in
-its output_dir (`pipelines.tracking.packs` adds result.json and MLflow runs); dropout
+its output_dir (`pipelines.tracking.jobs.tracked_pack` adds result.json and MLflow runs); dropout
 masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it draws
 alone (a pack of one draws the single job's).
 
@@ -391,7 +391,7 @@ def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Ite
 
 def train_unfinished_members(configs: list, reports: Mapping[int, Report] | None = None,
                              pack_info: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Train a tracked pack's unfinished members (`pipelines.tracking.packs.tracked_pack`), each from its own last
+    """Train a tracked pack's unfinished members (`pipelines.tracking.jobs.tracked_pack`), each from its own last
     checkpoint where it has one (`PackOptions.checkpoints`); `train.resume` is set off, which a pack refuses."""
     return train_members([with_resume(c, False) for c in configs], reports, pack_info, PackOptions(checkpoints=True))
 

@@ -20,8 +20,7 @@ def test_each_packed_member_registers_its_own_verified_version(mlflow_server, tm
 
     from pipelines.config.load import validate_job_config
     from pipelines.sweeps.config import load_sweep_config, trials
-    from pipelines.tracking.jobs import RunPlan
-    from pipelines.tracking.packs import tracked_pack
+    from pipelines.tracking.jobs import RunPlan, tracked_pack
     from pipelines.tracking.registry import download_verified_version
     from pipelines.training.packed import train_unfinished_members
 

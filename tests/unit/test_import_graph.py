@@ -154,7 +154,7 @@ def test_the_configuration_package_imports_no_torch():
 
 def test_a_training_job_knows_no_tracker():
     """`pipelines/training/` imports nothing from `pipelines/tracking/`: a job reports through the callbacks it is
-    handed, and tracking wraps it (`pipelines.tracking.jobs`, `pipelines.tracking.packs`). The entry point
+    handed, and tracking wraps it (`pipelines.tracking.jobs`). The entry point
     `pipelines.train` wires the two together, through `pipelines.tracking.job_cli` only."""
     graph = import_graph(ROOT, ("pipelines",))
 

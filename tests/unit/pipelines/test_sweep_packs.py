@@ -112,8 +112,7 @@ def test_summary_rows_list_each_member_with_its_pack(tmp_path):
 @pytest.mark.slow
 def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_path):
     from pipelines.config.load import validate_job_config
-    from pipelines.tracking.jobs import RunPlan
-    from pipelines.tracking.packs import tracked_pack
+    from pipelines.tracking.jobs import RunPlan, tracked_pack
     from pipelines.training.outputs import finished_result
     from pipelines.training.packed import train_unfinished_members
 
@@ -159,8 +158,7 @@ def test_an_interrupted_pack_reopens_its_runs_and_trains_only_its_unfinished_mem
     from mlflow import MlflowClient
 
     from pipelines.config.load import validate_job_config
-    from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags
-    from pipelines.tracking.packs import tracked_pack
+    from pipelines.tracking.jobs import RunPlan, job_run_name, job_run_tags, tracked_pack
     from pipelines.training import packed as pack_training
     from pipelines.training.packed import train_unfinished_members
 
