@@ -13,8 +13,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.sweeps.config import SweepConfig
 from pipelines.sweeps.select import SELECT_TAG, select_label
 from pipelines.tracking.jobs import job_run_name, job_run_tags
-from pipelines.tracking.run_content import DESCRIPTION_TAG
-from pipelines.tracking.spool import numeric_metrics
+from pipelines.tracking.run_content import DESCRIPTION_TAG, numeric_metrics
 
 CLAIM_WAIT_S = 60.0
 """How long a trial's main worker waits for the previous attempt of the same trial to let go of its folder."""

@@ -32,7 +32,7 @@ from pipelines.config.load import validate_job_config
 from pipelines.config.schema import JobConfig, flatten, model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.models import smollm2
-from pipelines.tracking.spool import numeric_metrics
+from pipelines.tracking.run_content import numeric_metrics
 from pipelines.training.outputs import RESULT_FILE, claim_job_folder, config_hash, finished_result, hashed_config
 
 logger = logging.getLogger(__name__)

@@ -63,11 +63,10 @@ def project_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     return {project_metric_name(k): v for k, v in metrics.items()}
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Finite numbers only, as floats (bools, NaN and infinities dropped): what Tune and MLflow take as metrics."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
 def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
@@ -79,7 +78,7 @@ def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     """
     chosen = {k: v for k, v in result.get("metrics", {}).items() if k not in _CURVES}
     chosen.update({k: result[k] for k in PERF_METRICS if k in result})
-    return {mlflow_metric_name(k): value for k, v in chosen.items() if (value := _finite(v)) is not None}
+    return mlflow_metrics(numeric_metrics(chosen))
 
 
 def summary_tags(result: Mapping[str, Any], artifact_dir: Path) -> dict[str, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -246,14 +245,6 @@ def param_strings(params: Mapping[str, Any]) -> dict[str, str]:
             text = text[:PARAM_VALUE_LIMIT - len(_TRUNCATED)] + _TRUNCATED
         out[str(key)] = text
     return out
-
-
-def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Finite numbers only, as floats (bools, NaN and infinities dropped): what Tune and MLflow take as metrics."""
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
-
-
 
 
 def chunks(items: list[T], size: int) -> Iterator[list[T]]:

@@ -17,7 +17,13 @@ from typing import Any
 from pipelines.tracking.client import dir_lock, is_transient, mlflow_client, now_ms, own_http_retries
 from pipelines.tracking.experiment import run_url as ui_run_url
 from pipelines.tracking.operations import Replayer, dead_letter
-from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, mlflow_metrics, project_metric_name
+from pipelines.tracking.run_content import (
+    final_metrics,
+    mlflow_metric_name,
+    mlflow_metrics,
+    numeric_metrics,
+    project_metric_name,
+)
 from pipelines.tracking.scope import ServerScope
 from pipelines.tracking.spool import (
     FAILED_FILE,
@@ -26,7 +32,6 @@ from pipelines.tracking.spool import (
     Spool,
     TrackingUnavailable,
     call_with_retry,
-    numeric_metrics,
     param_strings,
     read_run_record,
 )

@@ -20,7 +20,13 @@ from pipelines.services import free_port
 from pipelines.tracking import TrialTracker, VersionInfo, is_transient, main, sync_pending
 from pipelines.tracking.client import own_http_retries
 from pipelines.tracking.promotion import PromotionError, choose_best, metric_direction, metric_value
-from pipelines.tracking.run_content import final_metrics, mlflow_metric_name, project_metric_name, run_params
+from pipelines.tracking.run_content import (
+    final_metrics,
+    mlflow_metric_name,
+    numeric_metrics,
+    project_metric_name,
+    run_params,
+)
 from pipelines.tracking.scope import state_dirs
 from pipelines.tracking.spool import (
     FAILED_FILE,
@@ -30,7 +36,6 @@ from pipelines.tracking.spool import (
     Spool,
     TrackingUnavailable,
     call_with_retry,
-    numeric_metrics,
     param_strings,
 )
 
