@@ -1,34 +1,18 @@
 """MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry.
 
-This package is the ONLY part of the project that imports mlflow; `promote`, `report` and the sweep
-go through the functions and classes re-exported here. Conventions (DESIGN.md §6): one run per trial
-named ``<task>/<model-slug>/<method>/s<seed>``; params: the resolved config fields (no empty values, paths
-as tags); tags from the caller (task, model, method, seed, sweep, source and git commit); metrics grouped
-as MLflow charts them (``train/``, ``validation/`` per validation, ``test/`` and ``perf/`` once, at step 0),
-the per-run summary as tags, system metrics on; the run's dataset as an MLflow dataset input. Each CaPT
-trial logs the model ``capsule-<model-slug>-<task>`` (linked to its metrics) and registers it as a new
-version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task rows), tagged
+This package is the ONLY part of the project that imports mlflow; `promote`, `report` and the sweep go through the
+functions and classes re-exported here. Conventions: one run per trial named ``<task>/<model-slug>/<method>/s<seed>``;
+params: the resolved config fields (no empty values, paths as tags); tags from the caller (task, model, method, seed,
+sweep, source and git commit); metrics grouped as MLflow charts them (``train/``, ``validation/`` per validation,
+``test/`` and ``perf/`` once, at step 0), the per-run summary as tags, system metrics on; the run's dataset as an MLflow
+dataset input. Each CaPT trial logs the model ``capsule-<model-slug>-<task>`` (linked to its metrics) and registers it
+as a new version of ``capt-<model-slug>-<task>`` (a pyfunc predicting label names for raw task rows), tagged
 ``validation_status=pending`` and described with its scores and a loading snippet.
 
-Resilience: every call retries with backoff (30 s budget by default); when the server stays down the
-operation is appended, with the tracking URI it was meant for, to ``<state_dir>/mlflow_pending.jsonl`` and the
-trial goes on. The tracker replays the spool itself once the server answers again (probing at most every
-``reconnect_s``), and
-
-    python -m pipelines.tracking sync --root OUTPUTS_DIR [--tracking-uri URI] [--moved-from URI]
-                                      [--accept-unrecorded]
-
-replays whatever is left and prints, per trial folder, what was synced, dead-lettered (moved with the
-reason to ``mlflow_failed.jsonl``: operations the server refused, corrupt or torn spool lines), skipped and is
-still pending. It touches only what it was given (`scope`): a root that is a job or sweep folder tree (a
-filesystem root, the home folder or an unmarked folder is refused before anything is read), walked without
-following links, and only operations recorded for the server it syncs to (``--tracking-uri``; without it, each
-goes to the server recorded with it); a folder holding another server's operations, or operations recorded for
-none (unless ``--accept-unrecorded``), is skipped whole and listed. It exits 1 unless everything reached the
-server, 2 for a refused ``--root`` or bad option. A sweep folder's parent-run close that the server did not take at
-the sweep's end (`sweep_run`, checked there) is applied last, on the same rules, with what is left to run.
-Replays are idempotent: an operation leaves the spool only once applied or dead-lettered, metric points
-keep their original timestamps, registration first looks for the run's version.
+Resilience (README, "MLflow down"): every call retries with backoff (30 s budget by default); when the server stays
+down the operation is spooled in the trial's folder with the tracking URI it was meant for (`spool`), the tracker
+replays it once the server answers again, and ``python -m pipelines.tracking sync`` replays whatever is left, touching
+only what it was given (`scope`, `sync`).
 
 Modules: `client` (MLflow clients, transient errors, HTTP retry settings, tag of a trial's key), `spool` (the on-disk
 operation log, retries, run records), `scope` (what a sync may touch), `run_content` (metric names, params, run tags,

@@ -3,7 +3,9 @@
 A version's logged model holds the `capt` and `pipelines` packages as ONE archive, ``code/project_code.zip``:
 MLflow uploads a model file by file, and the packages' two hundred source files cost seconds per registration
 where one archive costs one upload. The model file (`capsule_model.py`) puts the archive first on ``sys.path``
-(zipimport), so a load in a fresh process still runs the code that wrote the capsule.
+(zipimport), so a load in a fresh process runs the code that wrote the capsule (a capsule and the code that reads it
+change together), whatever checkout the caller stands in and even where the project (``capt==X``, a requirement of
+the version) is not installed. A process that already imported `capt`/`pipelines` keeps its own modules.
 
 Everything of the logged model outside its ``artifacts/`` folder decides what runs on `mlflow.pyfunc.load_model`:
 ``MLmodel`` (which loader module, which model file, which code folder), the model file, ``code/``, and the

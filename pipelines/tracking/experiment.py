@@ -86,27 +86,21 @@ def describe_experiment(uri: str, name: str, description: str, tags: Mapping[str
 
 
 def describe_sweep(sweep: Any, config_file: str, trial_count: int, uri: str) -> str | None:
-    """Describe the experiment of `sweep` (a `SweepConfig`) at `uri`; its id (None: the server did not answer)."""
+    """Describe the experiment of `sweep` (a `SweepConfig`) at `uri` in Markdown: what the sweep is, its config file
+    and its grid; its id (None: the server did not answer)."""
     grid = {"tasks": sweep.tasks, "models": sweep.models, "methods": [m.key for m in sweep.methods],
             "seeds": sweep.seeds}
     extra = {"search": sweep.search, "select": sweep.select, "storage": f"{sweep.storage_root() / sweep.name}"}
-    description = sweep_description(sweep.name, config_file, grid, trial_count, sweep.data_source, extra)
-    tags = {"sweep": sweep.name, "config_file": config_file, "trials": trial_count, "data_source": sweep.data_source,
-            **{axis: ",".join(str(v) for v in values) for axis, values in grid.items()}}
-    return describe_experiment(uri, sweep.experiment_name(), description, tags)
-
-
-def sweep_description(name: str, config_file: str, grid: Mapping[str, list[Any]], trials: int,
-                      data_source: str, extra: Mapping[str, Any]) -> str:
-    """Markdown: what the sweep is, its config file and its grid (`grid`: axis -> values)."""
-    lines = [f"CaPT sweep **{name}**: {trials} trial(s), one MLflow run each (named task/model/method/seed).", "",
-             f"- config file: `{config_file}`", f"- data: `{data_source}`"]
+    lines = [f"CaPT sweep **{sweep.name}**: {trial_count} trial(s), one MLflow run each (named "
+             "task/model/method/seed).", "", f"- config file: `{config_file}`", f"- data: `{sweep.data_source}`"]
     lines += [f"- {axis}: {', '.join(str(v) for v in values)}" for axis, values in grid.items()]
     lines += [f"- {key}: `{value}`" for key, value in extra.items() if value]
     lines += ["", "Metrics: `train/*` and `validation/*` per validation step, `test/*` and `perf/*` once at the end; "
               "`system/*` sampled while a run trains. Per-run summaries (steps, best step, trainable parameters, "
               "capsule bytes) are run tags."]
-    return "\n".join(lines)
+    tags = {"sweep": sweep.name, "config_file": config_file, "trials": trial_count, "data_source": sweep.data_source,
+            **{axis: ",".join(str(v) for v in values) for axis, values in grid.items()}}
+    return describe_experiment(uri, sweep.experiment_name(), "\n".join(lines), tags)
 
 
 def experiment_runs(experiment: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:

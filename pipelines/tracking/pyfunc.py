@@ -49,7 +49,7 @@ class CapsulePyfunc(mlflow.pyfunc.PythonModel):
     Artifacts: ``capsule`` (the job's artifact directory) and ``result`` (its result.json, which names
     the base model, method options and evaluation mode). Loading rebuilds the base model by name
     (built-in tiny models offline, hub ids from the Hugging Face cache or hub) with the version's own
-    copy of this project's code (see `_code_paths`); see `pipelines.capsule_predictor`. MLflow builds it
+    copy of this project's code (`pipelines.tracking.bundle`); see `pipelines.capsule_predictor`. MLflow builds it
     from `capsule_model.py` (models from code), never from a pickle.
     """
 
@@ -90,23 +90,6 @@ def _requirements() -> list[str]:
         except metadata.PackageNotFoundError:
             logger.warning("%s is not installed: the registered pyfunc's requirements leave it out", name)
     return pins
-
-
-def _code_paths(folder: Path) -> list[str]:
-    """The `capt` and `pipelines` packages as one archive written in `folder`, which MLflow copies into every
-    version (``code/project_code.zip``) and `capsule_model.py` puts first on ``sys.path``.
-
-    Why carry them although ``capt==X`` is a requirement: a capsule artifact and the code that reads
-    it (`pipelines.capsule_predictor`, `pipelines.adapted`, `capt`) change together. The archive is first on
-    ``sys.path`` before the model file imports anything of the project, so a load in a fresh process uses
-    exactly the code that trained and wrote this capsule, whatever checkout the caller stands in (a cwd
-    checkout at another commit would otherwise win) and even where the project is not installed; only the
-    third-party requirements must be there. One archive rather than the packages' files: MLflow uploads a
-    logged model file by file, a few seconds per registration for two hundred files (`pipelines.tracking.bundle`).
-    A process that already imported `capt`/`pipelines` (promote, `load_capsule_model`, tests) keeps its own
-    modules: nothing re-imports them.
-    """
-    return [str(write_code_archive(folder))]
 
 
 def pyfunc_signature(task: str, label_names: tuple[str, ...]) -> tuple[ModelSignature, pd.DataFrame]:
@@ -158,7 +141,7 @@ def log_pyfunc(signature: ModelSignature, example: pd.DataFrame, artifacts: dict
             artifact_path=None, name=name, flavor=_PyfuncWithoutServingCheck, validate_serving_input=False,
             flavor_name="pyfunc.ModelFromCode", python_model=str(model_code), signature=signature, tags=dict(tags),
             step=step, input_example=example, artifacts=artifacts, pip_requirements=_requirements(),
-            code_paths=_code_paths(Path(code)))
+            code_paths=[str(write_code_archive(Path(code)))])
 
 
 def _version_tags(result: Mapping[str, Any]) -> dict[str, str]:

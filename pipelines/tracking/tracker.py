@@ -149,7 +149,8 @@ class TrialTracker:
         """
         self._uploader.close()
         self._upload_spooled()  # what the thread had not reached yet, counted like its own work
-        self._report_background_problems()
+        for problem in self.background_problems:
+            logger.error("MLflow run %s (%s): %s", self.run_id, self.state_dir, problem)
         self._stop_monitor()
         if self.finished:
             self._submit(None)
@@ -190,58 +191,43 @@ class TrialTracker:
             return None
         return ui_run_url(self.ui_uri, record["experiment_id"], record["run_id"])
 
-    def __enter__(self) -> TrialTracker:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
-        if exc_type is not None:
-            self.fail()
-
     def _upload_spooled(self) -> None:
         """Replay the spool (the background thread's work), counting what the server refused."""
         before = self._replayer.dead_lettered
         self._submit(None)
         self._refused_in_background += self._replayer.dead_lettered - before
 
-    def _report_background_problems(self) -> None:
-        for problem in self.background_problems:
-            logger.error("MLflow run %s (%s): %s", self.run_id, self.state_dir, problem)
-
     def _submit(self, op: dict | None, force: bool = False) -> None:
-        """Replay the spool, then apply `op`; spool `op` when the server does not answer."""
-        with self._lock:
-            self._submit_unlocked(op, force)
-
-    def _submit_unlocked(self, op: dict | None, force: bool) -> None:
+        """Replay the spool, then apply `op`; spool `op` when the server does not answer. One upload at a time."""
         if op is not None:
             op["tracking_uri"] = self.tracking_uri
-        if self.offline and not force and time.monotonic() - self._failed_at < self.reconnect_s:
-            if op is not None:
-                self.spool.append(op)
-            return
-        policy = self.retry if force or not self.offline else RetryPolicy(budget_s=0.0)
-        try:
-            with dir_lock(self.state_dir):
-                value = call_with_retry(lambda: self._replay_then(op), is_transient, policy,
-                                        f"MLflow at {self.tracking_uri}")
-        except TrackingUnavailable as err:
-            self._go_offline(op, err)
-            return
-        except Exception as exc:  # noqa: BLE001 - tracking must never fail the trial
-            if op is not None:
-                dead_letter(self.state_dir, op, exc)
-            return
-        if op is not None and op["op"] == "finish":
-            self.model_version = value
-        elif self._monitor is not None and not self._monitor_alive():
-            self._stop_monitor()  # its thread gave up after a failed request: start a new one
-            self._start_monitor()
-        if self.offline:
-            logger.info("MLflow at %s answers again; the spooled operations were uploaded", self.tracking_uri)
-            self.offline = False
-            self._refresh_run_id()
-            self._start_monitor()
+        with self._lock:
+            if self.offline and not force and time.monotonic() - self._failed_at < self.reconnect_s:
+                if op is not None:
+                    self.spool.append(op)
+                return
+            policy = self.retry if force or not self.offline else RetryPolicy(budget_s=0.0)
+            try:
+                with dir_lock(self.state_dir):
+                    value = call_with_retry(lambda: self._replay_then(op), is_transient, policy,
+                                            f"MLflow at {self.tracking_uri}")
+            except TrackingUnavailable as err:
+                self._go_offline(op, err)
+                return
+            except Exception as exc:  # noqa: BLE001 - tracking must never fail the trial
+                if op is not None:
+                    dead_letter(self.state_dir, op, exc)
+                return
+            if op is not None and op["op"] == "finish":
+                self.model_version = value
+            elif self._monitor is not None and not self._monitor_alive():
+                self._stop_monitor()  # its thread gave up after a failed request: start a new one
+                self._start_monitor()
+            if self.offline:
+                logger.info("MLflow at %s answers again; the spooled operations were uploaded", self.tracking_uri)
+                self.offline = False
+                self._refresh_run_id()
+                self._start_monitor()
 
     def _replay_then(self, op: dict | None) -> Any:
         self._replayer.replay()
