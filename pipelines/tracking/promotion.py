@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -214,10 +215,10 @@ def _move_aliases(registry: Registry, name: str, versions: list[VersionInfo], be
         registry.delete_alias(name, CHALLENGER)
         return [f"alias {CHALLENGER} removed from version {best.version} (it is the {CHAMPION})"]
     challenger = next((v for v in versions if CHALLENGER in v.aliases), None)
-    registry.set_alias(name, CHAMPION, best.version)
+    registry.client.set_registered_model_alias(name, CHAMPION, str(best.version))
     changes = [f"alias {CHAMPION} moved from {_version(previous)} to version {best.version}"]
     if previous is not None:
-        registry.set_alias(name, CHALLENGER, previous.version)
+        registry.client.set_registered_model_alias(name, CHALLENGER, str(previous.version))
         changes.append(f"alias {CHALLENGER} moved from {_version(challenger)} to version {previous.version}")
     elif challenger is not None and challenger.version == best.version:
         registry.delete_alias(name, CHALLENGER)
@@ -268,5 +269,7 @@ def _set_stage(registry: Registry, name: str, best: VersionInfo, stage: str) -> 
         return []
     logger.warning("Model Registry stages are deprecated since MLflow 2.9 (aliases replace them); "
                    "moving version %d to stage %s anyway.", best.version, stage)
-    registry.transition_stage(name, best.version, stage)
+    with warnings.catch_warnings():  # MLflow's own FutureWarning says what the line above says
+        warnings.simplefilter("ignore", FutureWarning)
+        registry.client.transition_model_version_stage(name, str(best.version), stage)
     return [f"stage of version {best.version} moved from {best.stage} to {stage}"]

@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -100,7 +99,7 @@ class VersionInfo:
 
 
 class Registry:
-    """Model Registry operations for promotion (aliases, tags, legacy stages)."""
+    """Model Registry reads and the tag writes of promotion (its `client` moves aliases and legacy stages)."""
 
     def __init__(self, tracking_uri: str | None = None) -> None:
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
@@ -140,10 +139,6 @@ class Registry:
             return {}, f"its source run {run_id} was deleted"
         return project_metrics(run.data.metrics), None
 
-    def set_alias(self, name: str, alias: str, version: int) -> None:
-        """Point `alias` at `version` (moving it from any other version)."""
-        self.client.set_registered_model_alias(name, alias, str(version))
-
     def delete_alias(self, name: str, alias: str) -> None:
         """Remove `alias` from the model (no-op when unset)."""
         with contextlib.suppress(RestException):
@@ -158,13 +153,6 @@ class Registry:
         """Remove the version tag `key` (no-op when unset)."""
         with contextlib.suppress(RestException):
             self.client.delete_model_version_tag(name, str(version), key)
-
-    def transition_stage(self, name: str, version: int, stage: str, archive_existing: bool = False) -> None:
-        """Legacy stage transition (deprecated in MLflow since 2.9; aliases replace it)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            self.client.transition_model_version_stage(name, str(version), stage,
-                                                       archive_existing_versions=archive_existing)
 
 
 @dataclass(frozen=True)
