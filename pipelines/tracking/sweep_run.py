@@ -92,9 +92,7 @@ def open_sweep_run(uri: str, experiment_id: str, sweep_dir: Path, name: str, tag
         run = client.create_run(experiment_id, run_name=f"{name} (sweep)",
                                 tags={**{k: str(v) for k, v in tags.items()}, RUN_KIND_TAG: "sweep", "sweep": name})
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        partial = record.with_suffix(".tmp")
-        partial.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
-        partial.replace(record)
+        write_atomically(record, json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
         return run.info.run_id
 
     try:
