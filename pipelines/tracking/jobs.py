@@ -124,8 +124,9 @@ def tracked_job(config: JobConfig, plan: RunPlan, train: Train, report_to: Repor
             if tracker is not None:
                 tracker.log_metrics(numeric_metrics(point), step=int(point["step"]))
 
+        reusing = tracker is not None and tracker.finished  # an earlier attempt finished: its result is reused
         result = train(report, log)
-        if tracker is not None and tracker.finished:  # a reused result is believed only when its run logged its scores
+        if reusing:  # believed only when its scores are those its run logged
             tracker.verify_reused(result, Path(config.resolved_output_dir()) / RESULT_FILE)
         return [result]
 
