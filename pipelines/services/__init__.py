@@ -2,13 +2,7 @@
 
 Nothing here imports mlflow or ray: the services start through the command-line tools next to this
 interpreter (``sys.executable -m mlflow``, the ``ray`` script), each in its own process group, so
-that stopping one never touches another MLflow or Ray on the same machine.
-
-Modules: `probe` (ports, HTTP, `check_reachable`, log tails, process groups), `mlflow_server`
-(`LocalMlflowServer`, and `ManagedService`, what both services share; `check_mlflow_server`, whether a URI serves
-MLflow; `tracking_store`, the store promote, report and serve use), `private` (owner-only token files and folders,
-loopback-only listeners), `ray_connect` (the Ray address a command connects to, checked before it does).
-"""
+that stopping one never touches another MLflow or Ray on the same machine."""
 
 from __future__ import annotations
 

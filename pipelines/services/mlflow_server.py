@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from pipelines.services.probe import (
     ServiceError,
     check_reachable,
     free_port,
+    http_get,
     http_status,
     log_tail,
     port_is_free,
@@ -293,7 +292,7 @@ def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
     if parts.scheme not in ("http", "https"):
         return
     base = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl().rstrip("/")
-    status, content_type, body = _get(base + API_PROBE, timeout)
+    status, content_type, body, _ = http_get(base + API_PROBE, timeout, body_bytes=65536)
     if status in _AUTH_REQUIRED or _is_mlflow_answer(body):
         return
     answer = f"HTTP {status}" + (f" ({content_type})" if content_type else "") if status else "no answer"
@@ -301,17 +300,6 @@ def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
         f"The {what} at {base} is not an MLflow server: GET {API_PROBE.split('?')[0]} gave {answer} where "
         "MLflow answers with JSON. Check the port (another service listens there?) and, if MLflow is served "
         "under a path prefix, include the prefix in the URI.")
-
-
-def _get(url: str, timeout: float) -> tuple[int | None, str, bytes]:
-    """(status, content type, first 64 KiB of the body) of a GET; (None, "", b"") when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http(s) only)
-            return int(response.status), response.headers.get_content_type(), response.read(65536)
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.headers.get_content_type() if err.headers else "", err.read(65536)
-    except (urllib.error.URLError, OSError):
-        return None, "", b""
 
 
 def _is_mlflow_answer(body: bytes) -> bool:

@@ -76,15 +76,19 @@ def is_loopback(ip: str) -> bool:
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def listening_sockets(root_pid: int) -> list[tuple[str, int, str]]:
-    """(ip, port, process name) of every TCP socket listening in ``root_pid`` and its descendants."""
+def process_tree(root_pid: int) -> list[psutil.Process]:
+    """``root_pid`` and every descendant still alive ([] when ``root_pid`` is gone)."""
     try:
         root = psutil.Process(root_pid)
-        processes = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def listening_sockets(root_pid: int) -> list[tuple[str, int, str]]:
+    """(ip, port, process name) of every TCP socket listening in ``root_pid`` and its descendants."""
     found = []
-    for process in processes:
+    for process in process_tree(root_pid):
         try:
             name = process.name()
             connections = process.net_connections(kind="tcp")

@@ -66,22 +66,23 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
-def _http_get(url: str, timeout: float) -> tuple[int | None, str]:
-    """(HTTP status, "") of a GET on ``url``, or (None, why nothing answered)."""
+def http_get(url: str, timeout: float = 2.0, body_bytes: int = 0) -> tuple[int | None, str, bytes, str]:
+    """(HTTP status, content type, the first ``body_bytes`` of the body, "") of a GET on ``url``, or
+    (None, "", b"", why nothing answered: refused, timeout, DNS)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http only)
-            return int(response.status), ""
+            return int(response.status), response.headers.get_content_type(), response.read(body_bytes), ""
     except urllib.error.HTTPError as exc:
-        return int(exc.code), ""
+        return int(exc.code), exc.headers.get_content_type() if exc.headers else "", exc.read(body_bytes), ""
     except urllib.error.URLError as exc:
-        return None, str(getattr(exc.reason, "strerror", None) or exc.reason)
+        return None, "", b"", str(getattr(exc.reason, "strerror", None) or exc.reason)
     except OSError as exc:
-        return None, str(exc.strerror or exc)
+        return None, "", b"", str(exc.strerror or exc)
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
     """HTTP status of a GET on ``url``, or None when nothing answers (refused, timeout, DNS)."""
-    return _http_get(url, timeout)[0]
+    return http_get(url, timeout)[0]
 
 
 def log_tail(path: Path, offset: int = 0, lines: int = 30) -> str:
@@ -113,7 +114,7 @@ def check_reachable(url: str, what: str, fix: str | None = None, timeout: float 
     parts = urlsplit(url)
     shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "://" in url else url
     if parts.scheme in ("http", "https"):
-        status, why = _http_get(url, timeout)
+        status, _, _, why = http_get(url, timeout)
         reachable, reason = status is not None, f"no HTTP answer: {why}"
     elif (target := _tcp_target(url)) is not None:
         try:
