@@ -3,7 +3,8 @@ checkpoints."""
 
 from __future__ import annotations
 
-import logging
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +14,6 @@ from torch import nn
 from capt.arch import ArchSpec, spec_for, spec_for_model_type, supported_model_types
 from pipelines.models import smollm2
 from pipelines.models.tiny import TINY_MODELS
-
-logger = logging.getLogger(__name__)
 
 _TINY_WEIGHTS_SEED = 1234  # tiny base models are the same frozen "checkpoint" in every job and process
 
@@ -41,10 +40,8 @@ def load_model(name: str, num_labels: int, dtype: str = "float32") -> LoadedMode
     torch_dtype = getattr(torch, dtype)
     if name in TINY_MODELS:
         loaded = _tiny(name, num_labels)
-    elif name == "minilm":
-        loaded = _minilm(num_labels)
-    elif name == smollm2.NAME:
-        loaded = _pretrained(str(smollm2.ensure_checkpoint()), num_labels)
+    elif name in ("minilm", smollm2.NAME):  # a folder of its own package, or the converted GGUF checkpoint
+        loaded = _pretrained(_builtin_folder(name), num_labels)
         loaded.model.config._name_or_path = name
     else:
         loaded = _pretrained(name, num_labels)
@@ -64,16 +61,12 @@ def _tiny(name: str, num_labels: int) -> LoadedModel:
     return LoadedModel(model.eval(), tokenizer, family)
 
 
-def _minilm(num_labels: int) -> LoadedModel:
-    from transformers import AutoTokenizer, BertForSequenceClassification
+def _builtin_folder(name: str) -> str:
+    if name == "minilm":
+        from capt.tasks.tokenizers import minilm_model_path
 
-    from capt.tasks.tokenizers import minilm_model_path
-
-    path = minilm_model_path()
-    with _seeded(_TINY_WEIGHTS_SEED):  # the classifier head is new: make it the same in every process
-        model = BertForSequenceClassification.from_pretrained(path, num_labels=num_labels)
-    model.config._name_or_path = "minilm"
-    return LoadedModel(model.eval(), AutoTokenizer.from_pretrained(path), "encoder")
+        return str(minilm_model_path())
+    return str(smollm2.ensure_checkpoint())
 
 
 def _pretrained(name: str, num_labels: int) -> LoadedModel:
@@ -97,16 +90,9 @@ def _pretrained(name: str, num_labels: int) -> LoadedModel:
     return LoadedModel(model.eval(), tokenizer, spec.family)
 
 
-class _seeded:
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
     """Fork the torch RNG with a fixed seed, leaving the caller's RNG stream untouched."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __enter__(self) -> None:
-        self._fork = torch.random.fork_rng(devices=[])
-        self._fork.__enter__()
-        torch.manual_seed(self.seed)
-
-    def __exit__(self, *exc) -> None:
-        self._fork.__exit__(*exc)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
