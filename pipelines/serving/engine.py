@@ -90,12 +90,13 @@ class CapsuleEngine:
         """(name, folder) of each capsule as the bank reads it, once its base model and method are checked and its
         record is kept (`records`: the bank reads them in this order, so a record's index is its capsule's)."""
         for served in capsules:
-            _check_same_base(served, self.base_name)
-            _check_method(served)
             self.records.append(self._record(served))
             yield served.name, served.capsule_dir
 
     def _record(self, served: ServedCapsule) -> ServedRecord:
+        """`served`'s record, once its base model and method are checked."""
+        _check_same_base(served, self.base_name)
+        _check_method(served)
         config = served.result["config"]
         method = config["method"]
         shape = (config["model"]["max_length"], sequence_overhead(method["name"], method["options"]),
@@ -132,35 +133,27 @@ class CapsuleEngine:
     def _loaded(self, served: ServedCapsule) -> tuple[Capsule, TaskHead | None, ServedRecord]:
         """`served`'s capsule (and head) read and checked against the base model, outside the lock: the bank's
         other capsules keep answering meanwhile."""
-        _check_same_base(served, self.base_name)
-        _check_method(served)
+        record = self._record(served)
         head = load_task_head(self.bank.base_model, served.capsule_dir) if self.spec.classifier_head else None
         capsule, _ = read_with_head(self.bank.base_model, served.capsule_dir, head)
-        return capsule.to(self.device).eval(), head, self._record(served)
-
-    def replace(self, served: ServedCapsule) -> None:
-        """Serve `served` under its name from the next batch on (checked against the base model first)."""
-        capsule, head, record = self._loaded(served)
-        with self.lock:
-            self.bank.replace(served.name, capsule, head)
-            self.records[self.bank.index_of(served.name)] = record
-            self.retired.discard(served.name)
-            self.revision += 1
-        logger.info("Now serving %s version %d as %r", served.model_name, served.version, served.name)
+        return capsule.to(self.device).eval(), head, record
 
     def add(self, served: ServedCapsule) -> None:
-        """Serve `served` from the next batch on: a new version of a name the bank holds (`replace`), or a new name,
-        added to the bank beside the capsules served (checked against the base model first; they are not read
-        again)."""
-        if self.bank.holds(served.name):
-            self.replace(served)
-            return
+        """Serve `served` from the next batch on: a new version of a name the bank holds, or a new name, added to the
+        bank beside the capsules served (checked against the base model first; they are not read again)."""
         capsule, head, record = self._loaded(served)
         with self.lock:
-            self.bank.add(served.name, capsule, head)
-            self.records.append(record)
+            held = self.bank.holds(served.name)
+            if held:
+                self.bank.replace(served.name, capsule, head)
+                self.records[self.bank.index_of(served.name)] = record
+                self.retired.discard(served.name)
+            else:
+                self.bank.add(served.name, capsule, head)
+                self.records.append(record)
             self.revision += 1
-        logger.info("Now serving %s version %d as %r (new)", served.model_name, served.version, served.name)
+        logger.info("Now serving %s version %d as %r%s", served.model_name, served.version, served.name,
+                    "" if held else " (new)")
 
     def retire(self, name: str) -> None:
         """Stop serving `name`: new requests for it are refused (its capsule stays in the bank, a few KB)."""

@@ -52,7 +52,7 @@ def test_one_mixed_batch_answers_as_each_task_alone_and_a_swap_takes_effect(jobs
     assert [len(s) for s in answers[1].scores] == [3] * 5 and answers[1].version == 1
 
     before = [p.detach().clone() for p in engine.bank.capsules[0].parameters()]
-    engine.replace(_served(jobs["rte1"], version=2))
+    engine.add(_served(jobs["rte1"], version=2))
     assert engine.versions() == {"rte": 2, "cb": 1}
     after = engine.answer([("rte", engine.examples("rte", rows["rte"]))])[0]
     assert after.version == 2
@@ -75,7 +75,7 @@ def test_the_engine_keeps_a_record_of_each_capsule_not_its_job_result(jobs: dict
     record = engine.served("rte")
     assert (record.task, record.model_name, record.version, record.digest) == ("rte", "capt-tiny-t5-rte", 1, "ab" * 32)
     assert engine.served("cb").mode == jobs["cb0"]["config"]["train"]["eval_mode"]
-    engine.replace(_served(jobs["rte1"], version=2))  # its record changes at its own bank index, cb's stays
+    engine.add(_served(jobs["rte1"], version=2))  # its record changes at its own bank index, cb's stays
     assert [(r.task, r.version, r.digest) for r in map(engine.served, ("rte", "cb"))] == [("rte", 2, None),
                                                                                           ("cb", 1, None)]
     assert engine.names == ["rte", "cb"] and len(engine.records) == 2
@@ -113,7 +113,7 @@ def test_capsules_of_another_base_model_are_refused(jobs: dict[str, Any]) -> Non
         CapsuleEngine([_served(jobs["rte0"]), _served(other)])
     engine = CapsuleEngine([_served(jobs["rte0"])])
     with pytest.raises(CapsuleArtifactError, match="trained on base model 'tiny-llama'"):
-        engine.replace(_served(other, name="rte"))
+        engine.add(_served(other, name="rte"))
     assert engine.versions() == {"rte": 1}
 
 

@@ -86,7 +86,7 @@ def test_a_task_added_while_serving_brings_its_head_and_answers_as_alone(jobs: d
 def test_a_swap_brings_its_own_head_and_readout(jobs: dict[str, Any]) -> None:
     engine = CapsuleEngine([_served(jobs["rte"]), _served(jobs["cb"])])
     rows = example_rows("rte", 4)
-    engine.replace(_served(jobs["rte1"], version=2))
+    engine.add(_served(jobs["rte1"], version=2))
     assert engine.versions() == {"rte": 2, "cb": 1} and engine.bank.heads.readouts[0] == "cls"
     (answer,) = engine.answer([("rte", engine.examples("rte", rows))])
     labels, scores = _alone(jobs["rte1"], rows)
@@ -101,7 +101,7 @@ def test_the_head_is_searched_once_per_base_model_however_many_capsules_load(job
     monkeypatch.setattr(heads_module, "_search_linear_head", lambda model: searched.append(model) or search(model))
     engine = CapsuleEngine([_served(jobs[task], name=f"{task}-{i}") for i in range(3) for task in ("rte", "cb")])
     engine.add(_served(jobs["csqa"]))
-    engine.replace(_served(jobs["rte1"], name="rte-0", version=2))
+    engine.add(_served(jobs["rte1"], name="rte-0", version=2))
     assert searched == [engine.bank.base_model]  # 8 capsules and their heads read, one search
     assert engine.bank.heads.label_counts == [2, 3] * 3 + [5] and engine.bank.heads.readouts[0] == "cls"
 
