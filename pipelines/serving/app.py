@@ -1,10 +1,6 @@
 """The Ray Serve deployment: HTTP through Serve's FastAPI ingress (`routes`), one mixed batch per `serve.batch`, hot
 reload from registry aliases (`Reloader`).
 
-``POST /`` with ``{"task": "rte", "inputs": [raw rows]}`` answers ``{"task", "labels", "scores",
-"label_names", "model", "version"}``; ``GET /tasks`` lists the capsules served, their versions and the
-replica's memory; ``GET /health`` answers without the token. Refusals: `pipelines.serving.routes`.
-
 The poll: every ``poll_s`` the replica serves what ``capt-<model>-<task>@<alias>`` names: a moved alias's version, a
 task registered (or given the alias) since the start, and no task whose registered model was deleted or lost the
 alias. A version to load passes the checks of the start (`RegistrySource.fetch`: digests and provenance;
@@ -98,23 +94,21 @@ class CapsuleServer:
 
     # What the routes ask of a replica (`routes.Served`).
     def catalog(self) -> Catalog:
-        """The names served and the request limits, built again only after the served set changed (the engine's
-        revision moved: load, hot add, swap, or a drop by the registry poll), not on every request."""
+        """The names served and the request limits (characters: the largest of the capsules', each task's own checked
+        after parsing), built again only after the served set changed (the engine's revision moved: load, hot add,
+        swap, or a drop by the registry poll), not on every request."""
         revision = self.engine.revision  # read first: a change made while building is caught by the next request
         if self._catalog is None or self._catalog[0] != revision:
-            self._catalog = revision, Catalog(self.engine.names, self.limits())
+            s, names = self.settings, self.engine.names
+            # with every task dropped (deleted from the registry), any request is refused for its task, after parsing
+            chars = max((self.max_chars(name) for name in names), default=s.max_text_chars or 2**16)
+            limits = Limits(s.max_body_bytes, s.max_rows_per_request, s.max_json_depth, chars)
+            self._catalog = revision, Catalog(names, limits)
         return self._catalog[1]
 
     def max_chars(self, name: str) -> int:
         """Most characters per string in a row for capsule `name`."""
         return self.settings.max_text_chars or CHARS_PER_TOKEN_LIMIT * self.engine.max_length(name)
-
-    def limits(self) -> Limits:
-        """The request limits (characters: the largest of the capsules', each task's own checked after parsing)."""
-        s = self.settings
-        # with every task dropped (deleted from the registry), any request is refused for its task, after parsing
-        chars = max((self.max_chars(name) for name in self.engine.names), default=s.max_text_chars or 2**16)
-        return Limits(s.max_body_bytes, s.max_rows_per_request, s.max_json_depth, chars)
 
     def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]:
         """Validated examples (the registry pyfunc's checks; CaptError names the row and field)."""
