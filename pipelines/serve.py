@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 from capt.tasks.registry import TASK_NAMES
 from pipelines.cli_errors import add_debug_flag, configure_logging, run_cli
 from pipelines.serving.auth import TOKEN_ENV, Token, find_token
-from pipelines.serving.proxy_heads import head_limit_problem, node_env
+from pipelines.serving.exposure import OPEN, describe, head_limit_problem, node_env, serving_listeners
 from pipelines.serving.settings import ServeSettings
 from pipelines.serving.source import RegistrySource, ServeError
 from pipelines.tracking import TrackingError
@@ -133,10 +133,6 @@ def _log_listeners(port: int, serve_token: bool) -> None:
     """Every port the driver and its local Ray listen on, with its guard (`pipelines.serving.exposure`), at debug
     level (``--debug``): a dozen Ray ports would bury the start-up line. A port beyond loopback that nothing guards
     is a warning, since anyone on the network reaches it."""
-    import os
-
-    from pipelines.serving.exposure import OPEN, describe, serving_listeners
-
     listeners = serving_listeners(port, serve_token)
     logger.debug("%s", describe(listeners, remote_cluster=bool(os.environ.get("RAY_ADDRESS"))))
     if open_ports := [str(item) for item in listeners if item.guard == OPEN]:

@@ -27,7 +27,7 @@ from pipelines.services.probe import (
     process_group_alive,
     stop_process_group,
 )
-from pipelines.serving.proxy_heads import node_env
+from pipelines.serving.exposure import node_env
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from mlflow import MlflowClient
 from capt.tasks import generate_rows
 from pipelines import promote, serve
 from pipelines.services import LOCALHOST, LocalMlflowServer, free_port
-from pipelines.serving.proxy_heads import head_flood
+from pipelines.serving.exposure import head_flood
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from helpers.registry import train_capsule
 from capt.tasks import example_rows
 from pipelines.capsule_predictor import CapsulePredictor
 from pipelines.services import LOCALHOST, free_port
-from pipelines.serving.proxy_heads import H11_ONLY, HEAD_LIMIT_BYTES, head_flood, head_limit_problem
+from pipelines.serving.exposure import H11_ONLY, HEAD_LIMIT_BYTES, head_flood, head_limit_problem
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ before a fixture could set them in this process; Serve keeps the app after the d
 
 
 def _driver(ray_head: LocalRayHead, **args: Any) -> None:
-    # as `python -m pipelines.serve` gives its job (`proxy_heads.node_env`): Serve's proxy parses with h11
+    # as `python -m pipelines.serve` gives its job (`exposure.node_env`): Serve's proxy parses with h11
     env = {**os.environ, **ray_head.client_env(),
            "PYTHONPATH": os.pathsep.join([str(H11_ONLY), str(ROOT), str(ROOT / "tests")])}
     worker_env = {key: env[key] for key in ("PYTHONPATH",)} | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -201,7 +201,7 @@ def _proxy_process(port: int):
 
 
 def test_a_request_head_past_16_kb_is_refused_before_the_token_and_the_proxy_keeps_no_memory(client: Client) -> None:
-    """The head starts as infra/README.md says (`pipelines.serving.proxy_heads.node_env`), so Serve's proxy parses
+    """The head starts as infra/README.md says (`pipelines.serving.exposure.node_env`), so Serve's proxy parses
     with h11: two connections, no token, each sending a head of 20 MB that never ends, are cut off after 16 KB (a
     400, or the connection closed) and the proxy's memory does not grow with them; the next request is answered."""
     proxy = _proxy_process(client.port)
