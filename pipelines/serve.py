@@ -60,9 +60,7 @@ def chosen_tasks(source: RegistrySource, tasks: str | None, every: bool) -> list
 def refuse_unservable(source: RegistrySource, versions: dict[str, int]) -> None:
     """ServeError naming the reason when the base model of the versions to serve cannot be served (before Ray
     starts: a replica would fail the same way a minute later)."""
-    from pipelines.tracking.registry import version_tags
-
-    tagged = {version_tags(source.uri, source.name(t), v).get("base_model") for t, v in versions.items()} - {None}
+    tagged = set(source.base_models(versions).values()) - {None}
     for base in sorted(tagged) or [source.model]:
         problem = servable_problem(base)
         if problem is not None:

@@ -94,11 +94,15 @@ class RegistrySource:
     def _check_one_base(self, versions: dict[str, int]) -> None:
         """The versions were trained on one base model (two hub ids can share a slug); the replica also checks
         every capsule's fingerprint against the base model it loads."""
-        bases = {task: version_tags(self.uri, self.name(task), v).get("base_model") for task, v in versions.items()}
+        bases = self.base_models(versions)
         if len(set(bases.values()) - {None}) > 1:
             listed = ", ".join(f"{self.name(t)}@{self.alias} on {b!r}" for t, b in bases.items())
             raise ServeError(f"--model {self.model!r}: the capsules to serve were trained on different base models "
                              f"({listed}); one server holds one base model. Serve them separately.")
+
+    def base_models(self, versions: dict[str, int]) -> dict[str, str | None]:
+        """{task: the base model its version was trained on, as the version's tags say (None: not tagged)}."""
+        return {task: version_tags(self.uri, self.name(task), v).get("base_model") for task, v in versions.items()}
 
     def fetch(self, task: str, version: int) -> ServedCapsule:
         """Download `version` of the task's registered model, verify it (`verify_version`), describe it for the engine.
