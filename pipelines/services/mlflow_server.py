@@ -43,19 +43,8 @@ logger = logging.getLogger(__name__)
 
 class ManagedService:
     """What both services share: ``start(wait=False)`` then ``wait_ready()`` lets several start at
-    once; ``with Service(...) as s:`` starts, waits and stops."""
-
-    def start(self, wait: bool = True) -> Self:
-        """Launch the service; with ``wait``, also :meth:`wait_ready`."""
-        raise NotImplementedError
-
-    def wait_ready(self) -> Self:
-        """Block until the launched service answers; stop it and raise ServiceError if it cannot."""
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        """Stop the service; a no-op when it is not running."""
-        raise NotImplementedError
+    once; ``with Service(...) as s:`` starts, waits and stops (a subclass defines ``start(wait=True)``,
+    ``wait_ready()`` and ``stop()``, a no-op when the service is not running)."""
 
     def __enter__(self) -> Self:
         return self.start()
