@@ -23,9 +23,9 @@ class DeptConfig(PromptTuningConfig):
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
         "t5": OptimDefault("adamw", 0.3, DEPT_T5),
         "decoder": OptimDefault("adamw", 1e-2, SMALL_STATES + "; the soft prompt's lr, as for prompt tuning"),
-        "encoder": OptimDefault("adamw", 1e-2, measured(1e-2, "0.003, 0.01, 0.03", "with the authors' text init "
-                                                        "(COPA, under the earlier N(0, 0.02) init, chose 0.003). The "
-                                                        "soft prompt's lr (the offset's is method.options.embedding_lr)")),
+        "encoder": OptimDefault("adamw", 1e-2, measured(
+            1e-2, "0.003, 0.01, 0.03", "with the authors' text init (COPA, under the earlier N(0, 0.02) init, chose "
+            "0.003). The soft prompt's lr (the offset's is method.options.embedding_lr)")),
     }
     provenance: ClassVar[tuple[Setting, ...]] = (
         Setting("prompt length m, rank r, length s",
