@@ -43,28 +43,24 @@ if TYPE_CHECKING:
     from capt.arch import ArchSpec
 
 
-def model_family(model_name: str) -> str:
-    """The family of base model `model_name`, read from its config alone (no weights loaded)."""
-    return model_shape(model_name).family
-
-
 def resolve_training(config: JobConfig, given: Mapping[str, Any]) -> JobConfig:
     """`config` with its method's authors' training values (`Method.training_defaults`: weight decay, schedule,
     clipping, batch, epochs) in every key that `given`, the job's merged sources, leaves unset; a key the job's
     config sets keeps its value."""
-    changes: dict[str, dict[str, Any]] = {}
     given_options = (given.get("method") or {}).get("options") or {}
     for key, value in METHODS[config.method.name].training_defaults.items():
         section, _, field = key.rpartition(".")
         if section == "method.options":
             if field not in given_options:
-                options = {**config.method.options, field: value}
-                config = dataclasses.replace(config, method=dataclasses.replace(config.method, options=options))
+                config = _replaced(config, "method", options={**config.method.options, field: value})
         elif field not in (given.get(section) or {}):
-            changes.setdefault(section, {})[field] = value
-    for section, fields in changes.items():
-        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)})
+            config = _replaced(config, section, **{field: value})
     return config
+
+
+def _replaced(config: JobConfig, section: str, **fields: Any) -> JobConfig:
+    """`config` with `fields` of its section `section` replaced."""
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)})
 
 
 def resolve_optim(config: JobConfig) -> JobConfig:
@@ -76,14 +72,13 @@ def resolve_optim(config: JobConfig) -> JobConfig:
     optim = config.optim
     if optim.name is not None and optim.lr is not None:
         return config
-    family = model_family(config.model.name)
+    family = model_shape(config.model.name).family
     default = optim_default(config.method.name, family)
     if optim.lr is None and optim.name not in (None, default.optimizer):
         raise ValueError(f"optim.name={optim.name!r} with optim.lr unset: the default lr of method "
                          f"{config.method.name!r} on model.name={config.model.name!r} (family {family!r}) is "
                          f"{default.lr:g} for {default.optimizer}, not for {optim.name}; set optim.lr too")
-    resolved = dataclasses.replace(optim, name=optim.name or default.optimizer, lr=optim.lr or default.lr)
-    return dataclasses.replace(config, optim=resolved)
+    return _replaced(config, "optim", name=optim.name or default.optimizer, lr=optim.lr or default.lr)
 
 
 # `model.readout`
@@ -96,11 +91,6 @@ the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained 
 def has_capsule_slot(method: str) -> bool:
     """Whether registered method `method` says its inputs carry a capsule slot (what the "capsule" readout reads)."""
     return isinstance(method, str) and method in METHODS and METHODS[method].has_capsule_slot
-
-
-def slot_methods() -> tuple[str, ...]:
-    """The registered methods with a capsule slot, in registry order."""
-    return tuple(name for name in METHODS if has_capsule_slot(name))
 
 
 def default_readout(spec: ArchSpec) -> str:
@@ -129,7 +119,7 @@ def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     elif readout == LM_HEAD:
         why = "encoder-only models classify with a linear head, not a language-model head"
     else:
-        with_slot = slot_methods()
+        with_slot = [name for name in METHODS if has_capsule_slot(name)]
         why = (f"method {method!r} has no capsule slot (only {', '.join(with_slot)} "
                f"{'has' if len(with_slot) == 1 else 'have'} one)")
     return [f"model.readout={readout!r} with model.name={raw_value(raw, 'model.name')!r} and "
@@ -141,8 +131,7 @@ def resolve_readout(config: JobConfig) -> JobConfig:
     """`config` with `model.readout` filled in from the model's family when unset (unchanged otherwise)."""
     if config.model.readout is not None:
         return config
-    model = dataclasses.replace(config.model, readout=default_readout(model_shape(config.model.name).spec))
-    return dataclasses.replace(config, model=model)
+    return _replaced(config, "model", readout=default_readout(model_shape(config.model.name).spec))
 
 
 def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
@@ -187,7 +176,7 @@ def _with_method_defaults(config: JobConfig) -> JobConfig:
     default changes the config hash, output folder and logged params of exactly the jobs that ran with it."""
     options = get_method(config.method.name).build_config(config.method.options).to_dict()
     plain = json.loads(json.dumps(options))  # tuples as lists, as YAML and result.json hold them
-    return dataclasses.replace(config, method=dataclasses.replace(config.method, options=plain))
+    return _replaced(config, "method", options=plain)
 
 
 def pydantic_problems(err: ValidationError, root: type = JobConfig) -> list[str]:
@@ -237,7 +226,8 @@ def _format_problems(problems: list[str]) -> str:
 # formats the model does not support.
 
 def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
-    """What the model's own config refuses: capsule layers it lacks, sequences longer than its positions."""
+    """What the model's own config refuses: capsule layers it lacks, sequences longer than its positions, a method,
+    readout or input format its family does not support."""
     name, method_name = raw_value(raw, "model.name"), raw_value(raw, "method.name")
     try:
         shape = model_shape(name)
@@ -247,7 +237,7 @@ def model_fit_problems(raw: dict[str, Any], method_ok: bool) -> list[str]:
     if method_ok:
         problems += _method_fit_problems(name, shape, method_name, raw_value(raw, "method.options"))
     problems += _length_problems(raw, shape, method_ok)
-    return problems
+    return problems + readout_problems(raw, shape.spec) + _input_format_problems(raw, shape.family)
 
 
 def _method_fit_problems(name: str, shape: ModelShape, method_name: str, options: dict[str, Any]) -> list[str]:
@@ -296,10 +286,7 @@ def cross_field_problems(raw: dict[str, Any]) -> list[str]:
     if options_ok:
         problems += _method_option_problems(name, options)
     if isinstance(model, str):
-        name_problems = model_name_problems(model)
-        problems += name_problems or model_fit_problems(raw, options_ok and not problems)
-        if not name_problems:
-            problems += _readout_problems(raw) + _input_format_problems(raw)
+        problems += model_name_problems(model) or model_fit_problems(raw, options_ok and not problems)
     if raw_value(raw, "task.source") == "local" and not (raw_value(raw, "task.data_dir")
                                                          or os.environ.get("CAPT_DATA_DIR")):
         problems.append("task.data_dir=None with task.source='local': set task.data_dir or CAPT_DATA_DIR, "
@@ -331,26 +318,14 @@ def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     return []
 
 
-def _input_format_problems(raw: dict[str, Any]) -> list[str]:
+def _input_format_problems(raw: dict[str, Any], family: str) -> list[str]:
     from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
 
     input_format, name, task = (raw_value(raw, k) for k in ("task.input_format", "model.name", "task.name"))
     if input_format not in INPUT_FORMATS or not isinstance(task, str):
         return []  # the schema reports it
-    try:
-        family = model_shape(name).family
-    except ValueError:
-        return []
     return [f"task.{problem} (model.name={name!r})"
             for problem in input_format_problems(input_format, family, task)]
-
-
-def _readout_problems(raw: dict[str, Any]) -> list[str]:
-    try:
-        spec = model_shape(raw_value(raw, "model.name")).spec
-    except ValueError:
-        return []  # model_fit_problems reported it
-    return readout_problems(raw, spec)
 
 
 # Which command a config file is for: a job's sections (model, task, method, ...) or a sweep's grid (tasks,
