@@ -57,19 +57,21 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     config = TypeAdapter(SweepConfig).validate_python(sweep)
     point = params["point"]
     searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
-    entry = next(e for e in config.methods if e.key == point["method"])
-    job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
-    name = tune.get_context().get_trial_name()
-    tracking = trial_tracking(config, job, point, entry, searched, name, tracking_uri)
-    context = run_context or {}
-    tracking["tags"] = {**context.get("tags", {}), **tracking["tags"]}
-    tracking["ui_uri"] = context.get("ui_uri")
-    tracking["moved_from"] = tuple(context.get("moved_from", ()))
+    job, tracking = _job_and_tracking(config, point, searched, tune.get_context().get_trial_name(), tracking_uri,
+                                      run_context)
     loop_config = {"job": job, "tracking": tracking}
     if runs_in_trial_process(config.resources):
         _run_in_trial_process(loop_config, config.resources.cpus_per_worker)
     else:
         _fit_torch_trainer(config, loop_config)
+
+
+def _job_and_tracking(config: SweepConfig, point: dict[str, Any], searched: dict[str, Any], trial: str,
+                      uri: str | None, run_context: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job dict of grid point `point` with `searched` values, and its run's tracking dict in Tune trial `trial`."""
+    entry = next(e for e in config.methods if e.key == point["method"])
+    job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
+    return job, trial_tracking(config, job, point, entry, searched, trial, uri, run_context)
 
 
 def _run_in_trial_process(loop_config: dict[str, Any], cpus: float) -> None:
@@ -195,13 +197,8 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
 def _member(config: SweepConfig, point: dict[str, Any], pack: str, uri: str | None,
             context: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A member's resolved job config and its run's tracking dict, as `run_trial` makes a trial's."""
-    entry = next(e for e in config.methods if e.key == point["method"])
-    selected = dict(point.get("select", {}))
-    job = trial_job(config, point["task"], point["model"], entry, point["seed"], selected)
-    tracking = trial_tracking(config, job, point, entry, selected, pack, uri)
-    tracking["tags"] = {**context.get("tags", {}), **tracking["tags"], PACK_TAG: pack}
-    tracking["ui_uri"] = context.get("ui_uri")
-    tracking["moved_from"] = tuple(context.get("moved_from", ()))
+    job, tracking = _job_and_tracking(config, point, dict(point.get("select", {})), pack, uri, context)
+    tracking["tags"][PACK_TAG] = pack
     return validate_job_config(job), tracking
 
 

@@ -43,9 +43,10 @@ def forget_accelerate_state() -> None:
 
 
 def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched: dict, trial: str,
-                   uri: str | None) -> dict:
-    """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`."""
-    job_config = validate_job_config(job)
+                   uri: str | None, run_context: dict[str, Any] | None = None) -> dict:
+    """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`;
+    `run_context` (`pipelines.sweeps.trial.run_trial`) adds its tags, the UI's URI and the store's former URIs."""
+    job_config, context = validate_job_config(job), run_context or {}
     run_name = job_run_name(job_config, entry.key)
     if searched:
         run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
@@ -53,10 +54,11 @@ def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched:
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
         "register": config.tracking.register and get_method(entry.name).registers_model,
-        "tags": {**job_run_tags(job_config, entry.key), "sweep": config.name, "trial": trial,
-                 SELECT_TAG: select_label(point.get("select", {})),
+        "tags": {**context.get("tags", {}), **job_run_tags(job_config, entry.key), "sweep": config.name,
+                 "trial": trial, SELECT_TAG: select_label(point.get("select", {})),
                  DESCRIPTION_TAG: f"{entry.key} on {point['task']} with base model {point['model']}, "
                                   f"seed {point['seed']} (trial {trial} of sweep {config.name})"},
+        "ui_uri": context.get("ui_uri"), "moved_from": tuple(context.get("moved_from", ())),
     }
 
 
