@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+
+from pipelines.services.ray_connect import environ
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -25,19 +26,10 @@ def tune_loggers() -> list:
     return [CSVLoggerCallback(), JsonLoggerCallback()]
 
 
-@contextlib.contextmanager
-def no_default_loggers() -> Iterator[None]:
+def no_default_loggers() -> contextlib.AbstractContextManager[None]:
     """Tune adds its default loggers (TensorBoard's among them) to the given callbacks unless this variable is set
     when the Tuner runs (`ray.tune.utils.callback._create_default_callbacks`)."""
-    key, before = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
-    os.environ[key] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+    return environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1")
 
 
 def trial_lines():

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from pipelines.services.ray_connect import environ
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -73,15 +74,10 @@ class StopRequest:
 def stop_on_signals() -> Iterator[StopRequest]:
     """Route SIGINT and SIGTERM through one `StopRequest` for the block (main thread only)."""
     request, previous = StopRequest(), {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    request.install()
-    try:
-        yield request
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if before is None:
-            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
-        else:
-            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = before
+    with environ(TUNE_DISABLE_SIGINT_HANDLER="1"):
+        request.install()
+        try:
+            yield request
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
