@@ -161,7 +161,9 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
             return _resolve(config, raw)
         except ValueError as err:
             problems.append(str(err))
-    raise PipelineConfigError(_format_problems(problems))
+    count = len(problems)
+    raise PipelineConfigError(f"Invalid job config ({count} problem{'s' if count > 1 else ''}): "
+                              + "; ".join(problems) + ".")
 
 
 def _resolve(config: JobConfig, raw: dict[str, Any]) -> ResolvedJobConfig:
@@ -214,11 +216,6 @@ def _dataclass_in(hint: Any) -> Any:
         members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         return members[0] if len(members) == 1 else None
     return hint
-
-
-def _format_problems(problems: list[str]) -> str:
-    count = len(problems)
-    return f"Invalid job config ({count} problem{'s' if count > 1 else ''}): " + "; ".join(problems) + "."
 
 
 # Pre-flight checks of a job across its keys and against its base model's config (read without loading weights):
@@ -299,14 +296,11 @@ def ignored_data_dir_note(source: str | None, data_dir: str | None, reader: str,
     job reads") will not read it, saying how they would (`fix`); None when it is unset or read. A user who set it
     expects it to be used: silence would let a run on generated data pass for one on real data."""
     env = os.environ.get(DATA_DIR_ENV)
-    if not env or (source == "local" and (not data_dir or _same_folder(data_dir, env))):
+    if not env or (source == "local" and (not data_dir or
+                                          Path(data_dir).expanduser().resolve() == Path(env).expanduser().resolve())):
         return None
     reads = f"task.data_dir={data_dir}" if source == "local" else f"{source} data (task.source={source})"
     return f"{DATA_DIR_ENV}={env} is ignored: {reader} {reads}; to train on the files in {env}, {fix}."
-
-
-def _same_folder(a: str, b: str) -> bool:
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
