@@ -149,6 +149,10 @@ class SweepConfig:
         """Absolute storage folder (Ray needs an absolute path)."""
         return Path(self.storage_path).expanduser().resolve()
 
+    def folder(self) -> Path:
+        """This sweep's folder, <storage root>/<name>: Tune's experiment, the trials' `jobs/`, the summary."""
+        return self.storage_root() / self.name
+
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
@@ -240,7 +244,7 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
         return [], [too_large]
     by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
-    jobs_dir = _jobs_dir(sweep)  # resolved once: the grid has up to MAX_TRIALS points
+    jobs_dir = sweep.folder() / "jobs"  # resolved once: the grid has up to MAX_TRIALS points
     for task in sweep.tasks:
         for model in sweep.models:
             for entry in sweep.methods:
@@ -275,11 +279,7 @@ def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, see
     Its output folder is `<trial name>-<config hash>`: a trial whose config changed (grid, job keys,
     searched values, defaults) trains afresh in a new folder, and only an identical config reuses one.
     """
-    return _checked_trial_job(sweep, _jobs_dir(sweep), task, model, entry, seed, searched)[0]
-
-
-def _jobs_dir(sweep: SweepConfig) -> Path:
-    return sweep.storage_root() / sweep.name / "jobs"
+    return _checked_trial_job(sweep, sweep.folder() / "jobs", task, model, entry, seed, searched)[0]
 
 
 def _checked_trial_job(sweep: SweepConfig, jobs_dir: Path, task: str, model: str, entry: MethodEntry, seed: int,
@@ -348,19 +348,15 @@ MAX_TRIALS = 1500
 2 busy CPUs); the largest shipped sweep (ablations.yaml) has 1,008."""
 
 
-def grid_points(sweep: SweepConfig) -> int:
-    """Grid points: tasks x (models each method row runs on) x its select combinations x seeds."""
+def tune_trials(sweep: SweepConfig) -> int:
+    """Trials Tune runs: tasks x (models each method row runs on) x its select combinations x seeds (the grid
+    points) x the combinations of `search`'s grid keys x `num_samples`."""
     rows = sum(len(combinations(select_space(sweep.select, entry.select)))
                for entry in sweep.methods for model in sweep.models
                if entry.models is None or model in entry.models)
-    return len(sweep.tasks) * rows * len(sweep.seeds)
-
-
-def tune_trials(sweep: SweepConfig) -> int:
-    """Trials Tune runs: grid points x the combinations of `search`'s grid keys x `num_samples`."""
     searched = math.prod(len(values) for spec in sweep.search.values() for kind, values in spec.items()
                          if kind == "grid")
-    return grid_points(sweep) * searched * sweep.num_samples
+    return len(sweep.tasks) * rows * len(sweep.seeds) * searched * sweep.num_samples
 
 
 def grid_size_problem(sweep: SweepConfig) -> str | None:

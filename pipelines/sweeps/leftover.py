@@ -32,7 +32,7 @@ def spooled_operations(sweep: SweepConfig, name: str = PENDING_FILE) -> dict[str
     """Trial folder name -> operations waiting in its spool `name` (folders with none left out)."""
     if "://" in sweep.storage_path:  # remote storage: the trials' folders are not on this file system
         return {}
-    jobs = sweep.storage_root() / sweep.name / "jobs"
+    jobs = sweep.folder() / "jobs"
     counts = {path.parent.name: len(Spool(path)) for path in sorted(jobs.glob(f"*/{name}"))}
     return {folder: count for folder, count in counts.items() if count}
 
@@ -46,9 +46,11 @@ def upload_spooled(sweep: SweepConfig, uri: str | None, moved_from: tuple[str, .
     A server that does not answer its health check at once is not waited for: the trials spent their retry budget
     already, and the final table says what waits and how to upload it.
     """
-    if not uri or not spooled_operations(sweep) or not _answers(uri):
+    # a non-HTTP store is assumed to answer
+    if not uri or not spooled_operations(sweep) or (uri.startswith(("http://", "https://")) and
+                                                     not mlflow_answers(uri)):
         return []
-    summary = sync_pending(sweep.storage_root() / sweep.name, uri, RetryPolicy(budget_s=sweep.tracking.retry_s),
+    summary = sync_pending(sweep.folder(), uri, RetryPolicy(budget_s=sweep.tracking.retry_s),
                            moved_from=moved_from)
     logger.info("Uploaded %d spooled MLflow operation(s); %d still pending", summary.synced, summary.pending)
     if not summary.synced:
@@ -58,18 +60,11 @@ def upload_spooled(sweep: SweepConfig, uri: str | None, moved_from: tuple[str, .
             "server could not be reached."]
 
 
-def _answers(uri: str) -> bool:
-    """Whether the tracking server at `uri` answers its health check now (a non-HTTP store: assumed to)."""
-    if not uri.startswith(("http://", "https://")):
-        return True
-    return mlflow_answers(uri)
-
-
 def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> list[str]:
     """The lines the final table ends with when operations or the sweep's run wait (empty when everything reached
     MLflow)."""
     pending, dead = spooled_operations(sweep), spooled_operations(sweep, FAILED_FILE)
-    folder, lines = sweep.storage_root() / sweep.name, []
+    folder, lines = sweep.folder(), []
     if pending:
         lines.append(f"Not fully tracked: {_count(sum(pending.values()), 'operation')} of "
                      f"{_count(len(pending), 'trial')} wait in their folders ({PENDING_FILE}) for the MLflow server:")
@@ -86,7 +81,7 @@ def leftover_lines(sweep: SweepConfig, uri: str | None, local_server: bool) -> l
 def unclosed_run_lines(sweep: SweepConfig, uri: str | None, local_server: bool, told_to_sync: bool) -> list[str]:
     """What the sweep's run still waits for when the server did not take its close (`SWEEP_CLOSE_FILE` in the
     sweep folder), then what is left to do once it is closed; empty when nothing waits."""
-    folder = sweep.storage_root() / sweep.name
+    folder = sweep.folder()
     if "://" in sweep.storage_path or not (folder / SWEEP_CLOSE_FILE).is_file():
         return []
     command = "the same sync" if told_to_sync else sync_command(folder, uri, local_server)

@@ -45,7 +45,7 @@ class SweepRun:
 
     @property
     def folder(self) -> Path:
-        return self.sweep.storage_root() / self.sweep.name
+        return self.sweep.folder()
 
     def nest(self, run_context: dict[str, Any] | None) -> None:
         """Make every trial's run a child of this one (its tags travel in the trials' run context)."""

@@ -22,9 +22,10 @@ import dataclasses
 import logging
 import math
 
-from pydantic import ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 from pydantic.dataclasses import dataclass
 
+from pipelines.config.schema import STRICT
 from pipelines.config.sources import PipelineConfigError
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ TRIAL_DRIVER_RESOURCE = "capt_trial_driver"
 _BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
-@dataclass(config=ConfigDict(extra="forbid", use_attribute_docstrings=True))
+@dataclass(config=STRICT)
 class ResourcesSection:
     """Resources of one trial: Ray Train workers, each running one Accelerate process."""
 

@@ -21,7 +21,7 @@ from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.provenance import registered_model_name
 from pipelines.services.folder_lock import current_holder, folder_problem, held_folder
-from pipelines.sweeps.config import SweepConfig, trials
+from pipelines.sweeps.config import SweepConfig, Trial, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
 from pipelines.sweeps.packs import is_pack_point, pack_point, sweep_packs, trial_point
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
@@ -57,7 +57,7 @@ def _trial_name(trial) -> str:
     point = trial.config["point"]
     if is_pack_point(point):
         return point["pack"]
-    name = f"{point['task']}-{model_slug(point['model'])}-{point['method']}-s{point['seed']}"
+    name = Trial(point["task"], point["model"], point["method"], point["seed"], {}).name
     extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])
     return name + "".join(f"-{k}={v:.3g}" if isinstance(v, float) else f"-{k}={v}" for k, v in extra)
 
@@ -97,7 +97,7 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, sweep=asdict(sweep), tracking_uri=tracking_uri, run_context=run_context),
         trial_resources(resources, cluster))
-    path = sweep.storage_root() / sweep.name
+    path = sweep.folder()
     if resume and tune.Tuner.can_restore(str(path)):
         logger.info("Resuming sweep %s from %s", sweep.name, path)
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
@@ -201,12 +201,12 @@ def refuse_a_running_sweep(sweep: SweepConfig) -> None:
 
 
 def _sweep_lock(sweep: SweepConfig) -> Path:
-    return sweep.storage_root() / sweep.name / SWEEP_LOCK_FILE
+    return sweep.folder() / SWEEP_LOCK_FILE
 
 
 def _in_use(sweep: SweepConfig, holder: str) -> SweepInUseError:
     return SweepInUseError(
-        f"The sweep {sweep.name!r} in {sweep.storage_root() / sweep.name} is being run by another driver ({holder}); "
+        f"The sweep {sweep.name!r} in {sweep.folder()} is being run by another driver ({holder}); "
         "one driver runs a sweep at a time. Wait for it to end or stop it (then `--resume` finishes the sweep), or "
         "give this one another name or storage_path.")
 

@@ -127,7 +127,7 @@ def reuse_line(sweep: SweepConfig, rows: list[dict]) -> str | None:
     if not reused:
         return None
     remote = "://" in sweep.storage_path
-    jobs = f"{sweep.storage_path}/{sweep.name}/jobs" if remote else sweep.storage_root() / sweep.name / "jobs"
+    jobs = f"{sweep.storage_path}/{sweep.name}/jobs" if remote else sweep.folder() / "jobs"
     if reused == len(rows):
         return f"All {reused} trials reused from {jobs}; nothing trained."
     return f"{reused} of {len(rows)} trials reused from {jobs}; {len(rows) - reused} trained or failed now."
@@ -144,7 +144,7 @@ def write_summary(sweep: SweepConfig, rows: list[dict]) -> str:
 def _write_files(sweep: SweepConfig, rows: list[dict]) -> str:
     if "://" in sweep.storage_path:  # remote storage: Tune writes there itself, the driver has no file system path
         return f"No summary files: storage_path {sweep.storage_path} is not a local or shared folder."
-    folder = sweep.storage_root() / sweep.name
+    folder = sweep.folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / SUMMARY_MD).write_text(summary_markdown(sweep, rows), encoding="utf-8")

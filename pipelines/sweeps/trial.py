@@ -106,7 +106,7 @@ def _fit_torch_trainer(config: SweepConfig, loop_config: dict[str, Any]) -> None
         run_config=ray.train.RunConfig(
             # keyed like the job folder: a changed config never meets the Train state of another one
             name=Path(loop_config["job"]["output_dir"]).name,
-            storage_path=str(config.storage_root() / config.name / "train"),
+            storage_path=str(config.folder() / "train"),
             failure_config=ray.train.FailureConfig(max_failures=config.failure.worker_max_failures),
             callbacks=[TuneReportCallback()],
         ),
