@@ -1,5 +1,5 @@
 """The sweep config: a grid of tasks x models x methods x seeds over a base job, plus Tune search options and the
-`pack:` section (trials sharing a base model trained together) with its rules.
+`pack:` section (trials sharing a base model trained together) with its rules and its packs.
 
 Every trial's job config is built and validated on the driver before Ray starts, so a bad sweep fails
 at once with every problem listed.
@@ -399,14 +399,18 @@ def _merge_into(target: dict[str, Any], path: list[str], value: Any) -> None:
         target[leaf] = copy.deepcopy(value)
 
 
-# The `pack:` section's rules: which sweeps and which trials can train packed.
+# The `pack:` section: which sweeps and which trials can train packed, and who packs with whom.
 #
 #     pack: {max_members: 3}
 #
-# A packed sweep groups its trials that share a base model (`pipelines.sweeps.packs`) and trains each group in one
-# Tune trial, in one loop (`pipelines.training.packed`). Only what a pack can train is accepted, checked with every
-# other problem of the sweep (`trials`): CaPT and its ablations (method `capt`, whatever
-# `pipelines.training.setup.pack_problems` accepts), one worker per trial, and grid values fixed on the driver.
+# A packed sweep groups its trials that share a base model (`base_key`: model, dtype, precision, device and the
+# capsule's slot count) and trains each group in one Tune trial, in one loop (`pipelines.training.packed`). Only what
+# a pack can train is accepted, checked with every other problem of the sweep (`trials`): CaPT and its ablations
+# (method `capt`, whatever `pipelines.training.setup.pack_problems` accepts), one worker per trial, and grid values
+# fixed on the driver. Each base's trials, in grid order (task, model, method row, `select:` value, seed), are cut
+# into packs of K, the last one smaller. A pack's name, `pack<NNN>-<model slug>-x<members>`, is the Tune trial's name
+# and folder; it is the same for the same sweep config, so `--resume` meets the same packs. Each member keeps what a
+# trial has: its own job config, config hash, output folder (`trial_job`) and MLflow run.
 
 TUNED_HEAP_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
                   "MALLOC_TOP_PAD_": str(512 << 20)}
@@ -475,3 +479,53 @@ def base_key(job: dict[str, Any]) -> tuple:
     config = member_config(job)
     shared = tuple(getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in SHARED_KEYS)
     return (*shared, build_method_config(config.method.name, config.method.options).num_slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackPlan:
+    """One pack of a sweep: its name (the Tune trial's) and its members, in pack order."""
+
+    name: str
+    members: tuple[Trial, ...]
+
+
+def sweep_packs(sweep: SweepConfig) -> list[PackPlan]:
+    """The packs of a packed sweep (`sweep.pack` set), every trial in exactly one."""
+    size = sweep.pack.max_members
+    by_base: dict[tuple, list[Trial]] = {}
+    for trial in trials(sweep):
+        by_base.setdefault(base_key(trial.job), []).append(trial)
+    groups = [group[start:start + size] for group in by_base.values() for start in range(0, len(group), size)]
+    return [PackPlan(f"pack{i:03d}-{model_slug(group[0].model)}-x{len(group)}", tuple(group))
+            for i, group in enumerate(groups)]
+
+
+def trial_point(trial: Trial) -> dict[str, Any]:
+    """A trial as Tune's grid holds it (`run.param_space`)."""
+    return {"task": trial.task, "model": trial.model, "method": trial.method, "seed": trial.seed,
+            "select": trial.select}
+
+
+def pack_point(plan: PackPlan) -> dict[str, Any]:
+    """A pack as Tune's grid holds it: its name and its members' points."""
+    return {"pack": plan.name, "members": [trial_point(t) for t in plan.members]}
+
+
+def is_pack_point(point: dict[str, Any]) -> bool:
+    """Whether a Tune grid point is a pack's (`pack_point`) rather than one trial's (`trial_point`)."""
+    return "members" in point
+
+
+def member_points(point: dict[str, Any], metrics: dict[str, Any]) -> list[tuple[dict, dict, str]]:
+    """(trial point, its metrics, its pack name) of each trial of a Tune result: one for a plain trial (no pack:
+    ""), each member of a pack with the metrics its pack reported for it (`member_report_key`)."""
+    if not is_pack_point(point):
+        return [(point, metrics, "")]
+    return [(member, {key.removeprefix(member_report_key(i, "")): value for key, value in metrics.items()
+                      if key.startswith(member_report_key(i, ""))}, point["pack"])
+            for i, member in enumerate(point["members"])]
+
+
+def member_report_key(index: int, metric: str) -> str:
+    """The key of member `index`'s `metric` in its pack trial's Tune report."""
+    return f"member{index}.{metric}"

@@ -21,9 +21,8 @@ from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.provenance import registered_model_name
 from pipelines.services.folder_lock import current_holder, folder_problem, held_folder
-from pipelines.sweeps.config import SweepConfig, Trial, trials
+from pipelines.sweeps.config import SweepConfig, Trial, is_pack_point, pack_point, sweep_packs, trial_point, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
-from pipelines.sweeps.packs import is_pack_point, pack_point, sweep_packs, trial_point
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import (
     ResourcesSection,
@@ -40,7 +39,7 @@ logger = logging.getLogger("pipelines.sweep")
 
 def param_space(sweep: SweepConfig) -> dict:
     """Tune's space: one grid axis over the valid (task, model, method, seed) points, plus the search; a packed
-    sweep's axis is over its packs (`pipelines.sweeps.packs`)."""
+    sweep's axis is over its packs (`pipelines.sweeps.config.sweep_packs`)."""
     from ray import tune
 
     if sweep.pack is not None:

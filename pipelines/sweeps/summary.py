@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config.schema import model_slug
-from pipelines.sweeps.config import SweepConfig, trials
-from pipelines.sweeps.packs import member_points
+from pipelines.sweeps.config import SweepConfig, member_points, trials
 from pipelines.sweeps.select import chosen_labels, select_label
 from pipelines.sweeps.trial_process import REFUSED_KEY
 

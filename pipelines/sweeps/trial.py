@@ -24,9 +24,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pipelines.config.load import validate_job_config
-from pipelines.sweeps.config import SweepConfig, heap_in_force, trial_job
+from pipelines.sweeps.config import SweepConfig, heap_in_force, is_pack_point, member_report_key, trial_job
 from pipelines.sweeps.console import quiet_trial_process
-from pipelines.sweeps.packs import is_pack_point, member_report_key
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.trial_process import (
     CLAIM_WAIT_S,
@@ -159,7 +158,7 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
 
 
 # One Tune trial of a packed sweep (`run_trial` hands `run_pack_trial` a pack's point): the members of one
-# pack (`pipelines.sweeps.packs`) trained in one loop on one base model, in the Tune trial's own process
+# pack (`pipelines.sweeps.config.sweep_packs`) trained in one loop on one base model, in the Tune trial's own process
 # (`pipelines.tracking.jobs.tracked_pack`).
 #
 # Each member is what a trial is in a sweep without packing: its job config from `config.trial_job` (same config

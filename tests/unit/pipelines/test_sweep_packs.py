@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipelines.config.sources import PipelineConfigError
-from pipelines.sweeps.config import load_sweep_config, trials
-from pipelines.sweeps.packs import member_points, pack_point, sweep_packs
+from pipelines.sweeps.config import load_sweep_config, member_points, pack_point, sweep_packs, trials
 from pipelines.sweeps.summary import result_rows
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,7 +134,7 @@ def test_a_tracked_pack_writes_each_members_result_and_reuses_finished_ones(tmp_
 
 
 def test_each_member_is_tracked_as_its_trial_would_be(tmp_path):
-    from pipelines.sweeps.packs import trial_point
+    from pipelines.sweeps.config import trial_point
     from pipelines.sweeps.trial import PACK_TAG, _member
     from pipelines.training.outputs import config_hash
 
