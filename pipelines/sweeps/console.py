@@ -88,17 +88,6 @@ input-example check, the wait for a registered version): they log from WARNING u
 registry's "Created version" lines, stay."""
 
 
-def quiet_mlflow() -> None:
-    """Apply `MLFLOW_QUIET_ENV` (unless set already: a user's explicit choice wins) and `MLFLOW_QUIET_LOGGERS` in this
-    process (imports no mlflow)."""
-    for key, value in MLFLOW_QUIET_ENV.items():
-        os.environ.setdefault(key, value)
-    for name in MLFLOW_QUIET_LOGGERS:
-        routine = logging.getLogger(name)
-        if routine.level < logging.WARNING:
-            routine.setLevel(logging.WARNING)
-
-
 class _NoLoadReport(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "LOAD REPORT" not in str(record.msg)
@@ -107,8 +96,9 @@ class _NoLoadReport(logging.Filter):
 def quiet_trial_process() -> None:
     """In a trial process: no "LOAD REPORT" table per model load (for MiniLM it lists the classifier head that every
     classification job adds, a known and expected difference; a load that is wrong still raises), no
-    weight-loading progress bar (transformers' other warnings stay), and MLflow's routine output off
-    (`quiet_mlflow`), Accelerate's checkpoint chatter at WARNING (`pipelines.cli_errors.quiet_accelerate`).
+    weight-loading progress bar (transformers' other warnings stay), MLflow's routine output off (`MLFLOW_QUIET_ENV`
+    unless set already: a user's explicit choice wins; `MLFLOW_QUIET_LOGGERS`), Accelerate's checkpoint chatter at
+    WARNING (`pipelines.cli_errors.quiet_accelerate`).
 
     A filter, not a level: transformers checks the level of its loading logger itself, and at WARNING or above
     it verifies a tensor-parallel plan no job here uses, and warns about every layer it did not shard."""
@@ -116,7 +106,12 @@ def quiet_trial_process() -> None:
 
     from pipelines.cli_errors import quiet_accelerate
 
-    quiet_mlflow()
+    for key, value in MLFLOW_QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for name in MLFLOW_QUIET_LOGGERS:
+        routine = logging.getLogger(name)
+        if routine.level < logging.WARNING:
+            routine.setLevel(logging.WARNING)
     quiet_accelerate()
     loading = logging.getLogger("transformers.modeling_utils")
     if not any(isinstance(f, _NoLoadReport) for f in loading.filters):
