@@ -1,6 +1,5 @@
-"""A job's configuration: typed sections (`schema`), YAML + `key=value` sources (`sources`), the defaults a job
-gets where its config names none (`defaults`: optimiser, lr, training values, readout), and `load`, THE entry
-(cross-field checks included), which returns the one resolved type every consumer takes.
+"""A job's configuration: typed sections (`schema`), YAML + `key=value` sources (`sources`), and `load`, THE entry
+(cross-field checks and defaults included), which returns the one resolved type every consumer takes.
 
     from pipelines.config import load_job_config
     config = load_job_config("pipelines/configs/job/smoke.yaml", ["train.max_steps=20"])

@@ -421,9 +421,9 @@ MiniLM step paid 14.5 s of kernel time for 13.2 s of compute, 5.6 s with these s
 (benchmarks/results/page_faults.md). Kept mapped, a trial process's resident memory stays at its peak."""
 
 
-def trial_process_env(sweep: Any) -> dict[str, str]:
-    """Environment variables every trial process of `sweep` (a `SweepConfig`) starts with: the tuned heap of a packed
-    sweep, else none."""
+def trial_process_env(sweep: SweepConfig) -> dict[str, str]:
+    """Environment variables every trial process of `sweep` starts with: the tuned heap of a packed sweep, else
+    none."""
     if sweep.pack is None or sweep.pack.heap != "tuned":
         return {}
     return dict(TUNED_HEAP_ENV)
@@ -434,8 +434,8 @@ def heap_in_force() -> dict[str, str]:
     return environment_values(TUNED_HEAP_ENV)
 
 
-def pack_option_problems(sweep: Any) -> list[str]:
-    """What a packed sweep (a `SweepConfig` with `pack`) cannot have yet; empty when `pack` is off."""
+def pack_option_problems(sweep: SweepConfig) -> list[str]:
+    """What a packed sweep cannot have yet; empty when `pack` is off."""
     if sweep.pack is None:
         return []
     problems = []

@@ -88,9 +88,8 @@ input-example check, the wait for a registered version): they log from WARNING u
 registry's "Created version" lines, stay."""
 
 
-class _NoLoadReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in str(record.msg)
+def _no_load_report(record: logging.LogRecord) -> bool:
+    return "LOAD REPORT" not in str(record.msg)
 
 
 def quiet_trial_process() -> None:
@@ -114,6 +113,5 @@ def quiet_trial_process() -> None:
             routine.setLevel(logging.WARNING)
     quiet_accelerate()
     loading = logging.getLogger("transformers.modeling_utils")
-    if not any(isinstance(f, _NoLoadReport) for f in loading.filters):
-        loading.addFilter(_NoLoadReport())
+    loading.addFilter(_no_load_report)  # logging adds a filter once
     hf_logging.disable_progress_bar()
