@@ -192,7 +192,7 @@ def predict(model: nn.Module, examples: Sequence[Example], collator, spec: ArchS
     for start in range(0, len(examples), batch_size):
         chunk = list(examples[start:start + batch_size])
         if spec.classifier_head:
-            predictions += _head_predictions(model, collator(chunk), device)
+            predictions += model(**_to(collator(chunk), device)).logits.argmax(-1).tolist()
         elif mode == "rank":
             predictions += _rank_predictions(model, collator.candidate_batch(chunk), spec, device, len(chunk))
         else:
@@ -203,11 +203,6 @@ def predict(model: nn.Module, examples: Sequence[Example], collator, spec: ArchS
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in model_inputs(batch).items()}
-
-
-def _head_predictions(model, batch, device) -> list[int]:
-    logits = model(**_to(batch, device)).logits
-    return logits.argmax(-1).tolist()
 
 
 def _rank_predictions(model, batch, spec: ArchSpec, device, count) -> list[int]:
@@ -232,12 +227,14 @@ def _generated_predictions(model, batch, examples, spec: ArchSpec, max_new_token
 def evaluate(accelerator, model, examples: Sequence[Example], collator, spec: ArchSpec, mode: str,
              batch_size: int, max_new_tokens: int, tokenizer: Any) -> dict[str, float]:
     """Task metrics (percent, plus "score") over `examples`, computed with every process's share."""
+    from accelerate.utils import gather_object
+
     model.eval()
     with accelerator.split_between_processes(list(examples)) as shard:
         local = predict(accelerator.unwrap_model(model), shard, collator, spec, mode,
                         max(1, batch_size // accelerator.num_processes), max_new_tokens, tokenizer,
                         accelerator.device)
-    return metrics_of(examples, _gather_in_order(accelerator, local))
+    return metrics_of(examples, list(gather_object(local)))  # every process's share, in process order
 
 
 def metrics_of(examples: Sequence[Example], predictions: Sequence[int]) -> dict[str, float]:
@@ -245,11 +242,3 @@ def metrics_of(examples: Sequence[Example], predictions: Sequence[int]) -> dict[
     labels = [e.label for e in examples]
     groups = [e.group for e in examples] if any(e.group is not None for e in examples) else None
     return compute_metrics(examples[0].task, predictions, labels, groups)
-
-
-def _gather_in_order(accelerator, local: list[int]) -> list[int]:
-    if accelerator.num_processes == 1:
-        return local
-    from accelerate.utils import gather_object
-
-    return list(gather_object(local))

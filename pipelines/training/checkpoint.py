@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,6 +88,14 @@ class LoopState:
         record["best_validation_score"] = self.best_score
         return record, improved
 
+    def out_of_patience(self, patience: int | None) -> bool:
+        """Whether `patience` validations in a row brought no new best (early stopping)."""
+        return patience is not None and self.bad_evals >= patience
+
+    def wants_untrained_score(self, train) -> bool:
+        """Whether to score the untrained model now (`train.score_untrained`, not yet started, not yet scored)."""
+        return train.score_untrained and self.step == 0 and self.untrained_score is None
+
     def to_json(self) -> str:
         data = asdict(self)
         data["best_score"] = None if math.isinf(self.best_score) else self.best_score
@@ -100,9 +108,21 @@ class LoopState:
         return cls(**data)
 
 
+def cpu_copies(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CPU copy of each tensor of `params`, by name."""
+    return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in params.items()}
+
+
+def copy_into(params: Mapping[str, nn.Parameter], state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state[name]` into each parameter of `params` (on its device, in its dtype)."""
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name].to(param.device, param.dtype))
+
+
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of every parameter that requires grad, by name."""
-    return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    return cpu_copies({n: p for n, p in model.named_parameters() if p.requires_grad})
 
 
 def restore_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -110,9 +130,7 @@ def restore_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if set(params) != set(state):
         raise RuntimeError(f"Checkpoint holds {sorted(state)[:5]}..., the model trains {sorted(params)[:5]}...")
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(state[name].to(param.device, param.dtype))
+    copy_into(params, state)
 
 
 def install_hooks(accelerator) -> None:

@@ -45,7 +45,7 @@ from pipelines.training.checkpoint import (
 )
 from pipelines.training.disk_full import no_space_reported
 from pipelines.training.outputs import claim_job_folder, finished_result, seal_result
-from pipelines.training.result import ranks_in_sync, result_record
+from pipelines.training.result import final_scores, ranks_in_sync, result_record
 from pipelines.training.setup import Job, build_job, num_labels
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def fit(job: Job, report: Report | None = None, log: Log | None = None,
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
     config = job.config
     loop, best, resumed_rng = _start_or_resume(job)
-    if config.train.score_untrained and loop.step == 0 and loop.untrained_score is None:
+    if loop.wants_untrained_score(config.train):
         loop.untrained_score = _evaluate(job, job.splits.test)["score"]  # the reference training has to beat
         job.model.train()
     meter = _Meter(started=time.perf_counter())
@@ -277,8 +277,7 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
     if job.config.train.checkpoint_every_steps is None:
         save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
     job.model.train()
-    patience = job.config.train.patience
-    return patience is not None and loop.bad_evals >= patience and in_final_phase(job, loop.step)
+    return loop.out_of_patience(job.config.train.patience) and in_final_phase(job, loop.step)
 
 
 def _evaluate(job: Job, examples) -> dict[str, float]:
@@ -294,9 +293,7 @@ def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early:
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
     wall = time.perf_counter() - meter.started
-    scores = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-              **{f"test_{k}": v for k, v in test.items()}}
-    result = result_record(job, job.spec.family, loop, scores, best, stopped_early, wall,
+    result = result_record(job, job.spec.family, loop, final_scores(loop, test), best, stopped_early, wall,
                            meter.tokens / max(wall, 1e-9), accelerator.device, accelerator.num_processes, in_sync,
                            str(job.output_dir / "artifact"))
     if accelerator.is_main_process:

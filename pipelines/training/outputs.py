@@ -119,7 +119,10 @@ def claim_job_folder(config: JobConfig, wait_s: float = 0.0) -> Iterator[None]:
         yield
         return
     check_job_folder("output_dir", config.resolved_output_dir())
-    with _folder_lock(folder, wait_s):
+    # an exclusive lock on folder/job.lock; the kernel releases it when the holding process dies
+    with held_folder(folder / LOCK_FILE, wait_s, refusal=lambda who: JobFolderError(
+            f"output_dir={folder} is in use by another job ({who}); one job writes to a folder at a time. "
+            "Wait for that job to end or stop it, or give this job another output_dir.")):
         _HELD.add(folder)
         try:
             _make_room(folder, config)
@@ -129,16 +132,6 @@ def claim_job_folder(config: JobConfig, wait_s: float = 0.0) -> Iterator[None]:
             yield
         finally:
             _HELD.discard(folder)
-
-
-def _folder_lock(folder: Path, wait_s: float) -> contextlib.AbstractContextManager[None]:
-    """An exclusive lock on `folder/job.lock`; the kernel releases it when the holding process dies."""
-    return held_folder(folder / LOCK_FILE, wait_s, refusal=lambda who: JobFolderError(_in_use_message(folder, who)))
-
-
-def _in_use_message(folder: Path, who: str) -> str:
-    return (f"output_dir={folder} is in use by another job ({who}); one job writes to a folder at a time. "
-            f"Wait for that job to end or stop it, or give this job another output_dir.")
 
 
 def _make_room(folder: Path, config: JobConfig) -> None:
@@ -159,10 +152,15 @@ def _make_room(folder: Path, config: JobConfig) -> None:
 def _remove_outputs(folder: Path, present: list[Path]) -> None:
     logger.info("Removing the old outputs of %s (%s) before training afresh", folder,
                 ", ".join(p.name for p in present))
-    for path in present:
+    remove_paths(present)
+
+
+def remove_paths(paths: list[Path]) -> None:
+    """Delete each of `paths` that exists, folders with their content."""
+    for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
-        else:
+        elif path.exists():
             path.unlink()
 
 

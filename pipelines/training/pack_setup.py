@@ -28,6 +28,7 @@ from pipelines.config.schema import JobConfig, require_resolved
 from pipelines.models.loading import LoadedModel, load_model
 from pipelines.training.checkpoint import LoopState
 from pipelines.training.setup import (
+    job_collator,
     load_data,
     make_accelerator,
     make_schedule,
@@ -35,6 +36,7 @@ from pipelines.training.setup import (
     num_labels,
     pack_problems,
     step_budget,
+    train_loader,
 )
 
 logger = logging.getLogger(__name__)
@@ -185,11 +187,9 @@ def _capsules_and_heads(configs, loaded: LoadedModel, device) -> tuple[list[Caps
 def _member(index: int, config, model: PackedCapsules, loaded: LoadedModel) -> Member:
     """Member `index`'s data, loader, optimiser and schedule, as `pipelines.training.setup.build_job` makes them."""
     splits = load_data(config)
-    collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
-                              capsule_slots=model.num_slots, input_format=config.task.input_format)
+    collator = job_collator(config, loaded, model.num_slots)
     sampler = EpochSampler(len(splits.train), config.seed)
-    loader = torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, sampler=sampler,
-                                         collate_fn=collator, drop_last=len(splits.train) > config.train.batch_size)
+    loader = train_loader(config, splits, collator, sampler=sampler)
     optimizer = new_optimizer(config.optim.name, _groups(config, model, index), config.optim.lr)
     total_steps, budget, cut = step_budget(config, len(loader))
     logger.log(logging.WARNING if cut else logging.INFO, "pack member %d (%s): %s", index, config.task.name, budget)

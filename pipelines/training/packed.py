@@ -39,28 +39,27 @@ import itertools
 import json
 import logging
 import math
-import os
-import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from capt.atomic import write_atomically
 from capt.heads import head_installed
-from capt.packing import PackedCapsules, member_rows, merge_batches
+from capt.packing import member_rows, merge_batches
 from capt.tasks import Example, rank_classify
 from pipelines.adapted import evaluate, metrics_of, model_inputs, save_artifact, sequence_log_likelihood
 from pipelines.config.load import validate_job_config
 from pipelines.config.schema import require_resolved
-from pipelines.training.checkpoint import LoopState
+from pipelines.training.checkpoint import LoopState, copy_into, cpu_copies
 from pipelines.training.loop import Report, drive, schedule, training_loss
-from pipelines.training.outputs import RESULT_FILE, claim_job_folder, seal_result
+from pipelines.training.outputs import RESULT_FILE, claim_job_folder, remove_paths, seal_result
 from pipelines.training.pack_setup import Member, Pack, PackError, PackOptions, build_pack
-from pipelines.training.result import result_record
+from pipelines.training.result import final_scores, result_record
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +128,7 @@ def _score_untrained(pack: Pack) -> None:
     """With `train.score_untrained`, a member's test score before its first step, as a single job takes it
     (`pipelines.training.loop.fit`): the reference its training has to beat (kept in its loop, so a resumed member
     keeps it too)."""
-    wanted = [m for m in pack.members
-              if m.config.train.score_untrained and m.loop.step == 0 and m.loop.untrained_score is None]
+    wanted = [m for m in pack.members if m.loop.wants_untrained_score(m.config.train)]
     scores = evaluate_members(pack, {m.index: m.splits.test for m in wanted})
     for member in wanted:
         member.loop.untrained_score = scores[member.index]["score"]
@@ -190,8 +188,7 @@ def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) ->
     record, improved = member.loop.record_validation(metrics)
     if improved:
         member.best = member_state(pack, member)
-    patience = member.config.train.patience
-    member.stopped_early = patience is not None and member.loop.bad_evals >= patience
+    member.stopped_early = member.loop.out_of_patience(member.config.train.patience)
     # reported before it is checkpointed, as a single job does (`pipelines.training.loop`)
     if (report := pack.reports.get(member.index)) is not None:
         report(dict(record))
@@ -207,18 +204,15 @@ def _finish(pack: Pack) -> list[dict[str, Any]]:
     """Restore every member's best state, score the test splits (together), and describe each member's run as a
     single job's result does."""
     finals = {m.index: member_state(pack, m) for m in pack.members}
-    with torch.no_grad():
-        for member in pack.members:
-            for name, param in pack.model.member_parameters(member.index).items():
-                param.copy_(member.best[name].to(param.device, param.dtype))
+    for member in pack.members:
+        copy_into(pack.model.member_parameters(member.index), member.best)
     tests = evaluate_members(pack, {m.index: m.splits.test for m in pack.members})
     return [_result(pack, m, tests[m.index], finals[m.index]) for m in pack.members]
 
 
 def _result(pack: Pack, member: Member, test: dict[str, float], final: dict[str, torch.Tensor]) -> dict[str, Any]:
     config, loop = member.config, member.loop
-    metrics = {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
-               **{f"test_{k}": v for k, v in test.items()}}
+    metrics = final_scores(loop, test)
     artifact = save_member_artifact(pack, member, metrics) if pack.options.write_artifacts else None
     return {
         "member": member.index, "task": config.task.name, "model": config.model.name,
@@ -341,17 +335,6 @@ REPLACED_OUTPUTS = ("artifact", RESULT_FILE, RESULT_FILE + ".tmp")
 trains it again."""
 
 
-class _MemberSaver:
-    """The `MethodModel.save` of one member: what `save_artifact` calls to write the capsule files."""
-
-    def __init__(self, model: PackedCapsules, index: int) -> None:
-        self.model, self.index = model, index
-
-    def save(self, directory: str | os.PathLike, task: str | None = None,
-             metrics: Mapping[str, float] | None = None, overwrite: bool = False) -> Path:
-        return self.model.save_member(self.index, directory, task, metrics, overwrite)
-
-
 def save_member_artifact(pack: Pack, member: Member, metrics: dict[str, float]) -> Path:
     """Write the member's current capsule (and head) to `<its output_dir>/artifact`; returns that folder.
 
@@ -362,8 +345,9 @@ def save_member_artifact(pack: Pack, member: Member, metrics: dict[str, float]) 
     directory.parent.mkdir(parents=True, exist_ok=True)
     config, base = member.config, pack.loaded.model
     with head_installed(base, pack.model.member_head(member.index)):
-        save_artifact(_MemberSaver(pack.model, member.index), base, config.method.name, directory, config.task.name,
-                      metrics, config.model.readout)
+        # the member as the `MethodModel` whose `save` writes the capsule files
+        saver = SimpleNamespace(save=partial(pack.model.save_member, member.index))
+        save_artifact(saver, base, config.method.name, directory, config.task.name, metrics, config.model.readout)
     return directory
 
 
@@ -404,12 +388,7 @@ def with_resume(config, resume: bool):
 
 
 def _remove_replaced(folder: Path) -> None:
-    for name in REPLACED_OUTPUTS:
-        path = folder / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    remove_paths([folder / name for name in REPLACED_OUTPUTS])
 
 
 CHECKPOINT = Path("checkpoints") / "pack_member.pt"
@@ -423,7 +402,7 @@ def checkpoint_path(member: Member) -> Path:
 
 def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
     """A CPU copy of `member`'s trainable tensors now (capsule, head)."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in pack.model.member_parameters(member.index).items()}
+    return cpu_copies(pack.model.member_parameters(member.index))
 
 
 def save_member(pack: Pack, member: Member) -> None:
@@ -446,9 +425,7 @@ def restore_member(pack: Pack, member: Member) -> bool:
     if set(params) != set(state["params"]):
         raise PackError(f"The pack checkpoint {path} holds {sorted(state['params'])}, but member {member.index} "
                         f"trains {sorted(params)}: delete {path} to train this member afresh.")
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(state["params"][name].to(param.device, param.dtype))
+    copy_into(params, state["params"])
     member.optimizer.load_state_dict(state["optimizer"])
     member.scheduler.load_state_dict(state["scheduler"])
     member.loop = LoopState.from_json(state["loop"])

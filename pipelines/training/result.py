@@ -52,6 +52,12 @@ def result_record(job: TrainedJob, family: str, loop: LoopState, scores: dict[st
     }
 
 
+def final_scores(loop: LoopState, test: dict[str, float]) -> dict[str, float]:
+    """A finished run's scores: its last training loss, its best validation score and its test metrics."""
+    return {"train_loss": loop.history[-1]["train_loss"], "best_validation_score": loop.best_score,
+            **{f"test_{k}": v for k, v in test.items()}}
+
+
 def reference_scores(job: TrainedJob, loop: LoopState) -> dict[str, float]:
     """What the test score is measured against: the majority class, chance and (if scored) the untrained model."""
     scores = {f"test_{k}": v for k, v in reference_levels(job.splits.train, job.splits.test).items()}

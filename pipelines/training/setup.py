@@ -121,13 +121,8 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
         loaded = load_model(config.model.name, num_labels(config), config.model.dtype)
     model = adapt(loaded.model, config.method.name, config.method.options, loaded.tokenizer)
     install_job_readout(model, loaded.model, config.model.readout)
-    collator = tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
-                              capsule_slots=sequence_overhead(config.method.name, config.method.options),
-                              input_format=config.task.input_format)
-    # Full batches only, so every process sees an equal share and DDP matches one process exactly;
-    # the dropped remainder changes from epoch to epoch because the order is reshuffled.
-    loader = torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, shuffle=True,
-                                         collate_fn=collator, drop_last=len(splits.train) > config.train.batch_size)
+    collator = job_collator(config, loaded, sequence_overhead(config.method.name, config.method.options))
+    loader = train_loader(config, splits, collator, shuffle=True)
     install_hooks(accelerator)
     optimizer = make_optimizer(config, model, loaded.model)
     if optimizer is None:  # a training-free method (the instance-only capsule): evaluate only
@@ -148,6 +143,21 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
                 len(splits.test), total_steps)
     return Job(config, accelerator, model, loaded.model, loaded.tokenizer, loaded.spec, collator, splits,
                loader, optimizer, scheduler, trainable, total_steps, output_dir)
+
+
+def job_collator(config: JobConfig, loaded: LoadedModel, capsule_slots: int) -> tasks.Collator:
+    """The collator of the job's task format and max_length, leaving `capsule_slots` positions for the method."""
+    return tasks.Collator(loaded.tokenizer, loaded.family, max_length=config.model.max_length,
+                          capsule_slots=capsule_slots, input_format=config.task.input_format)
+
+
+def train_loader(config: JobConfig, splits: tasks.Splits, collator, **order) -> torch.utils.data.DataLoader:
+    """The training batches in the order `order` gives (``shuffle=True``, or a ``sampler``).
+
+    Full batches only, so every process sees an equal share and DDP matches one process exactly; the dropped
+    remainder changes from epoch to epoch because the order is reshuffled."""
+    return torch.utils.data.DataLoader(splits.train, batch_size=config.train.batch_size, collate_fn=collator,
+                                       drop_last=len(splits.train) > config.train.batch_size, **order)
 
 
 def num_labels(config: JobConfig) -> int:
@@ -185,17 +195,11 @@ def new_optimizer(name: str, params: list, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr)
 
 
-def _total_steps(config: JobConfig, batches_per_epoch: int) -> int:
-    per_epoch = max(1, math.ceil(batches_per_epoch / config.train.grad_accum_steps))
-    total = per_epoch * config.train.max_epochs
-    return min(total, config.train.max_steps) if config.train.max_steps else total
-
-
 def step_budget(config: JobConfig, batches_per_epoch: int) -> tuple[int, str, bool]:
     """(optimiser steps, the sentence that says which limit sets them, whether a given `max_steps` was cut)."""
     train = config.train
     per_epoch = max(1, math.ceil(batches_per_epoch / train.grad_accum_steps))
-    total = _total_steps(config, batches_per_epoch)
+    total = min(per_epoch * train.max_epochs, train.max_steps or math.inf)
     epochs = f"max_epochs={train.max_epochs} ({per_epoch} steps per epoch)"
     if not train.max_steps:
         return total, f"training {total} steps: {epochs}", False
