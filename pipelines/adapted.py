@@ -139,13 +139,6 @@ def artifact_readout(info: dict[str, Any], model: nn.Module) -> str:
     return info.get("readout") or ("pooler" if head_parameters(model) else LM_HEAD)
 
 
-def adapted_span(adapted: MethodModel, model: nn.Module) -> tuple[int, int]:
-    """[start, stop) of the positions the method of `adapted` inserts into the input of the encoder `model`
-    (capsule slots, soft-prompt tokens; empty for methods that insert none)."""
-    start = spec_for(model).slot_offset
-    return start, start + adapted.added_positions
-
-
 def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> None:
     """Make the head of the encoder classifier `model` (adapted as `adapted`) read `readout`; nothing for
     models without a classifier head, whose readout is "lm_head"."""
@@ -154,7 +147,8 @@ def install_job_readout(adapted: nn.Module, model: nn.Module, readout: str) -> N
             raise ReadoutError(f"readout={readout!r}: {type(model).__name__} has no classifier head "
                                f"(allowed: {LM_HEAD}).")
         return
-    install_readout(model, readout, adapted_span(adapted, model))
+    start = spec_for(model).slot_offset  # the positions the method inserts (capsule slots, soft-prompt tokens)
+    install_readout(model, readout, (start, start + adapted.added_positions))
 
 
 # Scoring: the loss, the paper's protocol, rank classification, a head

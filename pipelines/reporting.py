@@ -1,19 +1,12 @@
 """The results report: the paper's results table from MLflow runs, tasks as columns, methods as rows, mean ± std
 over seeds (what `python -m pipelines.report` and a sweep's own run show), its reference rows and its bar chart.
 
-One table per base model (run tag ``model``) plus a SuperGLUE average column (the mean of the six SuperGLUE
-tasks' means, headed e.g. "SuperGLUE avg (2 of 6 tasks)" when the table has fewer; CSQA has its own column after
-it), as
-Markdown (``DIR/report.md``, also printed) and a grouped bar chart (``DIR/report.png``). For the test score,
-the majority class and chance (rows, and lines in the picture) and each method's untrained score (a row above
-it) come from the runs themselves (the reference rows, below); tasks on generated data are marked in the
-table, the title and the picture. Runs count when
-FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. Selection is on validation, never on the
-reported test metric: for a sweep with ``select:`` (run tag ``select``), each (model, task, method) keeps
-the value with the best mean validation score over seeds, shown in its cell, and only that value's runs
-are tabulated; when several runs still share (model, task, method, seed), e.g. single jobs differing in lr or
-a Tune search, the one with the best validation score is kept, and a note under the table names it, the runs left
-out and their scores.
+One table per base model (run tag ``model``), as Markdown (``DIR/report.md``, also printed) and a grouped bar chart
+(``DIR/report.png``); its SuperGLUE average column and the choice of a `select:` value on validation are as README's
+paragraph on sweeps says. Runs count when FINISHED and tagged ``task``, ``model``, ``method`` and ``seed``. When
+several runs share (model, task, method, seed) after selection (e.g. single jobs differing in lr, or a Tune search),
+the one with the best validation score is kept, never the best test score, and a note under the table names it, the
+runs left out and their scores.
 """
 
 from __future__ import annotations
@@ -32,13 +25,8 @@ from capt.tasks.registry import SUPERGLUE_TASKS, TASK_NAMES
 from pipelines.services.folder_lock import folder_problem
 from pipelines.sweeps.select import SELECT_TAG, chosen_labels
 
-# The report's reference rows: what every method's test score is measured against, and generated data.
-#
-# Each job measures them on its own test split (`capt.tasks.levels`, `pipelines.train`) and logs them with its
-# run: the majority class (``test_majority_score``), chance (``test_chance_score``) and, with
-# `train.score_untrained`, the same model before its first training step (``test_untrained_score``). The report
-# shows the majority class and chance as rows above the methods (and as lines in the picture), and each
-# method's untrained score as a row ``<method> (untrained)`` right above the method.
+# The report's reference rows: what every method's test score is measured against (`LEVELS_NOTE`), which each job
+# measures on its own test split and logs with its run (`pipelines.training.result.reference_scores`).
 
 MAJORITY, CHANCE = "majority class", "chance"
 UNTRAINED = " (untrained)"
@@ -82,9 +70,8 @@ def row_order(methods: Iterable[str], preferred: Iterable[str]) -> list[str]:
     right above it."""
     methods = set(methods)
     results = {m for m in methods if not is_reference(m) and not m.endswith(UNTRAINED)}
-    ordered = [m for m in preferred if m in results] + sorted(results - set(preferred))
     rows = [m for m in (MAJORITY, CHANCE) if m in methods]
-    for method in ordered:
+    for method in _ordered(results, preferred):
         rows += [m for m in (method + UNTRAINED, method) if m in methods]
     return rows + sorted(methods - set(rows))  # an untrained row whose method has no result of its own
 

@@ -205,20 +205,10 @@ def config_diff(old: Mapping[str, Any], new: JobConfig | Mapping[str, Any], limi
     return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
 
 
-# A finished result, verified before reuse
-#
-# A finished job's result.json is verified before it is reused, never believed.
-#
-# At the end of a job, `seal_result` records in result.json the digest of its artifact (`capt.digest`: the
-# artifact digest and the SHA-256 of each file) and, last, ``result_digest``: the SHA-256 of the canonical
-# JSON of every other field of result.json. The digest lives inside result.json rather than in a sidecar so
-# that the one file that travels (to MLflow, into a registered version, into a report) carries its own check,
-# and a sidecar cannot be lost or left stale beside it.
-#
-# `verify_result` checks both before a job or sweep reuses a finished result: a result.json edited by hand (a
-# score changed) or whose artifact changed is refused with the way out. That stops careless and accidental
-# edits; someone who rewrites result.json and recomputes its digest is caught, when tracking is on, by the
-# comparison of its scores with the metrics of its MLflow run (`pipelines.tracking.TrialTracker`).
+# A finished result, verified before reuse (README: "Artifact integrity and provenance"). The digest lives inside
+# result.json rather than in a sidecar so that the one file that travels (to MLflow, into a registered version, into a
+# report) carries its own check, and a sidecar cannot be lost or left stale beside it. Someone who rewrites result.json
+# and recomputes its digest is caught, when tracking is on, by comparing its scores with its MLflow run's metrics.
 
 RESULT_DIGEST_KEY = "result_digest"
 ARTIFACT_DIGEST_KEY = "artifact_digest"

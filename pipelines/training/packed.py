@@ -1,35 +1,24 @@
-"""Packed training: K CaPT jobs in one loop over one frozen base model (issue #34).
+"""Packed training: K CaPT jobs in one loop over one frozen base model (README: "Packed training").
 
     from pipelines.training.packed import train_pack
     results = train_pack([config_a, config_b, config_c])      # resolved JobConfigs (pipelines.config.load)
 
-Each member runs a single job's schedule (`pipelines.training.loop.schedule`: the same data order, step budget,
-validation points, best state and early stopping) and the pack drives them side by side with the same loop
-(`pipelines.training.loop.drive`). Each step's batch holds the next batch of every active member, rows routed to the
-member's capsule (and head: `capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its
-gradient is the one it gets training alone; the pack backpropagates the sum once, then every member clips and steps
-its own optimiser and schedule. The members that validate at one point (and all of them for the untrained and the
-final test scores) score their examples in shared batches ("Packed evaluation" below). When a member's schedule
-ends (budget reached or patience out) it leaves the pack; the pack ends with its last member.
+Each member runs a single job's schedule (`pipelines.training.loop.schedule`) and the pack drives them side by side
+with the same `drive`. Each step's batch holds the next batch of every active member, rows routed to the member's
+capsule (and head: `capt.packing.PackedCapsules`). Member m's loss is the mean over its own rows, so its gradient is
+the one it gets training alone; the pack backpropagates the sum once, then every member clips and steps its own
+optimiser and schedule.
 
 Exactness (tests/unit/pipelines/test_packed_training.py): a pack of one is `pipelines.training.loop.run` step for step
 (the same data order, `pack_setup.EpochSampler` being Accelerate's seedable sampler; the same optimiser groups,
-schedule, clipping, validation points and early stopping; the same dropout stream), so its capsule and history are
-the job's. In a pack of K, with dropout off, each member's losses, validations and final capsule equal its pack of
-one within float noise (relative 1e-5 in fp32: only the batch's padding and size differ).
+schedule, clipping, validation points and early stopping; the same dropout stream). In a pack of K, with dropout off,
+each member equals its pack of one within float noise (relative 1e-5 in fp32: only the batch's padding and size
+differ); with dropout on, masks come from the pack's one random stream over the whole batch.
 
-What differs from a single job (`pipelines.training.loop.run`): one process only; no loss-curve callbacks; checkpoints
-only with `PackOptions.checkpoints` ("A member's outputs" below: each member's state at its last validation,
-continued by a pack run again); each member's best state is kept in memory and returned, and written as an artifact in
-its output_dir (`pipelines.tracking.jobs.tracked_pack` adds result.json and MLflow runs); dropout
-masks are drawn from the pack's one random stream over the whole batch, so a member's masks are not the ones it draws
-alone (a pack of one draws the single job's).
-
-`train_members` also writes each member's result.json in its folder as a single job writes its own
-(`pipelines.training.loop._finish`): the same fields, sealed with the artifact's digests, so a sweep, `promote`,
-`report` and a later run that reuses it read it like any job's. What is the pack's rather than the member's:
-``wall_time_s`` and ``peak_memory_mb`` are the whole pack's (one loop, one process); ``tokens_per_second`` is left out
-(not measured per member); ``pack`` names the pack and its members.
+What differs from a single job: one process only; no loss-curve callbacks; checkpoints only with
+`PackOptions.checkpoints`. `train_members` writes each member's result.json as a single job does, but
+``wall_time_s`` and ``peak_memory_mb`` are the whole pack's (one loop, one process), ``tokens_per_second`` is left out
+(not measured per member), and ``pack`` names the pack and its members.
 """
 
 from __future__ import annotations
@@ -146,11 +135,8 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> dict[int, bool]:
     member steps). The rows' members stay on the host, and the losses come back in one transfer: the step waits for
     the device once."""
     order = sorted(pending)
-    merged, positions = merge_batches([pending[i] for i in order], pack.members[order[0]].collator.pad_id)
-    device = pack.accelerator.device
-    batch = {k: v.to(device) for k, v in merged.items()}
-    rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member index of each row, on the host
-    picks = member_rows(rows, len(pack.members), device)
+    batch, rows = _merged(pack, {i: pending[i] for i in order})
+    picks = member_rows(rows, len(pack.members), pack.accelerator.device)
     with pack.accelerator.autocast():
         logits = pack.model.member_logits(batch, rows, picks)
     losses = torch.stack([training_loss(pack.spec, logits[i], batch["labels"][picks[i]]) for i in order])  # (K,)
@@ -162,6 +148,13 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> dict[int, bool]:
     for index, value in zip(order, values, strict=True):
         _optimizer_step(pack.members[index], pack, value)
     return dict.fromkeys(order, True)
+
+
+def _merged(pack: Pack, batches: Mapping[int, dict]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The members' batches as one batch on the device, and the member of each row (B,), kept on the host."""
+    merged, positions = merge_batches(list(batches.values()), pack.members[next(iter(batches))].collator.pad_id)
+    rows = torch.tensor(list(batches), dtype=torch.long)[positions]
+    return {k: v.to(pack.accelerator.device) for k, v in merged.items()}, rows
 
 
 def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
@@ -224,22 +217,18 @@ def _result(pack: Pack, member: Member, test: dict[str, float], final: dict[str,
     }
 
 
-# Packed evaluation: the members of a pack that score at the same point (a validation, the untrained or the final
-# test) share their batches, as their training steps do.
-#
-# Scoring one member at a time runs one small forward per member per batch of examples; on an accelerator those
-# forwards are bound by launching work, not by computing it, so a pack of K members would validate at K times the
-# cost of one. Here batch n of every member's examples is merged into one batch (`capt.packing.merge_batches`), each
-# row routed to its member's capsule (and head), and each member's predictions are read from its own rows.
-#
-# A member's predictions are the ones it gets alone within float noise (its rows are the same, only the batch's
-# padding and size differ). Members scoring alone: a pack of one (exactly the single job's evaluation) and members
-# that generate their answers (`train.eval_mode: generate`: decoding runs per member).
+# Packed evaluation: the members that score at the same point (a validation, the untrained or the final test) share
+# batches, as their training steps do: scored one at a time, a pack of K would validate at K times the cost of one, each
+# small forward bound by launching work on an accelerator. Batch n of every member's examples is merged into one batch
+# (`capt.packing.merge_batches`) and each member's predictions read from its own rows: the ones it gets alone within
+# float noise. Members scoring alone: a pack of one (exactly the single job's evaluation) and members that generate
+# their answers (`train.eval_mode: generate`: decoding runs per member).
 
 
 def evaluate_members(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
     """Task metrics of each member i over its examples `requests[i]`, members sharing batches where they can."""
-    together = {i: examples for i, examples in requests.items() if _shares_batches(pack, pack.members[i])}
+    together = {i: examples for i, examples in requests.items()
+                if pack.spec.classifier_head or pack.members[i].config.train.eval_mode == "rank"}
     if len(together) < 2:
         together = {}
     metrics = {i: evaluate_alone(pack, pack.members[i], examples)
@@ -254,10 +243,6 @@ def evaluate_alone(pack: Pack, member: Member, examples: Sequence[Example]) -> d
     cfg = member.config
     return evaluate(pack.accelerator, pack.model.member(member.index), examples, member.collator, pack.spec,
                     cfg.train.eval_mode, cfg.train.eval_batch_size, cfg.model.max_new_tokens, pack.loaded.tokenizer)
-
-
-def _shares_batches(pack: Pack, member: Member) -> bool:
-    return pack.spec.classifier_head or member.config.train.eval_mode == "rank"
 
 
 def _evaluate_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
@@ -297,13 +282,9 @@ def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, 
     classification, each through its own capsule."""
     order = list(chunks)
     if pack.spec.classifier_head:
-        batches = [pack.members[i].collator(chunks[i]) for i in order]
+        batch, rows = _merged(pack, {i: pack.members[i].collator(chunks[i]) for i in order})
     else:
-        batches = [pack.members[i].collator.candidate_batch(chunks[i]) for i in order]
-    merged, positions = merge_batches(batches, pack.members[order[0]].collator.pad_id)
-    device = pack.accelerator.device
-    batch = {k: v.to(device) for k, v in merged.items()}
-    rows = torch.tensor(order, dtype=torch.long)[positions]  # (B,) member of each row, on the host
+        batch, rows = _merged(pack, {i: pack.members[i].collator.candidate_batch(chunks[i]) for i in order})
     if pack.spec.classifier_head:
         logits = pack.model.member_logits(batch, rows)
         return {i: logits[i].float().cpu() for i in order}
@@ -316,18 +297,11 @@ def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, 
     return {i: scores[picks[i]] for i in order}
 
 
-# A member's outputs in its own folder: the artifact of its best state, written as a single job writes it
-# (`pipelines.adapted.save_artifact`: the capsule, an encoder classifier's head and readout, the digest manifest), so
-# `pipelines.adapted.load_artifact` and everything downstream read it like any job's artifact; and its checkpoint.
-#
-# The checkpoint (`PackOptions.checkpoints`): a member's state at its last validation, in its own folder, so a pack
-# run again after an interruption continues each member from where it was. One file per member,
-# `<output_dir>/checkpoints/pack_member.pt`, replaced atomically at each of its validations: its trainable tensors
-# (capsule, head) and best state, its optimiser and schedule state, its loop (steps, epoch, batches of the epoch
-# consumed, history, patience) and its per-step losses. It is read with `torch.load(weights_only=True)` (tensors and
-# plain values only, nothing unpickled). A resumed member sees the batches it had not seen yet in the order it would
-# have (`pack_setup.EpochSampler`), with its optimiser and schedule where they were; what is not restored is the pack's
-# dropout stream (one stream over the whole batch, drawn afresh by the pack that resumes).
+# A member's outputs in its own folder: the artifact of its best state, written as a single job writes it, and its
+# checkpoint (`PackOptions.checkpoints`): `<output_dir>/checkpoints/pack_member.pt`, replaced atomically at each of its
+# validations, read with `torch.load(weights_only=True)` (tensors and plain values only). A resumed member sees the
+# batches it had not seen yet in the order it would have (`pack_setup.EpochSampler`), with its optimiser and schedule
+# where they were; the pack's dropout stream is not restored (drawn afresh by the pack that resumes).
 
 
 REPLACED_OUTPUTS = ("artifact", RESULT_FILE, RESULT_FILE + ".tmp")

@@ -73,21 +73,13 @@ LAUNCHER_WORLD_SIZE = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_
 they started, in order of precedence."""
 
 
-def launcher_world_size() -> int | None:
-    """Number of processes the launcher says it started (None when no launcher set one)."""
-    for name in LAUNCHER_WORLD_SIZE:
-        value = os.environ.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return None
-
-
 def check_launch(num_processes: int, distributed_type: str) -> None:
     """Stop every process when the launcher's world size differs from the processes Accelerate joined.
 
     Otherwise each process trains alone as rank 0 of 1 and they overwrite each other's outputs, silently.
     """
-    started = launcher_world_size()
+    started = next((int(value) for name in LAUNCHER_WORLD_SIZE
+                    if (value := os.environ.get(name, "").strip()).isdigit()), None)
     if started is None or started == num_processes:
         return
     raise LaunchMismatchError(
