@@ -287,14 +287,11 @@ def markdown(tables: Mapping[str, pd.DataFrame], metric: str, title: str) -> str
         for method, row in table.iterrows():
             lines.append(f"| {method} | " + " | ".join(_cell(row, c, superglue) for c in columns) + " |")
         seeds = table.xs("n", axis=1, level=1).drop(columns=AVERAGE).stack()
-        lines += ["", f"Seeds per cell: {_span(int(seeds.min()), int(seeds.max()))}.", ""]
+        low, high = int(seeds.min()), int(seeds.max())
+        lines += ["", f"Seeds per cell: {low if low == high else f'{low}-{high}'}.", ""]
         if table.attrs.get("kept"):
             lines += [KEPT_NOTE, "", *(f"- {note}" for note in table.attrs["kept"]), ""]
     return "\n".join(lines)
-
-
-def _span(low: int, high: int) -> str:
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _cell(row: pd.Series, column: str, superglue_tasks: int) -> str:
