@@ -21,7 +21,9 @@ class ResidualPromptConfig(PromptTuningConfig):
     optim_defaults: ClassVar[dict[str, OptimDefault]] = {
         "t5": OptimDefault("adamw", 0.3, _RESPROMPT_T5),
         "decoder": OptimDefault("adamw", 1e-2, REPARAM_OTHER),
-        "encoder": OptimDefault("adamw", 3e-2, measured(0.03, "0.003, 0.01, 0.03", "COPA chose it too")),
+        "encoder": OptimDefault("adamw", 1e-2, measured(
+            1e-2, "0.003, 0.01, 0.03", "under the authors' constant rate, weight decay 1e-5 and no clipping (COPA, "
+            "under the earlier linear decay and clipping, chose 0.03)")),
     }
     provenance: ClassVar[tuple[Setting, ...]] = (
         Setting("prompt length, init", ("method.options.num_tokens", "method.options.init"),
