@@ -40,22 +40,27 @@ class LoopState:
     step: int = 0
     """Optimiser steps taken."""
     epoch: int = 0
+    """Current epoch (0-based)."""
     batches_in_epoch: int = 0
     """Batches of the current epoch already consumed."""
     best_score: float = -math.inf
     """Best validation score so far."""
     best_step: int = 0
+    """Step of the best validation."""
     bad_evals: int = 0
     """Validations since the last improvement (for early stopping)."""
     history: list[dict[str, Any]] = field(default_factory=list)
+    """One record per validation."""
     loss_sum: float = 0.0
     """Sum of the training losses since the last validation."""
     loss_count: int = 0
+    """Number of losses in `loss_sum`."""
     untrained_score: float | None = None
     """Test score before the first training step (with `train.score_untrained`), kept for a resumed job."""
     log_sum: float = 0.0
     """Sum of the training losses since the last point of the loss curve (`loop.curve_point_if_due`)."""
     log_count: int = 0
+    """Number of losses in `log_sum`."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """One point per `train.log_every_steps` steps: the mean training loss over them and the learning rate."""
 

@@ -89,20 +89,27 @@ class Member:
     config: Any
     """Its resolved `JobConfig`."""
     splits: tasks.Splits
+    """Its train / validation / test examples."""
     collator: Any
+    """Its collator (its task's format and its own max_length)."""
     sampler: EpochSampler
+    """Its data order (from its seed)."""
     loader: torch.utils.data.DataLoader
+    """Its training batches."""
     optimizer: torch.optim.Optimizer
     """Its own optimiser over its capsule (and head)."""
     scheduler: Any
+    """Its own learning-rate schedule."""
     total_steps: int
     """Its step budget (`pipelines.training.setup.step_budget`)."""
     loop: LoopState = field(default_factory=LoopState)
+    """Steps, epochs, validation history, best score, patience."""
     best: dict[str, torch.Tensor] = field(default_factory=dict)
     """CPU copy of its trainable tensors at its best validation."""
     losses: list[float] = field(default_factory=list)
     """Its training loss at every step."""
     stopped_early: bool = False
+    """Whether patience ran out."""
 
 
 @dataclass
@@ -110,16 +117,21 @@ class Pack:
     """A pack ready to train: the base model with every member's capsule, and the members."""
 
     options: PackOptions
+    """How the pack trains."""
     accelerator: Any
+    """The Accelerator of the run (device, autocast, evaluation)."""
     model: PackedCapsules
     """The frozen base model with the members' capsules (and heads)."""
     loaded: LoadedModel
+    """The base model, its tokenizer and family."""
     members: list[Member]
+    """The members, in pack order."""
     reports: dict[int, Any] = field(default_factory=dict)
     """Member index -> the callable that gets its every validation record (`packed.fit_pack`)."""
 
     @property
     def spec(self) -> ArchSpec:
+        """The base model's `capt.arch` spec."""
         return self.loaded.spec
 
 
