@@ -13,16 +13,13 @@ from pipelines.services.mlflow_server import check_mlflow_server
 from pipelines.tracking.client import TrackingError
 from pipelines.tracking.spool import FAILED_FILE, PENDING_FILE, RetryPolicy
 from pipelines.tracking.sweep_run import SWEEP_CLOSE_FILE, lines_left
-from pipelines.tracking.sync import FolderSync, SweepRunSync, SyncSummary, checked_root, sync_pending
-
-DESCRIPTION = "MLflow tracking: runs, metrics, artifacts, the capsule pyfunc and the Model Registry."
-EXIT_INCOMPLETE = 1
-"""Exit status when some operation is still pending or dead-lettered."""
+from pipelines.tracking.sync import SweepRunSync, SyncSummary, checked_root, sync_pending
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.tracking sync --root DIR [--tracking-uri URI] [--moved-from URI] [--accept-unrecorded]`."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m pipelines.tracking", description="MLflow tracking: runs, "
+                                     "metrics, artifacts, the capsule pyfunc and the Model Registry.")
     commands = parser.add_subparsers(dest="command", required=True)
     sync = commands.add_parser("sync", help="upload the operations spooled while the server was down, "
                                                 "then close the sweeps' runs it left open")
@@ -63,19 +60,24 @@ def sync_command(args: argparse.Namespace) -> int:
     summary = sync_pending(args.root, args.tracking_uri, RetryPolicy(budget_s=args.retry_s),
                            moved_from=tuple(args.moved_from), accept_unrecorded=args.accept_unrecorded)
     print(summary_text(summary))
-    return 0 if summary.complete else EXIT_INCOMPLETE
+    return 0 if summary.complete else 1  # 1: some operation is still pending or dead-lettered
 
 
 def summary_text(summary: SyncSummary) -> str:
     """Totals, one line per folder with anything left, skipped or failed, what to do about it, the sweeps' runs
     (closed, and what is left to do then; or why not) and the links that were not followed."""
     if not summary.folders and not summary.sweeps:
-        return "\n".join([f"Nothing to sync under {summary.root}: no {PENDING_FILE}, {FAILED_FILE} or "
-                           f"{SWEEP_CLOSE_FILE} there.", *_links_lines(summary)])
-    lines = _spool_lines(summary) if summary.folders else []
-    for sweep in summary.sweeps:
-        lines += _sweep_lines(sweep)
-    return "\n".join([*lines, *_links_lines(summary)])
+        lines = [f"Nothing to sync under {summary.root}: no {PENDING_FILE}, {FAILED_FILE} or {SWEEP_CLOSE_FILE} there."]
+    else:
+        lines = _spool_lines(summary) if summary.folders else []
+        for sweep in summary.sweeps:
+            lines += _sweep_lines(sweep)
+    if summary.links:
+        names = [os.path.relpath(link, summary.root) for link in summary.links]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        lines.append(f"{len(names)} symbolic link(s) under {summary.root} were not followed (sync never leaves "
+                     f"--root): {shown}. Sync their targets with a --root of their own.")
+    return "\n".join(lines)
 
 
 def _spool_lines(summary: SyncSummary) -> list[str]:
@@ -84,8 +86,12 @@ def _spool_lines(summary: SyncSummary) -> list[str]:
     skipped = f" ({summary.skipped} of them skipped, not for this server)" if summary.skipped else ""
     lines = [f"Synced {summary.synced} operation(s) under {summary.root} to {target}; dead-lettered "
              f"{summary.dead_lettered}; {summary.pending} still pending{skipped}."]
-    lines += [_folder_line(summary, folder) for folder in summary.folders
-              if folder.pending or folder.dead_letters or folder.error or folder.skipped]
+    for folder in summary.folders:
+        if folder.pending or folder.dead_letters or folder.error or folder.skipped:
+            why = f" (skipped: {folder.skipped})" if folder.skipped else f" ({folder.error})" if folder.error else ""
+            lines.append(f"  {os.path.relpath(folder.state_dir, summary.root)}: {folder.synced} synced, "
+                         f"{folder.dead_lettered} dead-lettered now ({folder.dead_letters} in {FAILED_FILE}), "
+                         f"{folder.pending} still pending{why}")
     if summary.skipped:
         lines.append("Skipped folders were left untouched: an operation goes only to the server it was recorded "
                      "for (each folder's reason says how to sync it).")
@@ -112,24 +118,6 @@ def _sweep_lines(sweep: SweepRunSync) -> list[str]:
                 "again once that is fixed."]
     return [f"{run} is closed once its trials' {sweep.waiting} pending operation(s) are synced: run this command "
             "again then."]
-
-
-def _links_lines(summary: SyncSummary) -> list[str]:
-    if not summary.links:
-        return []
-    names = [os.path.relpath(link, summary.root) for link in summary.links]
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return [f"{len(names)} symbolic link(s) under {summary.root} were not followed (sync never leaves --root): "
-            f"{shown}. Sync their targets with a --root of their own."]
-
-
-def _folder_line(summary: SyncSummary, folder: FolderSync) -> str:
-    name = os.path.relpath(folder.state_dir, summary.root)
-    text = (f"  {name}: {folder.synced} synced, {folder.dead_lettered} dead-lettered now "
-            f"({folder.dead_letters} in {FAILED_FILE}), {folder.pending} still pending")
-    if folder.skipped:
-        return f"{text} (skipped: {folder.skipped})"
-    return text + (f" ({folder.error})" if folder.error else "")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ def normalised_uri(uri: str) -> str:
 
 
 def same_server(a: str, b: str) -> bool:
-    """Whether two tracking URIs name the same server (`normalised_uri`)."""
     return normalised_uri(a) == normalised_uri(b)
 
 
@@ -98,34 +97,15 @@ class ServerScope:
         return "; ".join(reasons) or None
 
 
-def root_refusal(root: Path) -> str | None:
-    """Why `root` (resolved, an existing directory) may not be synced; None when it may (module docstring)."""
-    home = Path.home().resolve()
-    if root.parent == root:
-        return "it is a filesystem root"
-    if root == home or root in home.parents:
-        return "it is the home folder" if root == home else f"it is above the home folder {home}"
-    if not _has_marker(root):
-        return (f"neither it nor any folder up to {MARKER_DEPTH} levels below it is a job folder or a sweep "
-                "folder")
-    return None
-
-
-def _has_marker(root: Path) -> bool:
-    """Whether `root` or a folder at most `MARKER_DEPTH` levels below it holds a job or sweep marker file."""
-    level = [root]
-    for _ in range(MARKER_DEPTH + 1):
-        below = []
-        for folder in level:
-            try:
-                with os.scandir(folder) as entries:
-                    entries = list(entries)
-            except OSError:
-                continue
-            if any(e.name in JOB_MARKERS | SWEEP_MARKERS and e.is_file(follow_symlinks=False) for e in entries):
-                return True
-            below += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-        level = below
+def has_marker(root: Path) -> bool:
+    """Whether `root` or a folder at most `MARKER_DEPTH` levels below it holds a job or sweep marker as a regular
+    file (links are neither followed nor counted)."""
+    for folder, dirs, files in os.walk(root):
+        if any((Path(folder) / name).is_file() and not (Path(folder) / name).is_symlink()
+               for name in files if name in JOB_MARKERS | SWEEP_MARKERS):
+            return True
+        if len(Path(folder).relative_to(root).parts) >= MARKER_DEPTH:
+            dirs.clear()
     return False
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,16 +135,21 @@ def _holding(folders: list[Path], names: tuple[str, ...]) -> list[Path]:
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path:
-    """`root` resolved; TrackingError when it may not be synced (`scope.root_refusal`), saying what may be."""
+    """`root` resolved; TrackingError when it may not be synced (`pipelines.tracking.scope`), saying what may be."""
     given = Path(root).expanduser()
+    resolved, home = given.resolve(), Path.home().resolve()
     if not given.exists():
         why = "it does not exist"
     elif not given.is_dir():
         why = "it is not a directory"
+    elif resolved.parent == resolved:
+        why = "it is a filesystem root"
+    elif resolved == home or resolved in home.parents:
+        why = "it is the home folder" if resolved == home else f"it is above the home folder {home}"
+    elif not scope.has_marker(resolved):
+        why = f"neither it nor any folder up to {scope.MARKER_DEPTH} levels below it is a job folder or a sweep folder"
     else:
-        why = scope.root_refusal(given.resolve())
-    if why is None:
-        return given.resolve()
+        return resolved
     raise TrackingError(
         f"--root {str(given)!r} is refused: {why}. Give the output folder "
         f"of a job (it holds {', '.join(sorted(scope.JOB_MARKERS))}), a sweep folder (<storage_path>/<name>, "
@@ -155,10 +161,13 @@ CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLO
 """The variables MLflow's client sends to every server it calls (HTTP Basic or a bearer token)."""
 
 
-def credentials_refusal(uri: str, server: scope.ServerScope) -> str | None:
-    """Why a folder whose operations go to `uri` is left alone: the operator's MLflow credentials are set and `uri`
-    is a server only the folder's own records name (not --tracking-uri, not MLFLOW_TRACKING_URI). A file must never
-    decide where the operator's credentials go; None when nothing would leak."""
+def why_left_alone(server: scope.ServerScope, ops: list[dict], uri: str | None) -> str | None:
+    """Why operations `ops`, bound for `uri`, are left alone: not for `server` (`ServerScope.refusal`), or the
+    operator's MLflow credentials are set and `uri` is a server only the folder's own records name (not
+    --tracking-uri, not MLFLOW_TRACKING_URI): a file must never decide where the operator's credentials go. None
+    when they may be sent."""
+    if (why := server.refusal(ops)) or not uri:
+        return why
     held = [name for name in CREDENTIAL_ENV if os.environ.get(name)]
     named = [u for u in (server.target, os.environ.get("MLFLOW_TRACKING_URI")) if u]
     if not held or any(scope.same_server(uri, given) for given in named):
@@ -167,6 +176,23 @@ def credentials_refusal(uri: str, server: scope.ServerScope) -> str | None:
             f"{', '.join(held)} {'is' if len(held) == 1 else 'are'} set: your credentials are never sent to a server "
             f"you did not name. Sync it with --tracking-uri {uri} (your credentials then go there), or without "
             "those variables")
+
+
+def _attempt(work: Callable[[], object], uri: str | None, retry: spool.RetryPolicy,
+             unreachable: dict[str, str]) -> str | None:
+    """`work()` against `uri`, retried within `retry`; None when it went through, else why not. A server that did
+    not answer is remembered in `unreachable` and not asked again by this sync."""
+    if uri is not None and uri in unreachable:
+        return unreachable[uri]
+    try:
+        spool.call_with_retry(work, is_transient, retry, f"MLflow at {uri}")
+    except spool.TrackingUnavailable as err:
+        unreachable[uri or ""] = str(err)
+        return str(err)
+    except (TrackingError, MlflowException, requests.RequestException, OSError, RuntimeError) as err:
+        logger.debug("Sync against %s stopped", uri, exc_info=err)
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryPolicy,
@@ -178,19 +204,11 @@ def _sync_folder(state_dir: Path, server: scope.ServerScope, retry: spool.RetryP
     with dir_lock(state_dir):
         ops = pending.read()
         uri = server.destination(ops[0]) if ops else None
-        folder.skipped = server.refusal(ops) or (credentials_refusal(uri, server) if uri else None)
+        folder.skipped = why_left_alone(server, ops, uri)
         if folder.skipped:
             logger.warning("%s skipped: %s", state_dir, folder.skipped)
-        elif uri is not None and uri in unreachable:
-            folder.error = unreachable[uri]
         elif pending.path.exists():
-            try:
-                spool.call_with_retry(replayer.replay, is_transient, retry, f"MLflow at {uri}")
-            except spool.TrackingUnavailable as err:
-                unreachable[uri or ""] = folder.error = str(err)
-            except (TrackingError, MlflowException, requests.RequestException, OSError, RuntimeError) as err:
-                folder.error = f"{type(err).__name__}: {err}"
-                logger.debug("Sync of %s stopped", state_dir, exc_info=err)
+            folder.error = _attempt(replayer.replay, uri, retry, unreachable)
         folder.synced, folder.dead_lettered = replayer.synced, replayer.dead_lettered
         folder.pending, folder.dead_letters = len(pending), len(spool.Spool(state_dir / spool.FAILED_FILE))
     logger.info("%s: %d synced, %d dead-lettered, %d pending", state_dir, folder.synced, folder.dead_lettered,
@@ -212,20 +230,11 @@ def _close_sweep_run(sweep_dir: Path, summary: SyncSummary, retry: spool.RetryPo
                             "and close the run in the MLflow UI")
             return result
         uri = summary.server.destination({"tracking_uri": close.tracking_uri})
-        result.skipped = (summary.server.refusal([{"tracking_uri": close.tracking_uri}])
-                          or (credentials_refusal(uri, summary.server) if uri else None))
+        result.skipped = why_left_alone(summary.server, [{"tracking_uri": close.tracking_uri}], uri)
         if result.skipped or result.waiting:
             return result
-        if uri in unreachable:
-            result.error = unreachable[uri]
-            return result
-        try:
-            spool.call_with_retry(lambda: _apply_close(uri, sweep_dir, close), is_transient, retry, f"MLflow at {uri}")
-        except spool.TrackingUnavailable as err:
-            unreachable[uri] = result.error = str(err)
-            return result
-        except (TrackingError, MlflowException, requests.RequestException, OSError) as err:
-            result.error = f"{type(err).__name__}: {err}"
+        result.error = _attempt(lambda: _apply_close(uri, sweep_dir, close), uri, retry, unreachable)
+        if result.error:
             return result
         (sweep_dir / SWEEP_CLOSE_FILE).unlink()
     result.uri = uri
