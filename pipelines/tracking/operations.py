@@ -30,15 +30,11 @@ from pipelines.tracking.spool import (
     PARAMS_PER_BATCH,
     PENDING_FILE,
     Spool,
-    chunks,
     read_run_record,
     write_run_record,
 )
 
 logger = logging.getLogger(__name__)
-ERROR_TAG = "error"
-"""The tag of a FAILED run: the job's error, ``<type>: <message>``."""
-ERROR_TAG_LIMIT = 5000
 
 
 def _apply_start(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> str:
@@ -72,18 +68,10 @@ def _apply_params(client: MlflowClient, run_id: str, op: dict) -> None:
         logger.warning("Run %s keeps its first values of %s (MLflow params cannot change; a restarted "
                        "trial with another config?)", run_id, ", ".join(changed))
     params = [Param(k, v) for k, v in op["params"].items() if k not in existing]
-    for chunk in chunks(params, PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=chunk)
+    for start in range(0, len(params), PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=params[start:start + PARAMS_PER_BATCH])
 
 
-def _apply_metrics(client: MlflowClient, run_id: str, op: dict) -> None:
-    metrics = [Metric(k, v, op["timestamp"], op["step"]) for k, v in op["metrics"].items()]
-    if metrics:
-        client.log_batch(run_id, metrics=metrics)
-
-
-FINAL_STEP = 0
-"""The step of one-off final metrics: the MLflow UI charts a metric logged at step 0 only as bars across runs."""
 _SOURCE_TYPES = {"generated": "code", "hub": "hugging_face", "local": "local"}
 """MLflow dataset source types of the project's data sources."""
 
@@ -100,15 +88,6 @@ def dataset_entity(card: Mapping[str, Any]) -> Dataset:
                    profile=json.dumps(profile))
 
 
-def log_dataset(client: MlflowClient, run_id: str, card: Mapping[str, Any] | None) -> Dataset | None:
-    """Log the run's dataset input (context ``training``); None when the result has no card."""
-    if not card:
-        return None
-    dataset = dataset_entity(card)
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
-    return dataset
-
-
 def apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str | None:
     """Everything a finished trial logs (module docstring); returns the new registry version, if any.
 
@@ -120,7 +99,9 @@ def apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str |
         raise TrackingError(f"{problem} Nothing of the run's finish was logged.")
     tags = summary_tags(result, artifact_dir)
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    dataset = log_dataset(client, run_id, result.get("dataset"))
+    dataset = dataset_entity(result["dataset"]) if result.get("dataset") else None
+    if dataset is not None:
+        client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
     client.log_dict(run_id, result, "result.json")
     if artifact_dir.is_dir():
         client.log_artifacts(run_id, str(artifact_dir), "artifact")
@@ -138,19 +119,12 @@ def apply_finish(client: MlflowClient, uri: str, run_id: str, op: dict) -> str |
             client.set_tag(run_id, "registration_error", f"{type(exc).__name__}: {exc}"[:5000])
     linked = {"model_id": model_id, "dataset_name": dataset.name if dataset else None,
               "dataset_digest": dataset.digest if dataset else None}
-    metrics = [Metric(k, v, op["timestamp"], FINAL_STEP, run_id=run_id, **linked)
-               for k, v in final_metrics(result).items()]
+    # step 0: the MLflow UI charts a metric logged at step 0 only as bars across runs
+    metrics = [Metric(k, v, op["timestamp"], 0, run_id=run_id, **linked) for k, v in final_metrics(result).items()]
     if metrics:
         client.log_batch(run_id, metrics=metrics)
     client.set_terminated(run_id, status=op["status"], end_time=op["timestamp"])
     return version
-
-
-def _record_finished(state_dir: Path, version: str | None) -> None:
-    """Mark the run record: a restarted trial must neither reopen this run nor register a second version."""
-    record = read_run_record(state_dir)
-    if record is not None:
-        write_run_record(state_dir, {**record, "status": "FINISHED", "model_version": version})
 
 
 def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
@@ -167,14 +141,18 @@ def _apply(client: MlflowClient, uri: str, state_dir: Path, op: dict) -> Any:
     if kind == "params":
         return _apply_params(client, run_id, op)
     if kind == "metrics":
-        return _apply_metrics(client, run_id, op)
+        if op["metrics"]:
+            client.log_batch(run_id, metrics=[Metric(k, v, op["timestamp"], op["step"])
+                                              for k, v in op["metrics"].items()])
+        return None
     if kind == "finish":
         version = apply_finish(client, uri, run_id, op)
-        _record_finished(state_dir, version)
+        # a restarted trial must neither reopen this run nor register a second version
+        write_run_record(state_dir, {**record, "status": "FINISHED", "model_version": version})
         return version
     if kind == "end":
-        if op.get("error"):
-            client.set_tag(run_id, ERROR_TAG, str(op["error"])[:ERROR_TAG_LIMIT])
+        if op.get("error"):  # the job's error, ``<type>: <message>``
+            client.set_tag(run_id, "error", str(op["error"])[:5000])
         return client.set_terminated(run_id, status=op["status"], end_time=op["timestamp"])
     raise TrackingError(f"Unknown pending operation {kind!r} in {state_dir / PENDING_FILE}")
 
@@ -225,17 +203,13 @@ class Replayer:
                 self.apply(line.op)
                 self.synced += 1
             except Exception as exc:
-                if is_transient(exc) or _access_refused(exc):
+                # 401/403: the credentials are wrong for the whole server, not this operation; keep it pending
+                if is_transient(exc) or (isinstance(exc, RestException) and exc.get_http_status_code() in (401, 403)):
                     raise
                 dead_letter(self.state_dir, line.op, exc)
                 self.dead_lettered += 1
             spool.drop_first(line)
         return self.synced
-
-
-def _access_refused(exc: BaseException) -> bool:
-    """401/403: the credentials are wrong for the whole server, not this operation; keep it pending."""
-    return isinstance(exc, RestException) and exc.get_http_status_code() in (401, 403)
 
 
 def dead_letter(state_dir: Path, op: dict, exc: BaseException) -> None:

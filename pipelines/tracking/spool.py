@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -196,8 +196,10 @@ class Spool:
         with self.locked():
             lines = self.lines()
             corrupt = [line for line in lines if line.op is None]
-            for line in corrupt:
-                dead_letters.append(corrupt_line_record(self.path, line))
+            for line in corrupt:  # enough to inspect and repair it by hand
+                dead_letters.append({"raw": line.raw.decode("utf-8", errors="backslashreplace"), "file": str(self.path),
+                                     "line": line.number, "reason": line.reason,
+                                     "dead_lettered_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
             if corrupt:
                 self._rewrite(line.raw for line in lines if line.op is not None)
         for line in corrupt:
@@ -217,12 +219,6 @@ class Spool:
         return len(self.lines())
 
 
-def corrupt_line_record(path: Path, line: SpoolLine) -> dict[str, Any]:
-    """The dead-letter entry of a corrupt spool line: enough to inspect and repair it by hand."""
-    return {"raw": line.raw.decode("utf-8", errors="backslashreplace"), "file": str(path), "line": line.number,
-            "reason": line.reason, "dead_lettered_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
 def read_run_record(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The run record of a trial (`mlflow_run.json`), or None when it has no run yet."""
     path = Path(state_dir) / RUN_FILE
@@ -230,7 +226,6 @@ def read_run_record(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def write_run_record(state_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
-    """Write `mlflow_run.json` atomically."""
     path = Path(state_dir) / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(dict(record), indent=2))
@@ -245,9 +240,3 @@ def param_strings(params: Mapping[str, Any]) -> dict[str, str]:
             text = text[:PARAM_VALUE_LIMIT - len(_TRUNCATED)] + _TRUNCATED
         out[str(key)] = text
     return out
-
-
-def chunks(items: list[T], size: int) -> Iterator[list[T]]:
-    """Consecutive slices of at most `size` items."""
-    for start in range(0, len(items), size):
-        yield items[start:start + size]

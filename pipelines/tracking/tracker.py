@@ -138,9 +138,8 @@ class TrialTracker:
     def background_problems(self) -> list[str]:
         """What uploading the spooled points could not do: dead-lettered operations, unexpected errors."""
         refused = self._refused_in_background
-        problems = [f"{refused} spooled operation(s) dead-lettered (refused by MLflow or corrupt), kept in "
-                    f"{self.state_dir / FAILED_FILE}"]
-        return (problems if refused else []) + self._uploader.errors
+        return ([f"{refused} spooled operation(s) dead-lettered (refused by MLflow or corrupt), kept in "
+                 f"{self.state_dir / FAILED_FILE}"] if refused else []) + self._uploader.errors
 
     def finish(self, result: Mapping[str, Any], artifact_dir: str | os.PathLike[str], register: bool) -> str | None:
         """Final metrics, result.json and the artifact; register a version when `register`; end FINISHED.
@@ -164,12 +163,26 @@ class TrialTracker:
         return self.model_version
 
     def verify_reused(self, result: Mapping[str, Any], result_path: str | os.PathLike[str]) -> None:
-        """Refuse a result reused from an earlier attempt whose scores differ from those its finished run logged
-        (`verify_against_run`); nothing to compare while its finish is only spooled."""
+        """Refuse (`CachedResultError`) a result reused from an earlier attempt whose scores differ from those its
+        finished run logged (`score_mismatches`); nothing to compare while its finish is only spooled. When the
+        server cannot be read now, the result is reused on its own digests, with a warning."""
+        from pipelines.training.outputs import WAY_OUT, CachedResultError
 
         record = read_run_record(self.state_dir)
-        if record is not None and record.get("status") == "FINISHED" and record.get("run_id"):
-            verify_against_run(self.tracking_uri, record["run_id"], result, str(result_path))
+        if record is None or record.get("status") != "FINISHED" or not record.get("run_id"):
+            return
+        run_id = record["run_id"]
+        try:
+            logged = mlflow_client(self.tracking_uri).get_run(run_id).data.metrics
+        except Exception as err:  # noqa: BLE001 - an unreachable server must not fail a verified result
+            logger.warning("Cannot compare the reused result %s with its MLflow run %s now (%s); reusing it on its "
+                           "own digests.", result_path, run_id, err)
+            return
+        if mismatches := score_mismatches(logged, result):
+            raise CachedResultError(
+                f"The finished result {result_path} is not reused: its scores differ from those its MLflow run "
+                f"{run_id} at {self.tracking_uri} logged ({'; '.join(mismatches)}); it was edited after the run "
+                f"finished. {WAY_OUT}")
 
     def fail(self, error: BaseException | str | None = None) -> None:
         """End the run FAILED (the trial raised), unless it already finished; `error` becomes its ``error`` tag."""
@@ -265,21 +278,17 @@ class TrialTracker:
         return thread is not None and thread.is_alive()
 
     def _stop_monitor(self) -> None:
+        """Stop the monitor, then upload what it sampled since its last upload (MLflow's loop drops it when
+        stopped)."""
         if self._monitor is not None:
             self._monitor.finish()
-            _publish_last_samples(self._monitor)
+            try:
+                if metrics := self._monitor.aggregate_metrics():
+                    self._monitor.publish_metrics(metrics)
+                    self._monitor.mlflow_logger.flush()
+            except Exception as exc:  # noqa: BLE001 - system metrics are a nicety: never fail the run for them
+                logger.warning("The last system metrics sample was not uploaded: %s", exc)
             self._monitor = None
-
-
-def _publish_last_samples(monitor: Any) -> None:
-    """Upload what the stopped monitor sampled since its last upload (MLflow's loop drops it when stopped)."""
-    try:
-        metrics = monitor.aggregate_metrics()
-        if metrics:
-            monitor.publish_metrics(metrics)
-            monitor.mlflow_logger.flush()
-    except Exception as exc:  # noqa: BLE001 - system metrics are a nicety: never fail the run for them
-        logger.warning("The last system metrics sample was not uploaded: %s", exc)
 
 
 # A finished trial's result.json, reused by a restarted sweep, must say what its MLflow run logged.
@@ -298,26 +307,6 @@ def score_mismatches(logged: Mapping[str, float], result: Mapping[str, Any]) -> 
     return [f"{project_metric_name(name)}: result.json {value!r}, run {logged.get(name)!r}"
             for name, value in sorted(expected.items())
             if name not in logged or not math.isclose(logged[name], value, rel_tol=1e-9, abs_tol=1e-12)]
-
-
-def verify_against_run(uri: str, run_id: str, result: Mapping[str, Any], result_path: str) -> None:
-    """Refuse (`CachedResultError`) a reused result whose scores differ from those run `run_id` logged.
-
-    When the server cannot be read now, the result is reused on its own digests, with a warning.
-    """
-    from pipelines.training.outputs import WAY_OUT, CachedResultError
-
-    try:
-        logged = mlflow_client(uri).get_run(run_id).data.metrics
-    except Exception as err:  # noqa: BLE001 - an unreachable server must not fail a verified result
-        logger.warning("Cannot compare the reused result %s with its MLflow run %s now (%s); reusing it on its "
-                       "own digests.", result_path, run_id, err)
-        return
-    mismatches = score_mismatches(logged, result)
-    if mismatches:
-        raise CachedResultError(
-            f"The finished result {result_path} is not reused: its scores differ from those its MLflow run {run_id} "
-            f"at {uri} logged ({'; '.join(mismatches)}); it was edited after the run finished. {WAY_OUT}")
 
 
 class BackgroundUploader:
