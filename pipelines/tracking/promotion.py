@@ -75,8 +75,9 @@ def metric_direction(metric: str, higher_is_better: bool | None = None) -> bool:
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 STATUS_TAG, REASON_TAG = "validation_status", "validation_reason"
-NOT_PROMOTED, NOT_EVALUATED = "not_promoted", "not_evaluated"
 STAGES = ("Staging", "Production", "Archived", "None")
+
+
 class PromotionRefused(PromotionError):
     """The best version is below the required minimum (`--min`)."""
 
@@ -126,14 +127,11 @@ def choose_best(versions: list[VersionInfo], metric: str, higher_is_better: bool
     for text in skipped:
         logger.warning("Not a candidate for %s of %s: %s", CHAMPION, versions[0].name, text)
     if not scored:
+        known = sorted({k for v in versions for k in v.metrics if not k.startswith("system/")})
         raise PromotionError(f"No version's source run logged a numeric {metric!r} (skipped: {'; '.join(skipped)}); "
-                             f"pass --metric with one of: {', '.join(_known_metrics(versions)) or 'none'}.")
+                             f"pass --metric with one of: {', '.join(known) or 'none'}.")
     sign = 1.0 if higher_is_better else -1.0
     return max(scored, key=lambda pair: (sign * pair[1], CHAMPION in pair[0].aliases, pair[0].version))
-
-
-def _known_metrics(versions: list[VersionInfo]) -> list[str]:
-    return sorted({k for v in versions for k in v.metrics if not k.startswith("system/")})
 
 
 def _versions(registry: Registry, name: str, model: str, task: str) -> list[VersionInfo]:
@@ -250,10 +248,10 @@ def _tag_others(registry: Registry, name: str, versions: list[VersionInfo], best
             continue
         score = metric_value(version, metric)
         if score is None:
-            tags = {STATUS_TAG: NOT_EVALUATED, REASON_TAG: f"not a candidate: {unscored_reason(version, metric)}"}
+            tags = {STATUS_TAG: "not_evaluated", REASON_TAG: f"not a candidate: {unscored_reason(version, metric)}"}
         else:
             held = challenger is not None and challenger.version == version.version
-            tags = {STATUS_TAG: CHALLENGER if held else NOT_PROMOTED,
+            tags = {STATUS_TAG: CHALLENGER if held else "not_promoted",
                     REASON_TAG: f"{metric}={score:.4g}, not better than {CHAMPION} version {best.version} "
                                 f"({value:.4g})"}
         new = {key: text for key, text in tags.items() if version.tags.get(key) != text}

@@ -121,7 +121,6 @@ class _PyfuncWithoutServingCheck:
 
     @staticmethod
     def save_model(*, validate_serving_input: bool = True, **kwargs: Any) -> None:
-        """`mlflow.pyfunc.save_model` with MLflow's keyword for the serving check removed."""
         mlflow.pyfunc.save_model(**kwargs)
 
 
@@ -230,14 +229,6 @@ def _digest_lines(result: Mapping[str, Any]) -> list[str]:
             + (f"; files: {files}." if files else "."), ""]
 
 
-def loading_snippet(model_uri: str, tracking_uri: str, rows: list[dict[str, Any]]) -> str:
-    """Python that loads `model_uri` from `tracking_uri` with the verified loader (plain `mlflow.pyfunc.load_model`
-    would run the version's bundled code unchecked) and predicts label names for `rows`."""
-    return (f"import pandas as pd\n\nfrom pipelines.tracking import load_capsule_model\n\n"
-            f"model = load_capsule_model({model_uri!r}, tracking_uri={tracking_uri!r})\n"
-            f"rows = pd.DataFrame({rows!r})\nprint(model.predict(rows))\n")
-
-
 def code_line(logged_model: str, code: tuple[int, int] | None) -> list[str]:
     """Why the logged model is far larger than the capsule: `code` (bytes, files) of this project's code in it."""
     if code is None:
@@ -277,7 +268,10 @@ def version_description(name: str, version: str, result: Mapping[str, Any], trac
         "loaded onto it):",
         "",
         "```python",
-        loading_snippet(f"models:/{name}/{version}", tracking_uri, rows).rstrip("\n"),
+        # the verified loader: plain `mlflow.pyfunc.load_model` would run the version's bundled code unchecked
+        "import pandas as pd\n\nfrom pipelines.tracking import load_capsule_model\n",
+        f"model = load_capsule_model({f'models:/{name}/{version}'!r}, tracking_uri={tracking_uri!r})",
+        f"rows = pd.DataFrame({rows!r})\nprint(model.predict(rows))",
         "```",
     ])
 

@@ -25,7 +25,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -62,7 +62,6 @@ def registered_model(client: MlflowClient, uri: str, name: str) -> Any:
 
 
 def registered_names(uri: str, prefix: str = "capt-") -> list[str]:
-    """Registered model names starting with `prefix`."""
     models = mlflow_client(uri).search_registered_models(filter_string=f"name LIKE '{prefix}%'")
     return sorted(m.name for m in models)
 
@@ -129,11 +128,9 @@ class Registry:
             return {}, "it has no source run"
         try:
             run = self.client.get_run(run_id)
-        except RestException as err:
-            if err.error_code in _MISSING_RUN:
-                return {}, f"its source run {run_id} does not exist at {self.uri}"
-            raise TrackingError(f"Could not read run {run_id} at {self.uri}: {err.message}") from err
         except MlflowException as err:
+            if isinstance(err, RestException) and err.error_code in _MISSING_RUN:
+                return {}, f"its source run {run_id} does not exist at {self.uri}"
             raise TrackingError(f"Could not read run {run_id} at {self.uri}: {err.message}") from err
         if run.info.lifecycle_stage == "deleted":
             return {}, f"its source run {run_id} was deleted"
@@ -145,7 +142,6 @@ class Registry:
             self.client.delete_registered_model_alias(name, alias)
 
     def set_tags(self, name: str, version: int, tags: Mapping[str, Any]) -> None:
-        """Set version tags (values stringified)."""
         for key, value in tags.items():
             self.client.set_model_version_tag(name, str(version), key, str(value))
 
@@ -167,29 +163,30 @@ class CapsuleVersion:
     """The capsule artifact folder (capsule.safetensors, capsule.json, method.json)."""
     result: dict[str, Any]
     """The job's result.json: base model, method, evaluation settings."""
-    digest: str | None = None
-    """SHA-256 of the artifact's digest manifest, once `download_verified_version` verified the files against it."""
-    folder: Path | None = None
-    """The folder below `root` this version was downloaded into (capsule, result.json, MLmodel)."""
+    digest: str
+    """SHA-256 of the artifact's digest manifest, which `download_verified_version` verified the files against."""
 
 
-def download_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
-    """Download the capsule and result.json of version `version` of `name` below `root` (not its code copy)."""
+def download_verified_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
+    """The capsule and result.json of version `version` of `name` (not its code copy) downloaded below `root`, then
+    verified by `pipelines.provenance.verify_version` against the digests the tracking database records
+    (`recorded_digests`): what the Serve source and promote read before they use a version."""
     target, source = Path(tempfile.mkdtemp(prefix=f"{name}-v{version}-", dir=root)), ""
-    try:  # the version's own location: a models:/ URI would be resolved against the default registry
-        source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
-        mlmodel = download_to(uri, f"{source}/MLmodel", target)
-        artifacts = capsule_artifacts(mlmodel, name, version)
-        capsule_dir, result_path = (download_to(uri, f"{source}/{artifacts[key]['path']}", target / key)
-                                    for key in ("capsule", "result"))
-        result = json.loads(result_path.read_text(encoding="utf-8"))
-    except (MlflowException, requests.HTTPError) as err:
-        shutil.rmtree(target, ignore_errors=True)
-        raise _download_error(err, uri, name, version, source) from err
-    except BaseException:
+    try:
+        try:  # the version's own location: a models:/ URI would be resolved against the default registry
+            source = mlflow_client(uri).get_model_version_download_uri(name, str(version)).rstrip("/")
+            mlmodel = download_to(uri, f"{source}/MLmodel", target)
+            artifacts = capsule_artifacts(mlmodel, name, version)
+            capsule_dir, result_path = (download_to(uri, f"{source}/{artifacts[key]['path']}", target / key)
+                                        for key in ("capsule", "result"))
+            result = json.loads(result_path.read_text(encoding="utf-8"))
+        except (MlflowException, requests.HTTPError) as err:
+            raise _download_error(err, uri, name, version, source) from err
+        digest = verify_version(capsule_dir, result, name, version, recorded_digests(uri, name, version))
+    except BaseException:  # a refused copy is not kept: a later poll downloads the version afresh
         shutil.rmtree(target, ignore_errors=True)
         raise
-    return CapsuleVersion(name, version, capsule_dir, result, folder=target)
+    return CapsuleVersion(name, version, capsule_dir, result, digest)
 
 
 def _download_error(err: MlflowException | requests.HTTPError, uri: str, name: str, version: int,
@@ -197,9 +194,14 @@ def _download_error(err: MlflowException | requests.HTTPError, uri: str, name: s
     """What a failed download of a version's files (below `source`) raises: a symbolic link in the store refused by
     name (`ArtifactIntegrityError`), any other failure as a `TrackingError`."""
     message = err.message if isinstance(err, MlflowException) else f"{err} {getattr(err.response, 'text', '')}"
-    if (link := _linked_file(message, source)) is not None:
-        return ArtifactIntegrityError(_link_refusal(name, version, uri, link))
-    return TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}")
+    if (link := _linked_file(message, source)) is None:
+        return TrackingError(f"Cannot download version {version} of {name!r} from {uri}: {message}")
+    return ArtifactIntegrityError(
+        f"Version {version} of {name} is refused: its {link} in the artifact store of {uri} is a symbolic link "
+        "that leads outside the store (MLflow answers 400, \"Invalid path: resolved path is outside the "
+        "artifact directory\"; where it points is known only on the server). A registered version holds plain "
+        "files only. On the server, replace the link with the version's own file (its SHA-256 is in the "
+        "version's digest.json and result.json), or register the version again.")
 
 
 def _linked_file(message: str, source: str) -> str | None:
@@ -213,14 +215,6 @@ def _linked_file(message: str, source: str) -> str | None:
         path, root = unquote(listed.group(1)).rstrip("."), source.split(":", 1)[-1].strip("/")
         return path.removeprefix(root).strip("/") or path
     return "(a file MLflow did not name)"
-
-
-def _link_refusal(name: str, version: int, uri: str, link: str) -> str:
-    return (f"Version {version} of {name} is refused: its {link} in the artifact store of {uri} is a symbolic link "
-            "that leads outside the store (MLflow answers 400, \"Invalid path: resolved path is outside the "
-            "artifact directory\"; where it points is known only on the server). A registered version holds plain "
-            "files only. On the server, replace the link with the version's own file (its SHA-256 is in the "
-            "version's digest.json and result.json), or register the version again.")
 
 
 def download_to(uri: str, artifact_uri: str, target: Path) -> Path:
@@ -264,18 +258,6 @@ def recorded_digests(uri: str, name: str, version: int) -> dict[str, str]:
     return digests
 
 
-def download_verified_version(uri: str, name: str, version: int, root: str | os.PathLike[str]) -> CapsuleVersion:
-    """`download_version`, then `pipelines.provenance.verify_version` against the digests the tracking database
-    records (`recorded_digests`): what the Serve source and promote read before they use a version."""
-    found = download_version(uri, name, version, root)
-    try:
-        verified = verify_version(found.capsule_dir, found.result, name, version, recorded_digests(uri, name, version))
-    except BaseException:  # a refused copy is not kept: a later poll downloads the version afresh
-        shutil.rmtree(found.folder, ignore_errors=True)
-        raise
-    return replace(found, digest=verified)
-
-
 def resolve_version(client: MlflowClient, model_uri: str) -> tuple[str, str]:
     """(registered model name, version) that `model_uri` names; TrackingError for a URI naming no version (a
     logged model id or a path carries no registration to compare with)."""
@@ -286,15 +268,6 @@ def resolve_version(client: MlflowClient, model_uri: str) -> tuple[str, str]:
                             "what the version may run.")
     name, alias, version = match.group("name", "alias", "version")
     return name, str(client.get_model_version_by_alias(name, alias).version if alias else version)
-
-
-def _recorded_table(tags: dict[str, str], digest: str) -> dict[str, str] | None:
-    """The version's ``code_files`` tag, when it is present and agrees with its ``code_digest`` tag."""
-    try:
-        table = json.loads(tags.get(CODE_FILES_TAG) or "null")
-    except json.JSONDecodeError:
-        return None
-    return table if isinstance(table, dict) and code_digest(table) == digest else None
 
 
 def verify_code(model_dir: Path, name: str, version: str, tags: dict[str, str]) -> str:
@@ -311,8 +284,12 @@ def verify_code(model_dir: Path, name: str, version: str, tags: dict[str, str]) 
     table = code_table(model_dir)
     found = code_digest(table)
     if found != recorded:
-        known = _recorded_table(tags, recorded)
-        changed = "; ".join(changed_files(known, table)) if known is not None else "(the code_files tag is missing)"
+        try:  # the code_files tag names the changed files when it agrees with the code_digest tag
+            known = json.loads(tags.get(CODE_FILES_TAG) or "null")
+        except json.JSONDecodeError:
+            known = None
+        changed = ("; ".join(changed_files(known, table)) if isinstance(known, dict) and code_digest(known) == recorded
+                   else "(the code_files tag is missing)")
         raise ArtifactIntegrityError(
             f"{label} is refused before anything of it runs: the code it carries (model file, MLmodel, code/, "
             f"environment files) has digest {found} in the artifact store, but its registration recorded "
@@ -322,19 +299,12 @@ def verify_code(model_dir: Path, name: str, version: str, tags: dict[str, str]) 
     return found
 
 
-def _verify_capsule(model_dir: Path, uri: str, name: str, version: str) -> None:
-    """The capsule of the downloaded version against the digests the tracking database records for it, and its
-    task, base model and method against `name` (what Serve and promote check)."""
-    artifacts = capsule_artifacts(model_dir / "MLmodel", name, int(version))
-    result = json.loads((model_dir / artifacts["result"]["path"]).read_text(encoding="utf-8"))
-    verify_version(model_dir / artifacts["capsule"]["path"], result, name, int(version),
-                   recorded_digests(uri, name, int(version)))
-
-
 def download_verified_model(model_uri: str, dst: str | Path | None = None, tracking_uri: str | None = None) -> Path:
-    """Download the registered version `model_uri` names and verify it (`verify_code`, then its capsule); the
-    local model folder, which ``mlflow.pyfunc.load_model`` can load in a fresh process with the version's own
-    code. `dst`: where to download (a new temporary folder by default, kept: a loaded model imports from it)."""
+    """Download the registered version `model_uri` names and verify it (`verify_code`, then its capsule against the
+    digests the tracking database records for it, and its task, base model and method against its name, as Serve
+    and promote check it); the local model folder, which ``mlflow.pyfunc.load_model`` can load in a fresh process
+    with the version's own code. `dst`: where to download (a new temporary folder by default, kept: a loaded model
+    imports from it)."""
     uri = tracking_uri or mlflow.get_tracking_uri()
     client = mlflow_client(uri)
     name, version = resolve_version(client, model_uri)
@@ -345,7 +315,10 @@ def download_verified_model(model_uri: str, dst: str | Path | None = None, track
     except (MlflowException, requests.HTTPError) as err:
         raise _download_error(err, uri, name, int(version), source) from err
     digest = verify_code(local, name, version, dict(client.get_model_version(name, version).tags or {}))
-    _verify_capsule(local, uri, name, version)
+    artifacts = capsule_artifacts(local / "MLmodel", name, int(version))
+    result = json.loads((local / artifacts["result"]["path"]).read_text(encoding="utf-8"))
+    verify_version(local / artifacts["capsule"]["path"], result, name, int(version),
+                   recorded_digests(uri, name, int(version)))
     logger.info("Version %s of %s verified (code digest %s) in %s", version, name, digest, local)
     return local
 
