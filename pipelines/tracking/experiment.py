@@ -25,15 +25,12 @@ the browser's own choice (its sidebar switch, GenAI at first), and 3.17 reads no
 SELECTION_SORT = "orderByKey=metrics.%60validation%2Fbest_score%60&orderByAsc=false"
 """The runs table sorted by the selection metric, best first (the UI keeps its sort in these query keys; which
 columns it shows first is the browser's own choice, kept per browser, which no URL or tag sets)."""
-RUNS_VIEW = f"runs?{TRAINING_VIEW}&{SELECTION_SORT}"
-"""MLflow 3's training-runs view of an experiment (the plain experiment link opens the GenAI traces page), best
-validation first."""
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def runs_url(ui_uri: str, experiment_id: str) -> str:
-    """The URL that opens the experiment's runs table in the MLflow UI at `ui_uri`."""
-    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/{RUNS_VIEW}"
+    """The URL that opens the experiment's runs table in the MLflow UI at `ui_uri`: MLflow 3's training-runs view (the
+    plain experiment link opens the GenAI traces page), best validation first."""
+    return f"{ui_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}&{SELECTION_SORT}"
 
 
 def run_url(ui_uri: str, experiment_id: str, run_id: str, tab: str = "") -> str:
@@ -47,21 +44,17 @@ def sweep_run_url(ui_uri: str, experiment_id: str, run_id: str) -> str:
     return run_url(ui_uri, experiment_id, run_id, "artifacts")
 
 
-def git_commit(root: Path = PROJECT_ROOT) -> str | None:
-    """The checked-out commit of the project, or None outside a git checkout (e.g. a Ray job's working dir)."""
+def source_tags(entry_point: str) -> dict[str, str]:
+    """MLflow's source tags for runs started by `entry_point` (a path relative to the project), with the checked-out
+    commit (none outside a git checkout, e.g. a Ray job's working dir)."""
+    tags = {"mlflow.source.name": entry_point, "mlflow.source.type": "LOCAL"}
+    root = Path(__file__).resolve().parents[2]
     try:
         done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
-
-
-def source_tags(entry_point: str) -> dict[str, str]:
-    """MLflow's source tags for runs started by `entry_point` (a path relative to the project), with the commit."""
-    tags = {"mlflow.source.name": entry_point, "mlflow.source.type": "LOCAL"}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+        return tags
+    if done.returncode == 0 and done.stdout.strip():
+        tags["mlflow.source.git.commit"] = done.stdout.strip()
     return tags
 
 

@@ -16,7 +16,7 @@ from capt.methods import get_method
 from pipelines.config.load import load_job_config
 from pipelines.config.schema import JobConfig
 from pipelines.services.folder_lock import folder_problem
-from pipelines.services.mlflow_server import check_mlflow_server
+from pipelines.services.mlflow_server import check_mlflow_server, credentials_in_uri
 from pipelines.services.probe import ServiceError
 from pipelines.tracking.jobs import (
     JOB_EXPERIMENT,
@@ -29,7 +29,6 @@ from pipelines.tracking.jobs import (
 from pipelines.training.outputs import is_main_process
 
 URI_ENV = "MLFLOW_TRACKING_URI"
-ENTRY_POINT = "pipelines/train.py"
 NOT_TRACKED = (f"Not tracked in MLflow (no --tracking-uri and no {URI_ENV}): to log this job as an MLflow run, run "
                f"it again with --tracking-uri http://HOST:PORT or with {URI_ENV} set.")
 TRACKING_HELP = (
@@ -42,7 +41,6 @@ TRACKING_HELP = (
 
 
 def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
-    """``--tracking-uri``, ``--experiment`` and ``--register``."""
     parser.add_argument("--tracking-uri", metavar="URI", default=None,
                         help=f"MLflow tracking server to log this job's run to (default: env {URI_ENV}; "
                              "neither: the job is not tracked)")
@@ -58,17 +56,20 @@ def job_plan(args: argparse.Namespace, config: JobConfig) -> RunPlan:
     if uri is None:
         return RunPlan(None)
     origin = "--tracking-uri" if args.tracking_uri else URI_ENV
-    _refuse_credentials(uri, origin)
+    if (shown := credentials_in_uri(uri)) is not None:  # refused as the sweep refuses them too
+        raise ServiceError(
+            f"{origin} holds credentials ({shown} with a user name or password in it): they would be written into "
+            "the job folder's MLflow run record. Give the URI without them and set MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD in the environment instead.")
     check_mlflow_server(uri, f"MLflow tracking server ({origin}; without it the job trains untracked)")
     from pipelines.tracking.experiment import source_tags
     from pipelines.tracking.run_content import DESCRIPTION_TAG, RUN_KIND_TAG
 
-    config_file = _shown_path(args.config) if args.config else None
-    tags = {**source_tags(ENTRY_POINT), **job_run_tags(config), RUN_KIND_TAG: "job",
+    tags = {**source_tags("pipelines/train.py"), **job_run_tags(config), RUN_KIND_TAG: "job",
             DESCRIPTION_TAG: f"{config.method.name} on {config.task.name} with base model {config.model.name}, "
                              f"seed {config.seed} (a single job, python -m pipelines.train)"}
-    if config_file:
-        tags["config_file"] = config_file
+    if args.config:
+        tags["config_file"] = os.path.relpath(args.config) if Path(args.config).is_absolute() else args.config
     return RunPlan(uri, args.experiment, single_job_run_name(config), tags,
                    register=args.register and get_method(config.method.name).registers_model)
 
@@ -87,7 +88,12 @@ def train_from_cli(args: argparse.Namespace, run: Callable[..., dict[str, Any]])
         tracked = tracked_job(config, plan, lambda report, log: run(config, report, log=log),
                               is_main=is_main_process())
     finally:
-        _leave_process_group()
+        # gloo's threads alive at interpreter exit can abort the process ("terminate called without an active
+        # exception", SIGABRT) after a finished job: tear down the `accelerate launch` process group first
+        import torch.distributed
+
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     print(json.dumps({"output_dir": str(Path(tracked.result["artifact_dir"]).parent), **tracked.result["metrics"]},
                      indent=2))
     if is_main_process():
@@ -103,15 +109,6 @@ def _output_folder_problems(raw: dict[str, Any]) -> list[str]:
     return [problem] if problem else []
 
 
-def _leave_process_group() -> None:
-    """Tear down the `accelerate launch` process group before exit: gloo's threads alive at interpreter exit
-    can abort the process ("terminate called without an active exception", SIGABRT) after a finished job."""
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
     """The job's last line: where its run is, or how to track it."""
     if plan.uri is None:
@@ -122,18 +119,3 @@ def tracking_line(plan: RunPlan, tracked: TrackedResult, folder: Path) -> str:
     where = tracked.run_url or f"{tracked.run_id} (experiment {plan.experiment!r} at {plan.uri})"
     reused = " (the finished result already in the folder was reused, not trained again)"
     return f"MLflow run: {where}" + (reused if tracked.reused else "")
-
-
-def _refuse_credentials(uri: str, origin: str) -> None:
-    """A URI with `user:password@` would be written into the job folder's run record, as the sweep refuses too."""
-    from pipelines.services.mlflow_server import credentials_in_uri
-
-    if (shown := credentials_in_uri(uri)) is not None:
-        raise ServiceError(
-            f"{origin} holds credentials ({shown} with a user name or password in it): they would be written into "
-            "the job folder's MLflow run record. Give the URI without them and set MLFLOW_TRACKING_USERNAME / "
-            "MLFLOW_TRACKING_PASSWORD in the environment instead.")
-
-
-def _shown_path(path: str) -> str:
-    return os.path.relpath(path) if Path(path).is_absolute() else path

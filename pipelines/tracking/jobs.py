@@ -217,7 +217,7 @@ def job_run_name(config: JobConfig, method_key: str | None = None) -> str:
 
 def single_job_run_name(config: JobConfig) -> str:
     """A single job's run name: `job_run_name`, its lr, then each other hyper-parameter whose value is not the one
-    its method runs with on that task and model when nothing else is set (`method_defaults`):
+    its method runs with on that task and model when nothing else is set (`changed_hyperparameters`):
     ``cb/minilm/capt/s0 lr=0.05 weight_decay=0.01 max_steps=200``. Jobs that differ in any hyper-parameter (what
     `NOT_HYPERPARAMETERS` leaves out is not one) get different names, and a name says how its job departs from
     the method's own settings.
@@ -242,24 +242,19 @@ def single_job_run_name(config: JobConfig) -> str:
 
 def changed_hyperparameters(config: JobConfig) -> dict[str, Any]:
     """The job's lr and every other hyper-parameter (a dotted key of the config as `config_hash` sees it, less
-    `NOT_HYPERPARAMETERS`) whose value differs from `method_defaults`, lr first, then in the config's order."""
+    `NOT_HYPERPARAMETERS`) whose value differs from the resolved config that the job's method runs with on the job's
+    task (its data settings included), model and seed when nothing else is set (only the lr where that is not a valid
+    job on its own), lr first, then in the config's order."""
     ours = flatten(hashed_config(config))
-    defaults = method_defaults(config)
-    theirs = ours if defaults is None else flatten(hashed_config(defaults))
-    changed = {key: value for key, value in ours.items()
-               if not key.startswith(NOT_HYPERPARAMETERS) and (key == "optim.lr" or theirs.get(key, _UNSET) != value)}
-    return dict(sorted(changed.items(), key=lambda item: item[0] != "optim.lr"))
-
-
-def method_defaults(config: JobConfig) -> JobConfig | None:
-    """The resolved config that the job's method runs with on the job's task (its data settings included), model and
-    seed when nothing else is set; None where that is not a valid job on its own."""
     bare = {"model": {"name": config.model.name}, "task": dataclasses.asdict(config.task),
             "method": {"name": config.method.name}, "seed": config.seed}
     try:
-        return validate_job_config(bare)
+        theirs = flatten(hashed_config(validate_job_config(bare)))
     except PipelineConfigError:
-        return None
+        theirs = ours
+    changed = {key: value for key, value in ours.items()
+               if not key.startswith(NOT_HYPERPARAMETERS) and (key == "optim.lr" or theirs.get(key, _UNSET) != value)}
+    return dict(sorted(changed.items(), key=lambda item: item[0] != "optim.lr"))
 
 
 def _short_key(key: str, keys: Mapping[str, Any]) -> str:
@@ -295,5 +290,3 @@ def stored_digest(config: JobConfig) -> str | None:
         return json.loads((Path(config.resolved_output_dir()) / "result.json").read_text()).get("result_digest")
     except (OSError, ValueError, AttributeError):
         return None
-
-

@@ -54,12 +54,10 @@ def project_metric_name(name: str) -> str:
 
 
 def mlflow_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """`metrics` (flat project names) under their MLflow names."""
     return {mlflow_metric_name(k): v for k, v in metrics.items()}
 
 
 def project_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """`metrics` (MLflow names) under the project's names."""
     return {project_metric_name(k): v for k, v in metrics.items()}
 
 
@@ -94,13 +92,8 @@ def summary_tags(result: Mapping[str, Any], artifact_dir: Path) -> dict[str, str
 def run_params(config: Mapping[str, Any], classifier_head: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """(params, tags) of a resolved job config: paths become tags; None, empty values and, for a model
     without a classifier head (`ArchSpec.classifier_head`), head-only fields are left out."""
-    params, tags = {}, {}
-    for key, value in flatten(dict(config)).items():
-        if key in PATH_PARAMS:
-            if value is not None:
-                tags[PATH_PARAMS[key]] = str(value)
-        elif value is None or value == {} or value == [] or (key in HEAD_PARAMS and not classifier_head):
-            continue
-        else:
-            params[key] = value
+    flat = flatten(dict(config))
+    params = {key: value for key, value in flat.items() if key not in PATH_PARAMS and value not in (None, {}, [])
+              and not (key in HEAD_PARAMS and not classifier_head)}
+    tags = {PATH_PARAMS[key]: str(value) for key, value in flat.items() if key in PATH_PARAMS and value is not None}
     return params, tags

@@ -7,7 +7,7 @@ themselves, and the parent is a view over them. A close the server did not take 
 (`SWEEP_CLOSE_FILE`, with what the outage left undone) until ``python -m pipelines.tracking sync`` applies it.
 
 That kept close is read back and checked before anything of it is sent (`read_close`). The file decides nothing on
-its own: which server it goes to follows the spools' rules (`pipelines.tracking.scope`, `sync.credentials_refusal`),
+its own: which server it goes to follows the spools' rules (`pipelines.tracking.scope`, `sync.why_left_alone`),
 the files it names must lie inside its sweep folder (no absolute path, no ``..``, no symbolic link), and what it asks
 the user to run is built here from plain values, never taken as text.
 
@@ -154,27 +154,22 @@ def keep_for_sync(sweep_dir: Path, close: SweepClose) -> Path:
     return write_atomically(sweep_dir / SWEEP_CLOSE_FILE, json.dumps(asdict(close), indent=1, default=str))
 
 
-def commands_left(close: SweepClose, uri: str) -> list[str]:
-    """The commands that do what the outage left undone, against the server at `uri`: one promote per champion the
-    sweep could not set, and the report it could not build."""
+def lines_left(close: SweepClose, uri: str, when: str = "") -> list[str]:
+    """What is left once the sweep's run is closed, in words, then the commands that do it against the server at
+    `uri` (one promote per champion the sweep could not set, and the report it could not build); none: empty.
+    `when`: words that say when to run them (e.g. " once synced")."""
+    undone = [what for what, left in (("promote its champions", close.promote), ("build its report", close.report))
+              if left]
+    if not undone:
+        return []
     target = ["--tracking-uri", uri]
     commands = [["python", "-m", "pipelines.promote", "--model", model, "--task", task, *target]
                 for model, task in close.promote]
     if close.report:
         commands.append(["python", "-m", "pipelines.report", "--experiment", close.report["experiment"], "--sweep",
                          close.report["sweep"], "--out", close.report["out"], *target])
-    return [shlex.join(command) for command in commands]
-
-
-def lines_left(close: SweepClose, uri: str, when: str = "") -> list[str]:
-    """What is left once the sweep's run is closed, in words, then the commands (`commands_left`); none: empty.
-    `when`: words that say when to run them (e.g. " once synced")."""
-    undone = [what for what, left in (("promote its champions", close.promote), ("build its report", close.report))
-              if left]
-    if not undone:
-        return []
     return [f"Left to do{when}: the MLflow server was down when the sweep ended, so it could not "
-            f"{' or '.join(undone)}. Run:", *(f"  {command}" for command in commands_left(close, uri))]
+            f"{' or '.join(undone)}. Run:", *(f"  {shlex.join(command)}" for command in commands)]
 
 
 def read_close(sweep_dir: Path) -> SweepClose:
@@ -186,45 +181,31 @@ def read_close(sweep_dir: Path) -> SweepClose:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("it is not a JSON object")
-    problems = [f"{key} is not {what}" for key, what in _field_problems(data, sweep_dir)]
+    checks = {  # key: (valid, what it should be), as a sweep writes it
+        "run_id": (lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v), "an MLflow run id"),
+        "tracking_uri": (_text, "a tracking URI"),
+        "status": (lambda v: v in STATUSES, " or ".join(STATUSES)),
+        "config": (lambda v: isinstance(v, dict), "an object"),
+        "counts": (lambda v: isinstance(v, dict) and all(_text(key) and type(count) is int for key, count in v.items()),
+                   "an object of whole numbers"),
+        "description": (lambda v: v is None or isinstance(v, str) and len(v) <= DESCRIPTION_LIMIT,
+                        f"text of at most {DESCRIPTION_LIMIT} characters"),
+        "files": (lambda v: isinstance(v, list) and all(inside(sweep_dir, name) for name in v),
+                  "a list of paths inside the sweep folder"),
+        "promote": (lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(map(_text, p))
+                                                       for p in v), "a list of [model, task]"),
+        "report": (lambda v: v is None or (isinstance(v, dict) and set(v) == _REPORT_KEYS
+                                            and all(map(_text, v.values()))),
+                   f"null or an object of {', '.join(sorted(_REPORT_KEYS))}"),
+    }
+    required = {"run_id", "tracking_uri", "status", "config"}
+    problems = [f"{key} is not {what}" for key, (valid, what) in checks.items()
+                if (key in data or key in required) and not valid(data.get(key))]
     unknown = sorted(set(data) - {f.name for f in fields(SweepClose)})
     problems += [f"unknown key(s) {', '.join(unknown)}"] if unknown else []
     if problems:
         raise ValueError("; ".join(problems))
     return SweepClose(**data)
-
-
-def _field_problems(data: dict[str, Any], sweep_dir: Path) -> list[tuple[str, str]]:
-    """(key, what it should be) for every field of `data` that is not what a sweep writes."""
-    checks = {
-        "run_id": (lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v), "an MLflow run id"),
-        "tracking_uri": (_text, "a tracking URI"),
-        "status": (lambda v: v in STATUSES, " or ".join(STATUSES)),
-        "config": (lambda v: isinstance(v, dict), "an object"),
-        "counts": (_counts, "an object of whole numbers"),
-        "description": (lambda v: v is None or isinstance(v, str) and len(v) <= DESCRIPTION_LIMIT,
-                        f"text of at most {DESCRIPTION_LIMIT} characters"),
-        "files": (lambda v: isinstance(v, list) and all(inside(sweep_dir, name) for name in v),
-                  "a list of paths inside the sweep folder"),
-        "promote": (_pairs, "a list of [model, task]"),
-        "report": (_report, f"null or an object of {', '.join(sorted(_REPORT_KEYS))}"),
-    }
-    required = {"run_id", "tracking_uri", "status", "config"}
-    return [(key, what) for key, (valid, what) in checks.items()
-            if (key in data or key in required) and not valid(data.get(key))]
-
-
-def _counts(value: Any) -> bool:
-    return isinstance(value, dict) and all(_text(key) and type(count) is int for key, count in value.items())
-
-
-def _pairs(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(pair, list) and len(pair) == 2 and all(map(_text, pair))
-                                           for pair in value)
-
-
-def _report(value: Any) -> bool:
-    return value is None or isinstance(value, dict) and set(value) == _REPORT_KEYS and all(map(_text, value.values()))
 
 
 def _text(value: Any) -> bool:
