@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -138,14 +139,11 @@ def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu_model": platform.processor() or platform.machine(), "logical_cpus": os.cpu_count(),
                             "usable_cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
                             "python": platform.python_version()}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("model name")]
-        info["cpu_model"] = models[0] if models else info["cpu_model"]
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        total = next(line for line in meminfo.read_text().splitlines() if line.startswith("MemTotal"))
+    with contextlib.suppress(OSError, StopIteration):  # not Linux, or no such line: the platform's answer stays
+        cpu = Path("/proc/cpuinfo").read_text().splitlines()
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in cpu if line.startswith("model name"))
+    with contextlib.suppress(OSError):
+        total = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
         info["ram_gib"] = round(int(total.split()[1]) / 2**20, 1)
     info["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
     info["torch_threads"] = torch.get_num_threads()
@@ -211,6 +209,8 @@ def run_logged(cmd: Sequence[str], log_path: Path, env: Mapping[str, str] | None
                timeout: float | None = None) -> tuple[int, float]:
     """Run `cmd` in its own session from the repository root, output to `log_path`; (exit code, wall s). On a
     timeout its process group gets SIGINT (so a sweep stops its own Ray and MLflow), then SIGTERM."""
+    from pipelines.services.probe import stop_process_group
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log_path.open("w") as log:
@@ -220,25 +220,11 @@ def run_logged(cmd: Sequence[str], log_path: Path, env: Mapping[str, str] | None
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             logger.warning("%s ran past %s s; interrupting it", cmd[:3], timeout)
-            code = _interrupt(proc)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                code = proc.wait(timeout=60.0)
+            except subprocess.TimeoutExpired:
+                stop_process_group(proc.pid, 20.0, proc)
+                code = proc.returncode
     return code, time.perf_counter() - start
-
-
-def _interrupt(proc: subprocess.Popen) -> int:
-    """SIGINT, then SIGTERM, then SIGKILL the process group of `proc` (which we started)."""
-    for sig, grace in ((signal.SIGINT, 60.0), (signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.wait() if proc.returncode is None else proc.returncode
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    """The last lines of a log file."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""

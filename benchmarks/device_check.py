@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,6 @@ from benchmarks.common import (
     at_most,
     interleaved,
     load_results,
-    log_tail,
     machine,
     median,
     now_iso,
@@ -98,10 +97,6 @@ class Mode:
     ray_cpus: int = 16  # of the local Ray the sweep starts (no --ray-address)
     timeout_s: float = 300.0  # most seconds the sweep subprocess may run
     threads: int | None = None  # torch threads here and OMP_NUM_THREADS of children (None: torch's default)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready settings."""
-        return asdict(self)
 
     def job_overrides(self) -> list[str]:
         """Job overrides of every packed member: the dtype, bf16 autocast and, on the GPU, CUDA."""
@@ -274,17 +269,6 @@ def serving_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None) -> B
 # server a local one unless `tracking_uri` is given: a test passes the session's Ray head and server.
 
 
-def sweep_command(mode: Mode, ray_address: str | None, overrides: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The sweep's command line and its extra environment."""
-    cmd = [sys.executable, "pipelines/sweep.py", "--config", SWEEP_CONFIG]
-    env = dict(OFFLINE_ENV)
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    else:
-        cmd += ["--num-cpus", str(mode.ray_cpus)]
-    return [*cmd, *overrides], env
-
-
 def trial_row(result: dict[str, Any]) -> dict[str, Any]:
     """One trial's table row from its result.json."""
     job = result["config"]
@@ -307,6 +291,7 @@ def sweep_overrides(mode: Mode, folder: Path) -> list[str]:
 def sweep_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None, tracking_uri: str | None) -> BenchResult:
     """(d) One real sweep of 4 trials sharing the device; one row per finished trial, and the sweep's wall time
     against the trials' own."""
+    from pipelines.services.probe import log_tail
     from pipelines.sweeps.config import load_sweep_config
 
     folder = t5_checkpoint(mode, tmp)
@@ -314,12 +299,14 @@ def sweep_part(mode: Mode, tmp: Path, out: Path, ray_address: str | None, tracki
     overrides = [*sizes, "name=device-check", f"storage_path={tmp / 'sweeps'}", f"tracking.local_dir={tmp / 'mlflow'}",
                  *([f"tracking.uri={tracking_uri}"] if tracking_uri else [])]
     sweep = load_sweep_config(REPO / SWEEP_CONFIG, overrides)
-    cmd, env = sweep_command(mode, ray_address, overrides)
+    cmd = [sys.executable, "pipelines/sweep.py", "--config", SWEEP_CONFIG,
+           *([] if ray_address else ["--num-cpus", str(mode.ray_cpus)]), *overrides]
+    env = {**OFFLINE_ENV, **({"RAY_ADDRESS": ray_address} if ray_address else {})}
     log = out / "device_sweep.log"
     logger.info("sweep: %s", " ".join(cmd))
     code, wall = run_logged(cmd, log, env=env, timeout=mode.timeout_s)
     if code != 0:
-        raise RuntimeError(f"the sweep exited with {code}; last lines of its log:\n{log_tail(log)}")
+        raise RuntimeError(f"the sweep exited with {code}; last lines of its log:\n{log_tail(log, lines=25)}")
     results = [json.loads(p.read_text()) for p in sorted((sweep.storage_root() / sweep.name / "jobs").glob(
         "*/result.json"))]
     rows = [trial_row(r) for r in results]
@@ -355,24 +342,9 @@ PART_MODULES: dict[str, tuple[str, ...]] = {
     "device_serving": ("ray", "ray.serve", "mlflow", "pipelines.serving.app", "pipelines.services.ray_connect",
                        "benchmarks.serving", "benchmarks.serving_app", "benchmarks.serving_engine"),
     "device_sweep": ("ray.tune", "ray.train", "mlflow", "mlflow.server", "pipelines.sweeps.run",
-                     "pipelines.tracking"),
+                     "pipelines.tracking", "pipelines.services.probe"),
 }
 """Part name -> the modules its code imports (directly or inside functions) beyond this module."""
-
-
-def import_problems(parts: Sequence[str]) -> list[str]:
-    """One line per module of `parts` that fails to import (its part, its name and the error); empty when all do."""
-    problems, seen = [], set()
-    for part in parts:
-        for module in PART_MODULES[part]:
-            if module in seen:
-                continue
-            seen.add(module)
-            try:
-                importlib.import_module(module)
-            except Exception as err:  # noqa: BLE001 - any failure to import is what this reports
-                problems.append(f"{part}: import {module} failed: {type(err).__name__}: {err}")
-    return problems
 
 
 def run_part(name: str, mode: Mode, tmp: Path, out: Path, *extra: str | None) -> BenchResult:
@@ -409,16 +381,6 @@ def gpu_info() -> dict[str, object]:
 # --- Several calls' folders as one ------------------------------------------------------------------------------
 
 
-def pick_parts(sources: list[Path]) -> dict[str, tuple[Path, BenchResult]]:
-    """Part name -> (folder, result): the last folder where the part succeeded, else the last where it failed."""
-    picked: dict[str, tuple[Path, BenchResult]] = {}
-    for source in sources:
-        for result in load_results(source, list(PARTS)):
-            if result.name not in picked or not result.error or picked[result.name][1].error:
-                picked[result.name] = (source, result)
-    return picked
-
-
 def merged_info(sources: list[Path]) -> dict[str, Any]:
     """The last call's `run.json` with every call listed, versions filled from the calls that had the package."""
     runs = [json.loads((s / "run.json").read_text(encoding="utf-8")) for s in sources if (s / "run.json").is_file()]
@@ -437,7 +399,11 @@ def merged_info(sources: list[Path]) -> dict[str, Any]:
 def merge(sources: list[Path], out: Path) -> Path:
     """Write the merged folder `out`: for every part the JSON of the last folder where it succeeded (else the last
     where it failed) and its log, a `run.json` listing every call, and a regenerated report.md (its path)."""
-    picked = pick_parts(sources)
+    picked: dict[str, tuple[Path, BenchResult]] = {}  # part name -> (folder, result)
+    for source in sources:
+        for result in load_results(source, list(PARTS)):
+            if result.name not in picked or not result.error or picked[result.name][1].error:
+                picked[result.name] = (source, result)
     if not picked:
         raise ValueError(f"no device-check part JSON in any of {[str(s) for s in sources]}")
     info = merged_info(sources)
@@ -475,8 +441,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def check_imports(parts: list[str]) -> int:
-    """`--check-imports`: 0 when every module of `parts` imports, else 2 with one paragraph naming each failure."""
-    problems = import_problems(parts)
+    """`--check-imports`: 0 when every module of `parts` imports, else 2 with one paragraph naming each failure (its
+    part, its name and the error)."""
+    owners: dict[str, str] = {}  # module -> the first of `parts` that imports it: each module is tried once
+    for part in parts:
+        owners.update({module: part for module in PART_MODULES[part] if module not in owners})
+    problems = []
+    for module, part in owners.items():
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - any failure to import is what this reports
+            problems.append(f"{part}: import {module} failed: {type(err).__name__}: {err}")
     if problems:
         print(f"error: {len(problems)} import(s) of the device check fail here: " + "; ".join(problems) +
               ". Install or carry the missing packages (versions as in pyproject.toml) and check again.",
@@ -512,7 +487,7 @@ def run_parts(args: argparse.Namespace, argv: list[str]) -> int:
         torch.set_num_threads(mode.threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(mode.threads))
     info = {"date": now_iso(), "command": "bash benchmarks/device_check.sh " + " ".join(argv),
-            "machine": {**machine(), **gpu_info()}, "versions": versions(), "settings": mode.to_dict()}
+            "machine": {**machine(), **gpu_info()}, "versions": versions(), "settings": asdict(mode)}
     start, results = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="capt-device-check-") as tmp:
         for name in args.only or list(PARTS):

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import OFFLINE_ENV, REPO, BenchResult, Table, log_tail, run_logged
+from benchmarks.common import OFFLINE_ENV, REPO, BenchResult, Table, run_logged
 from pipelines.services.ray_connect import environ
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,16 @@ def prepare_data(source: Path, target: Path, tasks: list[str], config: dict[str,
     return ready, notes
 
 
+REFERENCE_LEVELS = ("majority", "chance")
+"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.reporting`), so pieces of the
+grid merged by `benchmarks.learning_merge` keep the report's reference rows."""
+
+
 def trial_results(sweep) -> list[dict[str, Any]]:
-    """One row per finished trial of `sweep` (read from its result.json), labelled by the method row."""
+    """One row per finished trial of `sweep` (read from its result.json), labelled by the method row; with its mean
+    training loss of each evaluation window, e.g. "1.08 > 0.95 > 0.91" (shows whether it flattened), and what it
+    trained with (its resolved config): optimiser and schedule, batch and epochs, method options."""
+    from pipelines.reporting import LEVEL_METRICS
     from pipelines.sweeps.config import trials
     from pipelines.sweeps.select import select_label
 
@@ -107,47 +115,27 @@ def trial_results(sweep) -> list[dict[str, Any]]:
         if not path.is_file():
             continue
         result = json.loads(path.read_text())
+        metrics, optimizer, config = result["metrics"], result.get("optimizer") or {}, result.get("config") or {}
+        train = config.get("train") or {}
         rows.append({"task": trial.task, "model": trial.model, "method": trial.method, "seed": trial.seed,
-                     "select": select_label(trial.select),
-                     "test_score": result["metrics"].get("test_score"),
-                     "test_accuracy": result["metrics"].get("test_accuracy"),
-                     "best_validation_score": result["metrics"].get("best_validation_score"),
-                     **reference_levels(result["metrics"]),
+                     "select": select_label(trial.select), "test_score": metrics.get("test_score"),
+                     "test_accuracy": metrics.get("test_accuracy"),
+                     "best_validation_score": metrics.get("best_validation_score"),
+                     **{column: metrics.get(LEVEL_METRICS[column]) for column in REFERENCE_LEVELS},
                      "steps": result["steps"], "trainable": result["trainable_parameters"],
-                     "lr": (result.get("optimizer") or {}).get("lr"),
-                     "head_lr": (result.get("optimizer") or {}).get("head_lr"),
-                     "train_loss_curve": _loss_curve(result["history"]),
+                     "lr": optimizer.get("lr"), "head_lr": optimizer.get("head_lr"),
+                     "train_loss_curve": " > ".join(f"{record['train_loss']:.3f}" for record in result["history"]
+                                                    if record.get("train_loss") is not None),
                      "fit_s": result["wall_time_s"], "config_hash": result.get("config_hash"),
-                     "settings": trained_settings(result.get("config") or {})})
+                     "settings": {"optim": config.get("optim") or {}, "batch_size": train.get("batch_size"),
+                                  "max_epochs": train.get("max_epochs"), "max_steps": train.get("max_steps"),
+                                  "method": config.get("method")}})
     return rows
-
-
-def trained_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """What a trial trained with (its resolved config): optimiser and schedule, batch and epochs, method options."""
-    optim, train = config.get("optim") or {}, config.get("train") or {}
-    return {"optim": optim, "batch_size": train.get("batch_size"), "max_epochs": train.get("max_epochs"),
-            "max_steps": train.get("max_steps"), "method": config.get("method")}
-
-
-REFERENCE_LEVELS = ("majority", "chance")
-"""Trial-row columns holding the job's majority-class and chance test scores (`pipelines.reporting`)."""
-
-
-def reference_levels(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """The trial's reference test scores, so pieces of the grid merged by `benchmarks.learning_merge` keep the
-    report's reference rows."""
-    from pipelines.reporting import LEVEL_METRICS
-
-    return {column: metrics.get(LEVEL_METRICS[column]) for column in REFERENCE_LEVELS}
-
-
-def _loss_curve(history: list[dict[str, Any]]) -> str:
-    """Mean training loss of each evaluation window, e.g. "1.08 > 0.95 > 0.91" (shows whether it flattened)."""
-    return " > ".join(f"{record['train_loss']:.3f}" for record in history if record.get("train_loss") is not None)
 
 
 def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Path, out: Path) -> str:
     """Run the sweep in a subprocess, then `python -m pipelines.report` on its MLflow database."""
+    from pipelines.services.probe import log_tail
     from pipelines.sweeps.config import load_sweep_config
 
     env = {**OFFLINE_ENV, "CAPT_DATA_DIR": str(data)}
@@ -160,8 +148,8 @@ def via_sweep(config: dict[str, Any], overrides: list[str], data: Path, tmp: Pat
               f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", "--out", str(out), "--sweep", sweep.name]
     code, _ = run_logged(report, tmp / "report.log", env=OFFLINE_ENV, timeout=600)
     if code != 0:
-        raise RuntimeError(f"pipelines.report failed ({code}):\n{log_tail(tmp / 'report.log')}\n"
-                           f"sweep log:\n{log_tail(tmp / 'sweep.log')}")
+        raise RuntimeError(f"pipelines.report failed ({code}):\n{log_tail(tmp / 'report.log', lines=25)}\n"
+                           f"sweep log:\n{log_tail(tmp / 'sweep.log', lines=25)}")
     return (out / "report.md").read_text()
 
 
@@ -227,10 +215,9 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     title = "Table from pipelines.report (test_score, mean ± std over seeds)"
     result.sections[title] = body.replace("\n## ", "\n#### ")
     result.tables.append(Table("Every trial", ["task", "model", "method", "seed", "select", "test_score",
-                                               "test_accuracy",
-                                               "best_validation_score", *REFERENCE_LEVELS,
-                                               "steps", "trainable", "lr", "head_lr",
-                                               "train_loss_curve", "fit_s", "config_hash", "settings"], rows))
+                                               "test_accuracy", "best_validation_score", *REFERENCE_LEVELS, "steps",
+                                               "trainable", "lr", "head_lr", "train_loss_curve", "fit_s",
+                                               "config_hash", "settings"], rows))
     result.plots.append("learning/report.png")
     result.notes += notes + [
         f"Route: {config['route']}; config {config['config']}; overrides {config['overrides'] or 'none'}.",

@@ -25,7 +25,6 @@ from benchmarks.common import (
     Table,
     at_least,
     at_most,
-    log_tail,
     median,
     run_logged,
     spread,
@@ -67,6 +66,7 @@ def _local_overrides(tmp: Path, index: int) -> list[str]:
 
 def run_sweep(config: dict[str, Any], tmp: Path, index: int) -> dict[str, Any]:
     """One sweep subprocess; its wall time and the fit times its trials wrote to result.json."""
+    from pipelines.services.probe import log_tail
     from pipelines.sweeps.config import load_sweep_config
 
     overrides = [*config["overrides"], *_local_overrides(tmp, index)]
@@ -75,7 +75,7 @@ def run_sweep(config: dict[str, Any], tmp: Path, index: int) -> dict[str, Any]:
     log = tmp / f"sweep{index}.log"
     code, wall = run_logged(cmd, log, env=OFFLINE_ENV, timeout=config["timeout_s"])
     if code != 0:
-        raise RuntimeError(f"the sweep exited with {code}; last lines of {log}:\n{log_tail(log)}")
+        raise RuntimeError(f"the sweep exited with {code}; last lines of {log}:\n{log_tail(log, lines=25)}")
     results = [json.loads(p.read_text()) for p in (sweep.storage_root() / sweep.name / "jobs").glob("*/result.json")]
     return {"wall_s": wall, "trials": len(results), "fit_s": sum(r["wall_time_s"] for r in results),
             "mlflow_start_s": mlflow_start_in_log(log)}
