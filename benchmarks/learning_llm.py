@@ -74,23 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         write_run_info(out, args)  # before training: a run stopped midway still says what it ran at
         run_trials(pending[: args.limit] if args.limit is not None else pending, out, args.workers)
     report = build_report(load_records(out))
+    text = markdown(report)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown(report))
-    if args.update_readme:
-        update_readme(REPO / "benchmarks" / "README.md", markdown(report))
-    print(markdown(report))
+    (out / "report.md").write_text(text)
+    if args.update_readme:  # the report less its title line, between the README's markers
+        from pipelines.baseline_settings import readme_with_table
+
+        readme = REPO / "benchmarks" / "README.md"
+        readme.write_text(readme_with_table(readme.read_text(encoding="utf-8"), text.split("\n", 2)[2], README_START,
+                                            README_END), encoding="utf-8")
+    print(text)
     return 0
 
 
 README_START, README_END = "<!-- learning_smollm2 report -->\n", "<!-- end learning_smollm2 report -->"
-
-
-def update_readme(readme: Path, report_text: str) -> None:
-    """Put the report, less its title line, between the README's markers."""
-    text = readme.read_text(encoding="utf-8")
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    readme.write_text(head + README_START + report_text.split("\n", 2)[2] + README_END + tail, encoding="utf-8")
 
 
 def load_grid(config: str, overrides: list[str]) -> list:

@@ -160,12 +160,12 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def readme_with_table(readme: str, generated: str) -> str:
-    """`readme` with the text between the table's markers replaced by `generated`."""
-    if BEGIN not in readme or END not in readme.split(BEGIN, 1)[1]:
-        raise ValueError(f"README.md has no {BEGIN!r} ... {END!r} block to write the table into")
-    head, rest = readme.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{generated}\n{END}{rest.split(END, 1)[1]}"
+def readme_with_table(readme: str, generated: str, begin: str = BEGIN, end: str = END) -> str:
+    """`readme` with the text between its markers `begin` and `end` replaced by `generated`."""
+    if begin not in readme or end not in readme.split(begin, 1)[1]:
+        raise ValueError(f"README.md has no {begin!r} ... {end!r} block to write the table into")
+    head, rest = readme.split(begin, 1)
+    return f"{head}{begin}{generated}{end}{rest.split(end, 1)[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     generated = table()
     if args.write:
-        README.write_text(readme_with_table(README.read_text(), generated))
+        README.write_text(readme_with_table(README.read_text(), f"\n{generated}\n"))
     else:
         sys.stdout.write(generated + "\n")
     return 0
