@@ -68,21 +68,17 @@ def shared_settings(result: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return settings.get("config", ""), overrides
 
 
-def config_models(config: str, overrides: tuple[str, ...]) -> list[str]:
-    """The base models a piece's sweep ran (rows written before rows named their model)."""
+def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The piece's trials as report rows (model, task, method, seed, value) and any problems."""
     from benchmarks.common import REPO
     from pipelines.config.sources import merge_sources
 
-    return list(merge_sources(REPO / config, list(overrides), None).get("models") or [])
-
-
-def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The piece's trials as report rows (model, task, method, seed, value) and any problems."""
     rows, problems = [], []
-    models = None  # read from the config only for rows that name no model
+    models = None  # the base models the piece's sweep ran, read only for rows written before rows named their model
     for row in trials_table(result)["rows"]:
         if not row.get("model") and models is None:
-            models = config_models(*shared_settings(result))
+            config, overrides = shared_settings(result)
+            models = list(merge_sources(REPO / config, list(overrides), None).get("models") or [])
         model = row.get("model") or (models[0] if len(models) == 1 else None)
         if model is None:
             problems.append(f"{folder}: a row names no model and the config has models {models}")
@@ -93,7 +89,8 @@ def trial_rows(folder: Path, result: dict[str, Any]) -> tuple[list[dict[str, Any
                          "accuracy": row.get("test_accuracy"),
                          "validation": row.get("best_validation_score"), "piece": str(folder),
                          "started": result.get("started") or "", "settings": _settings_key(row.get("settings")),
-                         **{level: _number(row.get(level)) for level in REFERENCE_LEVELS}})
+                         **{level: math.nan if row.get(level) is None else float(row[level])
+                            for level in REFERENCE_LEVELS}})
     return rows, problems
 
 
@@ -125,10 +122,6 @@ def mark_other_settings(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(marked)
 
 
-def _number(value: Any) -> float:
-    return math.nan if value is None else float(value)
-
-
 def combination(row: dict[str, Any]) -> str:
     """The row's `select:` label; rows written before trials carried it are told apart by their resolved lrs."""
     if "select" in row:
@@ -136,19 +129,13 @@ def combination(row: dict[str, Any]) -> str:
     return ",".join(f"{key}={row[key]}" for key in ("lr", "head_lr") if row.get(key) is not None)
 
 
-def chosen_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of each (model, task, method)'s combination with the best mean validation score."""
-    from pipelines.sweeps.select import chosen_labels
-
-    chosen = chosen_labels(rows, label="select")
-    return [row for row in rows
-            if chosen.get((row["model"], row["task"], row["method"]), row["select"]) == row["select"]]
-
-
 def collect(folders: list[Path],
             out: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """(every piece's result, the chosen trial rows, the methods marked `OTHER_SETTINGS`); raises MergeError listing
-    every problem. Rows are marked before the choice, so trials under other settings are chosen among themselves."""
+    """(every piece's result, the rows of each (model, task, method)'s combination with the best mean validation
+    score, the methods marked `OTHER_SETTINGS`); raises MergeError listing every problem. Rows are marked before the
+    choice, so trials under other settings are chosen among themselves."""
+    from pipelines.sweeps.select import chosen_labels
+
     results, rows, problems = [], [], []
     for folder in folders:
         if out is not None and folder.resolve() == out.resolve():
@@ -170,7 +157,9 @@ def collect(folders: list[Path],
     if problems:
         raise MergeError("Cannot merge the learning results: " + "; ".join(problems) + ".")
     marked = mark_other_settings(rows)
-    return [r for _, r in results], chosen_rows(rows), marked
+    chosen = chosen_labels(rows, label="select")  # {(model, task, method): its best combination}
+    kept = [r for r in rows if chosen.get((r["model"], r["task"], r["method"]), r["select"]) == r["select"]]
+    return [r for _, r in results], kept, marked
 
 
 def duplicate_trials(rows: list[dict[str, Any]]) -> list[str]:
