@@ -25,11 +25,6 @@ COLUMNS = ("job", "method", "lr", "seed", "test_score", "job_test_score", "test_
            "changed_predictions_pct", "vector_norm_per_layer")
 
 
-def task_vectors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The trained task vectors of every capsule of a loaded CaPT model ((L, k, D) each); empty without any."""
-    return [capsule.vectors for capsule in getattr(model, "capsules", []) if capsule.config.task_vector]
-
-
 def scored(predictor: Any, examples: list) -> tuple[list[int], dict[str, float]]:
     """(predicted label ids, the task's metrics) of `predictor`'s model on `examples`."""
     from pipelines.adapted import metrics_of, predict
@@ -48,7 +43,8 @@ def influence(job_dir: Path, data_dir: Path | None = None) -> dict[str, Any]:
 
     result = json.loads((job_dir / "result.json").read_text(encoding="utf-8"))
     predictor = CapsulePredictor(job_dir / "artifact", result, device="cpu")
-    vectors = task_vectors(predictor.model)
+    vectors = [capsule.vectors for capsule in getattr(predictor.model, "capsules", [])  # (L, k, D) each
+               if capsule.config.task_vector]
     if not vectors:
         raise ValueError(f"{job_dir}: method {result['config']['method']['name']!r} has no trained task vectors "
                          "(a CaPT job with task_vector true is needed)")

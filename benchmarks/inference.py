@@ -56,20 +56,12 @@ def make_modes(bank: capt.CapsuleBank, batch: dict[str, torch.Tensor]) -> dict[s
     per_task = {task: {k: v[[i for i in range(rows) if names[i] == task]] for k, v in batch.items()}
                 for task in TASK_NAMES}
 
-    def bare() -> None:
-        bank.base_model(**batch)
-
-    def mixed() -> None:
-        bank(**batch, capsule=names)
-
-    def one_capsule() -> None:
-        bank(**batch, capsule=TASK_NAMES[0])
-
     def one_task_at_a_time() -> None:
         for task, part in per_task.items():
             bank(**part, capsule=task)
 
-    return {BARE: bare, MIXED: mixed, "bank, one capsule for all rows": one_capsule,
+    return {BARE: lambda: bank.base_model(**batch), MIXED: lambda: bank(**batch, capsule=names),
+            "bank, one capsule for all rows": lambda: bank(**batch, capsule=TASK_NAMES[0]),
             "one task at a time (7 batches)": one_task_at_a_time}
 
 
@@ -97,22 +89,20 @@ def throughput(config: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     return table, models.describe(model_config)
 
 
-def stand_in_config(arch: str):
-    """Same hidden size and layer count as `arch`, tiny everything else (real weights in a few MB)."""
-    if models.ARCHS[arch]["kind"] == "t5":
-        return models.config_for(arch, d_ff=8, num_heads=1, d_kv=8, vocab_size=64, num_decoder_layers=1)
-    return models.config_for(arch, intermediate_size=8, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
-                             vocab_size=64)
-
-
 def artifact_row(arch: str, directory: Path) -> dict[str, Any]:
-    """Capsule size of `arch` from the meta-device model, and the real artifact from its stand-in."""
+    """Capsule size of `arch` from the meta-device model, and the real artifact from its stand-in: the same hidden
+    size and layer count, tiny everything else (real weights in a few MB)."""
+    if models.ARCHS[arch]["kind"] == "t5":
+        stand_in = models.config_for(arch, d_ff=8, num_heads=1, d_kv=8, vocab_size=64, num_decoder_layers=1)
+    else:
+        stand_in = models.config_for(arch, intermediate_size=8, num_attention_heads=1, num_key_value_heads=1,
+                                     head_dim=8, vocab_size=64)
     meta = models.build_meta(models.config_for(arch))
     on_meta = capt.attach(meta)
     numel = sum(p.numel() for p in on_meta.trainable_parameters())
     layers = len(on_meta.capsules[0].layers)
     total = models.count_parameters(meta)
-    saved = capt.save_capsule(capt.attach(models.build(stand_in_config(arch))), directory / arch, task="rte")
+    saved = capt.save_capsule(capt.attach(models.build(stand_in)), directory / arch, task="rte")
     stand_in_numel = sum(t.numel() for t in load_file(str(saved / "capsule.safetensors")).values())
     if stand_in_numel != numel:
         raise RuntimeError(f"{arch}: the stand-in capsule has {stand_in_numel} values, the real one {numel}")

@@ -77,13 +77,6 @@ def row(batch: int, tokens: int, steps: int, where: str, setting: str, shapes: d
             **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def table(rows: Sequence[dict]) -> str:
-    lines = ["| batch | where | glibc | user s | system s | minor faults |", "|---:|---|---|---:|---:|---:|"]
-    lines += [f"| {r['batch']} x {r['tokens']} | {r['where']} | {r['glibc']} | {r['user_s']:.2f} | "
-              f"{r['system_s']:.2f} | {r['minor_faults']:,.0f} |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[144, 16], help="rows per step")
@@ -98,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes = {**SHAPES, "num_hidden_layers": args.layers}
     rows = [row(batch, args.tokens, args.steps, where, setting, shapes)
             for batch in args.batches for where in args.where for setting in args.glibc]
-    print(table(rows))
+    lines = ["| batch | where | glibc | user s | system s | minor faults |", "|---:|---|---|---:|---:|---:|"]
+    lines += [f"| {r['batch']} x {r['tokens']} | {r['where']} | {r['glibc']} | {r['user_s']:.2f} | "
+              f"{r['system_s']:.2f} | {r['minor_faults']:,.0f} |" for r in rows]
+    print("\n".join(lines))
     return 0
 
 

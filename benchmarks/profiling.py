@@ -22,22 +22,13 @@ class StepProfile:
 
 
 def profile_step(step: Callable[[], object], row_limit: int = 12) -> StepProfile:
-    """Run `step` once under the profiler with memory tracking."""
+    """Run `step` once under the profiler with memory tracking; the peak is that of the running total of the
+    allocation events (frees are negative), in time order."""
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    peak = _allocation_peak(prof)
-    averages = prof.key_averages()
-    self_cpu = {event.key: float(event.self_cpu_time_total) for event in averages}
-    table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=48)
-    return StepProfile(peak, self_cpu, table)
-
-
-def _allocation_peak(prof) -> int:
-    """The peak of the running total of allocation events (frees are negative), in bytes."""
-    from torch._C._profiler import _EventType
-
     events: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
@@ -45,7 +36,10 @@ def _allocation_peak(prof) -> int:
         if node.tag == _EventType.Allocation:
             events.append((node.start_time_ns, int(node.extra_fields.alloc_size)))
         stack.extend(node.children)
-    return max([0, *accumulate(size for _, size in sorted(events))])
+    averages = prof.key_averages()
+    self_cpu = {event.key: float(event.self_cpu_time_total) for event in averages}
+    table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=48)
+    return StepProfile(max([0, *accumulate(size for _, size in sorted(events))]), self_cpu, table)
 
 
 def op_difference(method: dict[str, float], floor: dict[str, float], top: int = 8) -> list[dict[str, object]]:
@@ -56,28 +50,18 @@ def op_difference(method: dict[str, float], floor: dict[str, float], top: int = 
     return rows[:top]
 
 
-def _cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 def count_flops(step: Callable[[], None]) -> int:
     """Floating-point operations of one call of ``step`` (matmuls and attention, forward and backward), counted from
     op shapes by ``FlopCounterMode``: exact, untouched by other processes. Its registry lacks SDPA's CPU kernels,
     added here with torch's own SDPA formulas, or attention on CPU would count zero."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
     aten = torch.ops.aten
-    cpu_attention = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
-                     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops}
+    cpu_attention = {  # (the counter passes the op's other arguments and `out_shape` too)
+        aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *_, **__: sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda grad, q, k, v, *_, **__: sdpa_backward_flop_count(grad, q, k, v)}
     with FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
         step()
     return int(counter.get_total_flops())

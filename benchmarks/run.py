@@ -81,8 +81,7 @@ def render(result: BenchResult) -> str:
 def run_info(argv: list[str], total_s: float) -> dict:
     """Date, commit, command, machine and versions for the report header."""
     return {"date": now_iso(), **commit_info(), "command": "python -m benchmarks.run " + " ".join(argv),
-            "machine": machine(),
-            "versions": versions(), "total_s": total_s}
+            "machine": machine(), "versions": versions(), "total_s": total_s}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

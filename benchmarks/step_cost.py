@@ -115,30 +115,24 @@ def floor_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callab
     return step
 
 
-def make_optimizer(method: str, family: str, adapted: torch.nn.Module) -> torch.optim.Optimizer:
-    """The pipeline's default optimizer and learning rate for `method` on a model of `family`, over the method's
-    own parameter groups (DePT's low-rank offset trains at its second lr), as a job builds it."""
-    from capt.methods import optim_default
-    from pipelines.adapted import parameter_groups
-    from pipelines.training.setup import new_optimizer
-
-    default = optim_default(method, family)
-    groups = parameter_groups(adapted, adapted.base_model, default.lr, default.lr, 0.0)
-    return new_optimizer(default.optimizer, groups, default.lr)
-
-
 class MethodRunner:
-    """One method on its own weight-sharing copy of the base model, with its optimizer."""
+    """One method on its own weight-sharing copy of the base model, with the pipeline's default optimizer and
+    learning rate for the method on the model's family, over the method's own parameter groups (DePT's low-rank
+    offset trains at its second lr), as a job builds it."""
 
     def __init__(self, base: torch.nn.Module, method: str, options: dict[str, Any],
                  batch: dict[str, torch.Tensor], device: torch.device) -> None:
         """`device`: where the adapted model runs (adapted on `base`'s device first, then moved, as a job's
         Accelerate does: on another device it is a copy of its own, no longer sharing `base`'s storage)."""
-        from pipelines.adapted import adapt
+        from capt.methods import optim_default
+        from pipelines.adapted import adapt, parameter_groups
+        from pipelines.training.setup import new_optimizer
 
         self.model = adapt(models.shared_copy(base), method, options).to(device)
         self.params = list(self.model.trainable_parameters())
-        self.optimizer = make_optimizer(method, models.family(base.config), self.model)
+        default = optim_default(method, models.family(base.config))
+        groups = parameter_groups(self.model, self.model.base_model, default.lr, default.lr, 0.0)
+        self.optimizer = new_optimizer(default.optimizer, groups, default.lr)
         self.batch = batch
 
     def step(self) -> None:
@@ -215,14 +209,6 @@ def _row(label: str, runner: MethodRunner | None, times: list[float], ratios: li
             "persistent_mb": runner.persistent_bytes() / 2**20 if runner else 0.0}
 
 
-def _targets(label: str, rows: list[dict[str, Any]], limit: float) -> list:
-    by_method = {r["method"]: r["ratio_to_floor"] for r in rows}
-    others = {m: v for m, v in by_method.items() if m not in (FLOOR, "capt")}
-    fastest = min(others, key=others.get)
-    return [at_most(f"CaPT step / floor ({label})", by_method["capt"], limit),
-            at_most(f"CaPT step / fastest other method ({label}: {fastest})", by_method["capt"] / others[fastest], 1.0)]
-
-
 def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
     """Measure every architecture of `config`; tables, targets, profiles and a ratio plot."""
     result = BenchResult(NAME, TITLE, config)
@@ -236,11 +222,15 @@ def run(config: dict[str, Any], out_dir: Path) -> BenchResult:
         result.tables.append(Table(f"{label}: {shape}", COLUMNS, measured["rows"]))
         result.tables.append(Table(f"{label}: where CaPT's extra time goes (self CPU time, CaPT minus floor)",
                                    ["op", "method_ms", "floor_ms", "extra_ms"], measured["op_diff"]))
-        targets = _targets(spec["arch"], measured["rows"], spec.get("target_ratio", config["target_ratio"]))
-        result.targets += targets
+        ratios[spec["arch"]] = by_method = {r["method"]: r["ratio_to_floor"] for r in measured["rows"]}
+        others = {m: v for m, v in by_method.items() if m not in (FLOOR, "capt")}
+        fastest = min(others, key=others.get)
+        result.targets += [at_most(f"CaPT step / floor ({spec['arch']})", by_method["capt"],
+                                   spec.get("target_ratio", config["target_ratio"])),
+                           at_most(f"CaPT step / fastest other method ({spec['arch']}: {fastest})",
+                                   by_method["capt"] / others[fastest], 1.0)]
         result.profiles[f"CaPT step, {label}"] = measured["profile_capt"]
         result.profiles[f"floor step, {label}"] = measured["profile_floor"]
-        ratios[spec["arch"]] = {r["method"]: r["ratio_to_floor"] for r in measured["rows"]}
     grouped_bars(ratios, out_dir / "step_cost.png", "Training step time / frozen floor", "ratio to floor",
                  hline=config["target_ratio"], hline_label=f"CaPT target {config['target_ratio']}x")
     result.plots.append("step_cost.png")

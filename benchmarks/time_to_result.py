@@ -42,19 +42,6 @@ def for_model(config: dict[str, Any], model: str) -> dict[str, Any]:
     return {**config, "model": model, **({"steps": 10} if model == "smollm2-135m" else {})}
 
 
-def job_dict(config: dict[str, Any], method: str, options: dict[str, Any], output_dir: Path) -> dict[str, Any]:
-    """The job config (as a dict) of one run."""
-    task = {"name": config["task"], "source": config["source"], "max_eval_examples": config["max_eval_examples"],
-            "max_train_examples": config["max_train_examples"]}
-    if config["source"] == "local":
-        task["data_dir"] = config["data_dir"]
-    return {"model": {"name": config["model"], "max_length": config["max_length"]}, "task": task,
-            "method": {"name": method, "options": options},
-            "train": {"batch_size": config["batch_size"], "eval_batch_size": 32, "max_steps": config["steps"],
-                      "patience": None, "eval_mode": "rank"},
-            "seed": 0, "output_dir": str(output_dir)}
-
-
 def schedule(lengths: list[int], capt_runs: int) -> list[tuple[str, dict[str, Any]]]:
     """(method, options) in run order: the grid, with the CaPT repetitions spread from start to end."""
     grid: list[tuple[str, dict[str, Any]]] = [(m, {"num_tokens": n}) for n in lengths for m in GRID_METHODS]
@@ -72,8 +59,17 @@ def run_one(config: dict[str, Any], method: str, options: dict[str, Any], output
     from pipelines.config.load import load_job_config
     from pipelines.training.loop import run as train_run
 
+    task = {"name": config["task"], "source": config["source"], "max_eval_examples": config["max_eval_examples"],
+            "max_train_examples": config["max_train_examples"]}
+    if config["source"] == "local":
+        task["data_dir"] = config["data_dir"]
+    job = {"model": {"name": config["model"], "max_length": config["max_length"]}, "task": task,
+           "method": {"name": method, "options": options},
+           "train": {"batch_size": config["batch_size"], "eval_batch_size": 32, "max_steps": config["steps"],
+                     "patience": None, "eval_mode": "rank"},
+           "seed": 0, "output_dir": str(output_dir)}
     start = time.perf_counter()
-    result = train_run(load_job_config(None, [], base=job_dict(config, method, options, output_dir)))
+    result = train_run(load_job_config(None, [], base=job))
     wall = time.perf_counter() - start
     logger.info("%s %s: %.1f s", method, options, wall)
     return {"method": method, "length": options.get("num_tokens"), "wall_s": wall, "fit_s": result["wall_time_s"],
