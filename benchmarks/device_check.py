@@ -461,17 +461,6 @@ def check_imports(parts: list[str]) -> int:
     return 0
 
 
-def merge_folders(sources: list[Path], out: Path) -> int:
-    """`--merge`: 0 with the merged report's path, 2 when the folders hold nothing to merge."""
-    try:
-        path = merge(sources, out)
-    except (ValueError, OSError, KeyError, json.JSONDecodeError) as err:
-        print(f"error: cannot merge {[str(s) for s in sources]}: {err}", file=sys.stderr)
-        return 2
-    print(f"Merged report: {path}")
-    return 0
-
-
 def run_parts(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the chosen parts in the mode's sizes; 0 when every part ran, 1 when one failed, 2 for GPU mode without
     a GPU."""
@@ -505,7 +494,8 @@ def run_parts(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: the parts (`run_parts`), or only `--check-imports` or `--merge`."""
+    """CLI entry point: the parts (`run_parts`), or only `--check-imports`, or only `--merge` (0 with the merged
+    report's path, 2 when the folders hold nothing to merge)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     for key, value in OFFLINE_ENV.items():
@@ -513,7 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_imports:
         return check_imports(args.only or list(PARTS))
     if args.merge:
-        return merge_folders(args.merge, args.out)
+        try:
+            path = merge(args.merge, args.out)
+        except (ValueError, OSError, KeyError, json.JSONDecodeError) as err:
+            print(f"error: cannot merge {[str(s) for s in args.merge]}: {err}", file=sys.stderr)
+            return 2
+        print(f"Merged report: {path}")
+        return 0
     return run_parts(args, argv)
 
 
