@@ -13,7 +13,7 @@ What a job gets where its config names nothing:
   (`capt.methods`) shows every registered method's entries as one table. `resolve_training` first gives a job the
   rest of its method's authors' training values (`training_defaults`: weight decay, schedule, clipping, batch,
   epochs) where its config sets none.
-- `model.readout`, what a job's classifier reads (`resolve_readout`): encoder-only models (BERT family) classify with
+- `model.readout`, what a job's classifier reads (`default_readout`): encoder-only models (BERT family) classify with
   a linear head, which reads one of `capt.arch.readout.READOUTS` (pooler, cls, mean, capsule); T5 and decoder-only
   models produce the label word with their language-model head, the one readout they have (`LM_HEAD`). An unset
   `model.readout` resolves to `ENCODER_READOUT` or `LM_HEAD` by the model's family.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,7 +58,6 @@ def resolve_training(config: JobConfig, given: Mapping[str, Any]) -> JobConfig:
 
 
 def _replaced(config: JobConfig, section: str, **fields: Any) -> JobConfig:
-    """`config` with `fields` of its section `section` replaced."""
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)})
 
 
@@ -88,21 +86,18 @@ ENCODER_READOUT = "mean"
 the mean of the token states, the pooling MiniLM (all-MiniLM-L6-v2) was trained with."""
 
 
-def has_capsule_slot(method: str) -> bool:
-    """Whether registered method `method` says its inputs carry a capsule slot (what the "capsule" readout reads)."""
-    return isinstance(method, str) and method in METHODS and METHODS[method].has_capsule_slot
-
-
 def default_readout(spec: ArchSpec) -> str:
     """The readout a job on a model of family `spec` gets when `model.readout` is unset."""
     return ENCODER_READOUT if spec.classifier_head else LM_HEAD
 
 
 def allowed_readouts(spec: ArchSpec, method: str) -> tuple[str, ...]:
-    """The readouts of a (family, method): the classifier readouts ("capsule" only with a slot), else "lm_head"."""
+    """The readouts of a (family, method): the classifier readouts ("capsule" only where the registered method says its
+    inputs carry a capsule slot, what that readout reads), else "lm_head"."""
     if not spec.classifier_head:
         return (LM_HEAD,)
-    return tuple(r for r in READOUTS if r != "capsule" or has_capsule_slot(method))
+    slot = isinstance(method, str) and method in METHODS and METHODS[method].has_capsule_slot
+    return tuple(r for r in READOUTS if r != "capsule" or slot)
 
 
 def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
@@ -119,19 +114,12 @@ def readout_problems(raw: dict[str, Any], spec: ArchSpec) -> list[str]:
     elif readout == LM_HEAD:
         why = "encoder-only models classify with a linear head, not a language-model head"
     else:
-        with_slot = [name for name in METHODS if has_capsule_slot(name)]
+        with_slot = [name for name, entry in METHODS.items() if entry.has_capsule_slot]
         why = (f"method {method!r} has no capsule slot (only {', '.join(with_slot)} "
                f"{'has' if len(with_slot) == 1 else 'have'} one)")
     return [f"model.readout={readout!r} with model.name={raw_value(raw, 'model.name')!r} and "
             f"method.name={method!r}: {why} (allowed: {', '.join(allowed)}, or leave it unset for "
             f"{default_readout(spec)!r})"]
-
-
-def resolve_readout(config: JobConfig) -> JobConfig:
-    """`config` with `model.readout` filled in from the model's family when unset (unchanged otherwise)."""
-    if config.model.readout is not None:
-        return config
-    return _replaced(config, "model", readout=default_readout(model_shape(config.model.name).spec))
 
 
 def load_job_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
@@ -150,7 +138,6 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
     if hint := other_kind_hint(raw, "job"):  # its keys would all be unknown: name the command instead
         raise PipelineConfigError(f"Invalid job config: {hint}.")
     problems: list[str] = list(more_problems)
-    config = None
     try:
         config = TypeAdapter(JobConfig).validate_python(raw)
     except ValidationError as err:
@@ -167,18 +154,16 @@ def validate_job_config(raw: dict[str, Any], more_problems: Sequence[str] = ()) 
 
 
 def _resolve(config: JobConfig, raw: dict[str, Any]) -> ResolvedJobConfig:
-    """`config` (validated from `raw`) with its method options, its authors' training values where `raw` sets none,
-    and the optimiser and readout defaults filled in, as the one resolved type."""
-    resolved = resolve_readout(resolve_optim(resolve_training(_with_method_defaults(config), raw)))
-    return ResolvedJobConfig(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)})
-
-
-def _with_method_defaults(config: JobConfig) -> JobConfig:
-    """`method.options` holding every option of the method, its defaults written out, so that a change of a method's
-    default changes the config hash, output folder and logged params of exactly the jobs that ran with it."""
+    """`config` (validated from `raw`) as the one resolved type: `method.options` holding every option of the method,
+    its defaults written out (so that a change of a method's default changes the config hash, output folder and
+    logged params of exactly the jobs that ran with it), its authors' training values where `raw` sets none, and the
+    optimiser and readout defaults filled in."""
     options = get_method(config.method.name).build_config(config.method.options).to_dict()
     plain = json.loads(json.dumps(options))  # tuples as lists, as YAML and result.json hold them
-    return _replaced(config, "method", options=plain)
+    resolved = resolve_optim(resolve_training(_replaced(config, "method", options=plain), raw))
+    if resolved.model.readout is None:
+        resolved = _replaced(resolved, "model", readout=default_readout(model_shape(resolved.model.name).spec))
+    return ResolvedJobConfig(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)})
 
 
 def pydantic_problems(err: ValidationError, root: type = JobConfig) -> list[str]:
@@ -199,23 +184,11 @@ def section_keys(root: type, path: tuple) -> list[str]:
     """Field names of the config section at `path` (e.g. ("train",), or ("methods", 0) for a list's item) of the
     dataclass `root`, read off the schema's type hints; none where `path` leads to no dataclass."""
     section: Any = root
-    for part in path:
-        if isinstance(part, int):  # an item of a list section: its element type
-            section = next(iter(typing.get_args(section)), None)
-        else:
-            section = typing.get_type_hints(section).get(part) if dataclasses.is_dataclass(section) else None
-        section = _dataclass_in(section)
-        if section is None:
-            return []
+    for part in (part for part in path if not isinstance(part, int)):  # a list's item: the list's own dataclass
+        hint = typing.get_type_hints(section).get(part) if dataclasses.is_dataclass(section) else None
+        # the dataclass itself, or the one in `PackSection | None` or `list[MethodEntry]`
+        section = next((h for h in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(h)), None)
     return [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
-
-
-def _dataclass_in(hint: Any) -> Any:
-    """`hint` without an optional `| None` (e.g. `PackSection | None` -> `PackSection`)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return members[0] if len(members) == 1 else None
-    return hint
 
 
 # Pre-flight checks of a job across its keys and against its base model's config (read without loading weights):
@@ -241,14 +214,12 @@ def _method_fit_problems(name: str, shape: ModelShape, method_name: str, options
     """Layers the method's options name that the model lacks, and a model type the method refuses."""
     entry = get_method(method_name)
     problems = []
-    bad = entry.missing_layers(options, shape.capsule_layers)
-    if bad:
+    if bad := entry.missing_layers(options, shape.capsule_layers):
         layers, stack = options.get("layers"), shape.spec.capsule_stack_name
         problems.append(f"method.options.layers={list(layers)}: model.name={name!r} has {shape.capsule_layers} "
                         f"{stack}, so {bad} do not exist (allowed: indices 0..{shape.capsule_layers - 1}, or all, "
                         "first_half, odd)")
-    reason = entry.unsupported_reason(shape.model_type)
-    if reason:
+    if reason := entry.unsupported_reason(shape.model_type):
         problems.append(f"method.name={method_name!r} with model.name={name!r}: {reason}")
     return problems
 
@@ -281,7 +252,10 @@ def cross_field_problems(raw: dict[str, Any]) -> list[str]:
     name, options, model = raw_value(raw, "method.name"), raw_value(raw, "method.options"), raw_value(raw, "model.name")
     options_ok = name in METHODS and isinstance(options, dict)
     if options_ok:
-        problems += _method_option_problems(name, options)
+        try:  # e.g. a prompt-tuning option given to LoRA
+            get_method(name).build_config(options)
+        except (ValueError, TypeError) as err:
+            problems.append(f"method.options for method {name!r}: {err}")
     if isinstance(model, str):
         problems += model_name_problems(model) or model_fit_problems(raw, options_ok and not problems)
     if raw_value(raw, "task.source") == "local" and not (raw_value(raw, "task.data_dir")
@@ -303,15 +277,6 @@ def ignored_data_dir_note(source: str | None, data_dir: str | None, reader: str,
     return f"{DATA_DIR_ENV}={env} is ignored: {reader} {reads}; to train on the files in {env}, {fix}."
 
 
-def _method_option_problems(name: str, options: dict[str, Any]) -> list[str]:
-    """Problems of `method.options` for method `name`, e.g. a prompt-tuning option given to LoRA."""
-    try:
-        get_method(name).build_config(options)
-    except (ValueError, TypeError) as err:
-        return [f"method.options for method {name!r}: {err}"]
-    return []
-
-
 def _input_format_problems(raw: dict[str, Any], family: str) -> list[str]:
     from capt.tasks.input_formats import INPUT_FORMATS, input_format_problems
 
@@ -326,10 +291,9 @@ def _input_format_problems(raw: dict[str, Any], family: str) -> list[str]:
 # models, methods, seeds, job). A file given to the other command gets one sentence naming the right one, before
 # its keys are listed as unknown.
 
-JOB_KEYS = ("model", "task", "method", "optim", "train")
-"""Sections only a job config has at its top level."""
-SWEEP_KEYS = ("tasks", "models", "methods", "seeds", "job")
-"""Keys only a sweep config has at its top level."""
+KIND_KEYS = {"job": ("model", "task", "method", "optim", "train"),
+             "sweep": ("tasks", "models", "methods", "seeds", "job")}
+"""The keys only a config of each kind has at its top level."""
 RUN = {"job": "python -m pipelines.train --config FILE",
        "sweep": "python pipelines/sweep.py --config FILE (a sweep runs one job per grid point; its `job:` section "
                 "holds what every job shares)"}
@@ -340,9 +304,8 @@ def other_kind_hint(raw: Any, expected: Literal["job", "sweep"]) -> str | None:
     other kind and none of its own; None otherwise."""
     if not isinstance(raw, dict):
         return None
-    own, other = (JOB_KEYS, SWEEP_KEYS) if expected == "job" else (SWEEP_KEYS, JOB_KEYS)
-    found = [key for key in other if key in raw]
-    if len(found) < 2 or any(key in raw for key in own):
-        return None
     kind = "sweep" if expected == "job" else "job"
+    found = [key for key in KIND_KEYS[kind] if key in raw]
+    if len(found) < 2 or any(key in raw for key in KIND_KEYS[expected]):
+        return None
     return f"this is a {kind} config, not a {expected} config (it has {', '.join(found)}): run it with {RUN[kind]}"

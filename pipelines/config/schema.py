@@ -22,10 +22,9 @@ METHOD_NAMES = tuple(METHODS)
 """The adaptation methods the shipped registry holds (`capt.methods.METHODS`), in registry order."""
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 """Every config section: unknown keys refused, each field documented by its docstring."""
-MAX_SEED = 2**32 - 1
-"""Largest seed every generator the job seeds accepts (numpy's takes 0 .. 2**32 - 1)."""
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-"""A seed: checked when the config is read, not when Ray has started the trial that would fail on it."""
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+"""A seed, at most the largest that every generator the job seeds accepts (numpy's: 2**32 - 1): checked when the config
+is read, not when Ray has started the trial that would fail on it."""
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 """A finite float above 0 (an infinite learning rate would pass `gt=0` and turn the first loss into nan)."""
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -258,18 +257,15 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def section(raw: dict[str, Any], key: str) -> dict[str, Any]:
-    """The raw section `key` of a job dict, or {} when absent or not a mapping (the schema reports that)."""
-    return raw.get(key) if isinstance(raw.get(key), dict) else {}
-
-
 def raw_value(raw: dict[str, Any], key: str) -> Any:
     """The value of `key` ("seed" or "section.field") in a raw, unvalidated job dict, or the schema's default
-    when it is absent (so cross-field checks never repeat a default)."""
+    when it is absent (so cross-field checks never repeat a default; a section that is not a mapping counts as
+    absent: the schema reports it)."""
     name, _, leaf = key.partition(".")
     if not leaf:
         return raw.get(name, getattr(_DEFAULTS, name))
-    return section(raw, name).get(leaf, getattr(getattr(_DEFAULTS, name), leaf))
+    section = raw.get(name) if isinstance(raw.get(name), dict) else {}
+    return section.get(leaf, getattr(getattr(_DEFAULTS, name), leaf))
 
 
 _DEFAULTS = JobConfig()

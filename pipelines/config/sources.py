@@ -132,8 +132,6 @@ MAX_NESTING = 32
 """Deepest nesting of mappings and lists a config may have (the shipped ones use at most 4)."""
 PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map"))
 """Explicit tags that still denote a plain value (`!!str 5` is the string "5")."""
-_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
-_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -147,7 +145,7 @@ def plain_yaml_problem(text: str) -> str | None:
                 return (f"line {event.start_mark.line + 1}: the tag {tag.replace('tag:yaml.org,2002:', '!!')!r} "
                         "builds a value that is not plain YAML; a config holds only mappings, lists, strings, "
                         "numbers, booleans and null (quote the text if it is meant as a string)")
-            depth += isinstance(event, _OPENS) - isinstance(event, _CLOSES)
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
             if depth > MAX_NESTING:
                 return (f"line {event.start_mark.line + 1}: mappings and lists nest more than {MAX_NESTING} "
                         "levels deep; a config needs a few")
