@@ -29,7 +29,6 @@ from pipelines.config.load import ignored_data_dir_note as job_data_dir_note
 from pipelines.config.load import other_kind_hint, pydantic_problems, validate_job_config
 from pipelines.config.schema import STRICT, Seed, TrackingSection, model_slug
 from pipelines.config.sources import PipelineConfigError, merge_sources
-from pipelines.services.ray_connect import environment_values
 from pipelines.sweeps.resources import ResourcesSection
 from pipelines.sweeps.rules import (
     DISTINCT,
@@ -44,7 +43,6 @@ from pipelines.sweeps.select import combinations, select_label, select_problems,
 from pipelines.training.outputs import config_hash
 
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
-TRIAL_HASH_CHARS = 10
 
 
 @dataclass(config=STRICT)
@@ -172,15 +170,11 @@ class Trial:
         return f"{self.task}-{model_slug(self.model)}-{self.method}-s{self.seed}"
 
 
-SweepChecks = Callable[["SweepConfig"], list[str]]
-"""A caller's own checks of a valid sweep (e.g. the folders it would write on this machine), reported with the
-config's problems."""
-
-
 def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
-                      more_checks: SweepChecks | None = None) -> SweepConfig:
+                      more_checks: Callable[[SweepConfig], list[str]] = lambda sweep: []) -> SweepConfig:
     """YAML + `key=value` overrides -> a validated SweepConfig whose every trial job is valid too; every problem
-    (`more_checks`' too) raised at once."""
+    (`more_checks`' too: a caller's own checks of a valid sweep, e.g. the folders it would write on this machine)
+    raised at once."""
     raw = merge_sources(path, overrides, None)
     try:
         sweep = TypeAdapter(SweepConfig).validate_python(raw)
@@ -191,12 +185,19 @@ def load_sweep_config(path: str | os.PathLike | None, overrides: list[str] | tup
         problems += _problems_beside(raw, {e["loc"][0] for e in err.errors() if e["loc"]}, more_checks)
         raise PipelineConfigError(f"Invalid sweep config {path or ''}: " + "; ".join(p.rstrip(".") for p in problems)
                              + ".") from None
-    if problems := _grid(sweep)[1] + (more_checks(sweep) if more_checks else []):
+    if problems := _grid(sweep)[1] + more_checks(sweep):
         raise _invalid_sweep(problems)
-    return absolute_paths(sweep)
+    # Resolved on the driver, what a trial's process would read differently: local paths (Tune runs trials in their
+    # own working directories) and the data source (`auto` and `real` follow the driver's CAPT_DATA_DIR, not the
+    # environment a worker node happens to have).
+    if "://" not in sweep.storage_path:
+        sweep = dataclasses.replace(sweep, storage_path=str(sweep.storage_root()))
+    if os.environ.get("CAPT_DATA_DIR"):
+        os.environ["CAPT_DATA_DIR"] = str(Path(os.environ["CAPT_DATA_DIR"]).expanduser().resolve())
+    return dataclasses.replace(sweep, data_source=_data_source(sweep)["source"])
 
 
-def _problems_beside(raw: Any, bad_keys: set[Any], more_checks: SweepChecks | None) -> list[str]:
+def _problems_beside(raw: Any, bad_keys: set[Any], more_checks: Callable[[SweepConfig], list[str]]) -> list[str]:
     """The other problems (the trials': unknown task or model, bad job values; `more_checks`') of the sweep without
     its invalid sections `bad_keys` (each left at its default), so that one run reports those too; none when that
     sweep is not valid."""
@@ -204,20 +205,9 @@ def _problems_beside(raw: Any, bad_keys: set[Any], more_checks: SweepChecks | No
         return []
     try:
         rest = TypeAdapter(SweepConfig).validate_python({k: v for k, v in raw.items() if k not in bad_keys})
-        return _grid(rest)[1] + (more_checks(rest) if more_checks else [])
+        return _grid(rest)[1] + more_checks(rest)
     except (ValidationError, PipelineConfigError):
         return []
-
-
-def absolute_paths(sweep: SweepConfig) -> SweepConfig:
-    """Resolve on the driver what a trial's process would read differently: local paths (Tune runs trials in their
-    own working directories) and the data source (`auto` and `real` follow the driver's CAPT_DATA_DIR, not the
-    environment a worker node happens to have)."""
-    if "://" not in sweep.storage_path:
-        sweep = dataclasses.replace(sweep, storage_path=str(sweep.storage_root()))
-    if os.environ.get("CAPT_DATA_DIR"):
-        os.environ["CAPT_DATA_DIR"] = str(Path(os.environ["CAPT_DATA_DIR"]).expanduser().resolve())
-    return dataclasses.replace(sweep, data_source=_data_source(sweep)["source"])
 
 
 def trials(sweep: SweepConfig) -> list[Trial]:
@@ -245,22 +235,19 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
     by_problem: dict[str, list[str]] = {}  # one line per distinct job problem, naming the trials it hits
     points: list[Trial] = []
     jobs_dir = sweep.folder() / "jobs"  # resolved once: the grid has up to MAX_TRIALS points
-    for task in sweep.tasks:
-        for model in sweep.models:
-            for entry in sweep.methods:
-                if entry.models is not None and model not in entry.models:
-                    continue
-                for values, seed in itertools.product(combinations(select_space(sweep.select, entry.select)),
-                                                      sweep.seeds):
-                    job, invalid = _checked_trial_job(sweep, jobs_dir, task, model, entry, seed, values)
-                    try:
-                        found = [str(invalid)] if invalid else member_problems(sweep.pack, job)
-                    except PipelineConfigError as err:
-                        found = [str(err)]
-                    where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
-                    for problem in found:
-                        by_problem.setdefault(problem, []).append(where)
-                    points.append(Trial(task, model, entry.key, seed, job, values))
+    for task, model, entry in itertools.product(sweep.tasks, sweep.models, sweep.methods):
+        if entry.models is not None and model not in entry.models:
+            continue
+        for values, seed in itertools.product(combinations(select_space(sweep.select, entry.select)), sweep.seeds):
+            job, invalid = trial_job(sweep, task, model, entry, seed, values, jobs_dir)
+            try:
+                found = [str(invalid)] if invalid else member_problems(sweep.pack, job)
+            except PipelineConfigError as err:
+                found = [str(err)]
+            where = "/".join(filter(None, (task, model, entry.key, f"s{seed}", select_label(values))))
+            for problem in found:
+                by_problem.setdefault(problem, []).append(where)
+            points.append(Trial(task, model, entry.key, seed, job, values))
     for problem, names in by_problem.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         problems.append(f"{len(names)} trial(s) ({shown}): {problem}")
@@ -273,19 +260,16 @@ def _grid(sweep: SweepConfig) -> tuple[list[Trial], list[str]]:
 
 
 def trial_job(sweep: SweepConfig, task: str, model: str, entry: MethodEntry, seed: int,
-              searched: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job dict of one grid point: base job < model < task < method overrides < selected and searched values.
+              searched: dict[str, Any] | None = None,
+              jobs_dir: Path | None = None) -> tuple[dict[str, Any], PipelineConfigError | None]:
+    """The job dict of one grid point: base job < model < task < method overrides < selected and searched values;
+    and why it is invalid (None when valid): the one validation its config hash needs serves `_grid`'s check too
+    (`output_dir`, set after it, is a free-form path).
 
-    Its output folder is `<trial name>-<config hash>`: a trial whose config changed (grid, job keys,
-    searched values, defaults) trains afresh in a new folder, and only an identical config reuses one.
+    Its output folder is `<trial name>-<config hash>` in `jobs_dir` (default: the sweep's `jobs/`): a trial whose
+    config changed (grid, job keys, searched values, defaults) trains afresh in a new folder, and only an identical
+    config reuses one.
     """
-    return _checked_trial_job(sweep, sweep.folder() / "jobs", task, model, entry, seed, searched)[0]
-
-
-def _checked_trial_job(sweep: SweepConfig, jobs_dir: Path, task: str, model: str, entry: MethodEntry, seed: int,
-                       searched: dict[str, Any] | None) -> tuple[dict[str, Any], PipelineConfigError | None]:
-    """`trial_job`'s job dict under `jobs_dir`, and why it is invalid (None when valid): the one validation its
-    config hash needs serves `_grid`'s check too (`output_dir`, set after it, is a free-form path)."""
     parts = [{"task": _data_source(sweep)}, sweep.job, sweep.model_overrides.get(model, {}),
              sweep.task_overrides.get(task, {}), entry.overrides]
     fixed = {"model": {"name": model}, "task": {"name": task},
@@ -297,8 +281,8 @@ def _checked_trial_job(sweep: SweepConfig, jobs_dir: Path, task: str, model: str
         digest = config_hash(validate_job_config(job))
     except PipelineConfigError as err:  # `trials` reports the problem; the name only has to be stable
         digest, invalid = config_hash(job), err
-    name = f"{Trial(task, model, entry.key, seed, {}).name}-{digest[:TRIAL_HASH_CHARS]}"
-    job["output_dir"] = str(jobs_dir / name)
+    name = f"{Trial(task, model, entry.key, seed, {}).name}-{digest[:10]}"
+    job["output_dir"] = str((jobs_dir or sweep.folder() / "jobs") / name)
     return job, invalid
 
 
@@ -312,7 +296,7 @@ def _data_source(sweep: SweepConfig) -> dict[str, Any]:
 
 def ignored_data_dir_note(sweep: SweepConfig) -> str | None:
     """One line, for the driver to say once, when CAPT_DATA_DIR is set but trials of `sweep` (its data source
-    resolved by `absolute_paths`) will not read it; None otherwise."""
+    resolved by `load_sweep_config`) will not read it; None otherwise."""
     points = trials(sweep)
     ignoring = [t for t in points if job_data_dir_note(t.job["task"].get("source"), t.job["task"].get("data_dir"),
                                                        "", "")]
@@ -374,29 +358,26 @@ def grid_size_problem(sweep: SweepConfig) -> str | None:
             "tracking.experiment=NAME): their runs share one MLflow experiment and one report")
 
 
-def merge_job_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Deep-merge job fragments, later ones winning; `"a.b": v` keys mean `{"a": {"b": v}}`.
+def merge_job_parts(parts: list[dict[str, Any]], merged: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Deep-merge job fragments into `merged` (default: a new dict), later ones winning; `"a.b": v` keys mean
+    `{"a": {"b": v}}`.
 
     Plain dict merging here: OmegaConf takes ~40 ms per trial, seconds for a paper grid.
     """
-    merged: dict[str, Any] = {}
+    merged = {} if merged is None else merged
     for part in parts:
         for key, value in part.items():
-            _merge_into(merged, key.split("."), value)
+            *path, leaf = key.split(".")
+            target = merged
+            for name in path:
+                if not isinstance(target.get(name), dict):
+                    target[name] = {}
+                target = target[name]
+            if isinstance(value, dict) and isinstance(target.get(leaf), dict):
+                merge_job_parts([value], target[leaf])
+            else:
+                target[leaf] = copy.deepcopy(value)
     return merged
-
-
-def _merge_into(target: dict[str, Any], path: list[str], value: Any) -> None:
-    for part in path[:-1]:
-        if not isinstance(target.get(part), dict):
-            target[part] = {}
-        target = target[part]
-    leaf = path[-1]
-    if isinstance(value, dict) and isinstance(target.get(leaf), dict):
-        for key, inner in value.items():
-            _merge_into(target[leaf], key.split("."), inner)
-    else:
-        target[leaf] = copy.deepcopy(value)
 
 
 # The `pack:` section: which sweeps and which trials can train packed, and who packs with whom.
@@ -424,14 +405,7 @@ MiniLM step paid 14.5 s of kernel time for 13.2 s of compute, 5.6 s with these s
 def trial_process_env(sweep: SweepConfig) -> dict[str, str]:
     """Environment variables every trial process of `sweep` starts with: the tuned heap of a packed sweep, else
     none."""
-    if sweep.pack is None or sweep.pack.heap != "tuned":
-        return {}
-    return dict(TUNED_HEAP_ENV)
-
-
-def heap_in_force() -> dict[str, str]:
-    """The glibc heap settings this process started with (recorded in each pack member's result.json)."""
-    return environment_values(TUNED_HEAP_ENV)
+    return dict(TUNED_HEAP_ENV) if sweep.pack is not None and sweep.pack.heap == "tuned" else {}
 
 
 def pack_option_problems(sweep: SweepConfig) -> list[str]:
@@ -507,25 +481,15 @@ def trial_point(trial: Trial) -> dict[str, Any]:
 
 
 def pack_point(plan: PackPlan) -> dict[str, Any]:
-    """A pack as Tune's grid holds it: its name and its members' points."""
+    """A pack as Tune's grid holds it: its name and its members' points (only a pack's point has "members")."""
     return {"pack": plan.name, "members": [trial_point(t) for t in plan.members]}
-
-
-def is_pack_point(point: dict[str, Any]) -> bool:
-    """Whether a Tune grid point is a pack's (`pack_point`) rather than one trial's (`trial_point`)."""
-    return "members" in point
 
 
 def member_points(point: dict[str, Any], metrics: dict[str, Any]) -> list[tuple[dict, dict, str]]:
     """(trial point, its metrics, its pack name) of each trial of a Tune result: one for a plain trial (no pack:
-    ""), each member of a pack with the metrics its pack reported for it (`member_report_key`)."""
-    if not is_pack_point(point):
+    ""), each member of a pack with the metrics its pack reported for it (`member<i>.<metric>`, `trial.pack_report`)."""
+    if "members" not in point:
         return [(point, metrics, "")]
-    return [(member, {key.removeprefix(member_report_key(i, "")): value for key, value in metrics.items()
-                      if key.startswith(member_report_key(i, ""))}, point["pack"])
+    return [(member, {key.removeprefix(f"member{i}."): value for key, value in metrics.items()
+                      if key.startswith(f"member{i}.")}, point["pack"])
             for i, member in enumerate(point["members"])]
-
-
-def member_report_key(index: int, metric: str) -> str:
-    """The key of member `index`'s `metric` in its pack trial's Tune report."""
-    return f"member{index}.{metric}"

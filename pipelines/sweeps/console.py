@@ -33,8 +33,7 @@ def no_default_loggers() -> contextlib.AbstractContextManager[None]:
 
 
 def trial_lines():
-    """One log line per trial state change (Tune's own console reporter is off: at its default verbosity it prints
-    every report as a table, and its "Current best trial" quotes each trial's last score, not its best)."""
+    """One log line per trial state change, in place of Tune's own console reporter (this module's docstring: why)."""
     from ray import tune
 
     class _TrialLines(tune.Callback):

@@ -32,9 +32,8 @@ def spooled_operations(sweep: SweepConfig, name: str = PENDING_FILE) -> dict[str
     """Trial folder name -> operations waiting in its spool `name` (folders with none left out)."""
     if "://" in sweep.storage_path:  # remote storage: the trials' folders are not on this file system
         return {}
-    jobs = sweep.folder() / "jobs"
-    counts = {path.parent.name: len(Spool(path)) for path in sorted(jobs.glob(f"*/{name}"))}
-    return {folder: count for folder, count in counts.items() if count}
+    return {path.parent.name: count for path in sorted((sweep.folder() / "jobs").glob(f"*/{name}"))
+            if (count := len(Spool(path)))}
 
 
 def upload_spooled(sweep: SweepConfig, uri: str | None, moved_from: tuple[str, ...] = ()) -> list[str]:

@@ -34,6 +34,7 @@ class SweepRun:
 
     def __init__(self, sweep: SweepConfig, uri: str | None, experiment_id: str | None, tags: dict[str, str]):
         self.sweep, self.uri, self.experiment_id, self.run_id = sweep, uri, experiment_id, None
+        self.folder = sweep.folder()
         if uri and experiment_id and "://" not in sweep.storage_path:  # the record lives in a local sweep folder
             from pipelines.tracking.run_content import DESCRIPTION_TAG
             from pipelines.tracking.sweep_run import open_sweep_run
@@ -42,10 +43,6 @@ class SweepRun:
                        "does; meanwhile its trials' runs are nested under this one (+ in the runs table).")
             self.run_id = open_sweep_run(uri, experiment_id, self.folder, sweep.name,
                                          {**tags, DESCRIPTION_TAG: running}, sweep.tracking.retry_s)
-
-    @property
-    def folder(self) -> Path:
-        return self.sweep.folder()
 
     def nest(self, run_context: dict[str, Any] | None) -> None:
         """Make every trial's run a child of this one (its tags travel in the trials' run context)."""
@@ -77,14 +74,12 @@ class SweepRun:
 
     def description(self, rows: list[dict], report: list[str], why: str = "") -> str:
         """The run's description: links to the report's files (or why there is none), then summary.md's text."""
-        links = ", ".join(f"[{name}]({self._artifact_link(name)})" for name in [*report, SUMMARY_CSV])
+        # links within the UI (its hash route selects the artifact): they hold wherever the store is served again
+        run = f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts"
+        links = ", ".join(f"[{name}]({run}/{name})" for name in [*report, SUMMARY_CSV])
         head = (f"**Report** of the sweep's runs (tables and picture, also in Artifacts): {links}." if report else
                 f"**No report** ({why or 'nothing to report'}); every trial: {links}.")
         return fit_description(f"{head}\n\n{summary_markdown(self.sweep, rows)}")
-
-    def _artifact_link(self, name: str) -> str:
-        # A link within the UI (its hash route selects the artifact): it holds wherever the store is served again.
-        return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{name}"
 
     def stop(self) -> None:
         """End the run KILLED: the sweep was stopped (`--resume` reopens it; a `sync` before that closes it)."""

@@ -16,8 +16,6 @@ from pipelines.sweeps.resources import ResourcesError, fmt, runs_in_trial_proces
 logger = logging.getLogger(__name__)
 
 LOCAL_PENDING_TIMEOUT_S = 300.0  # resolved default of resources.pending_timeout_s on a local Ray
-_MAX_REPORT_EVERY_S = 60.0
-_MIN_REPORT_EVERY_S = 5.0
 _STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autoscaler, if any, is asked to add one)",
            "NO_RESOURCES": "nodes with these resources exist but are busy"}
 
@@ -25,9 +23,7 @@ _STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autosca
 def pending_timeout(resources, local: bool) -> float | None:
     """`resources.pending_timeout_s` resolved: its default for where the sweep runs; None waits forever."""
     value = resources.pending_timeout_s
-    if value is None:
-        value = LOCAL_PENDING_TIMEOUT_S if local else 0.0
-    return value or None
+    return (LOCAL_PENDING_TIMEOUT_S if local else None) if value is None else value or None
 
 
 class PendingWatch:
@@ -45,8 +41,7 @@ class PendingWatch:
         self.resources = resources
         self.timeout_s = timeout_s
         self.poll_s = poll_s
-        self.report_every_s = _MAX_REPORT_EVERY_S if not timeout_s else (
-            min(_MAX_REPORT_EVERY_S, max(_MIN_REPORT_EVERY_S, timeout_s / 3)))
+        self.report_every_s = min(60.0, max(5.0, timeout_s / 3)) if timeout_s else 60.0
         self.verdict: str | None = None
         self._bundle = worker_bundle(resources)
         self._since: float | None = None

@@ -34,7 +34,6 @@ TRIAL_CPU = 0.1  # a trial of several workers only drives its TorchTrainer; Tune
 # Declared by the head of ray_cluster.yaml and infra/kuberay/rayjob.yaml (a CPU node): one unit per trial driver,
 # so drivers stay off GPU workers, and the amount declared bounds the drivers (processes) the head hosts.
 TRIAL_DRIVER_RESOURCE = "capt_trial_driver"
-_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 @dataclass(config=STRICT)
@@ -74,7 +73,7 @@ class ResourcesSection:
     @field_validator("custom_per_worker")
     @classmethod
     def _custom_names(cls, value: dict[str, float]) -> dict[str, float]:
-        built_in = sorted(set(value) & set(_BUILT_IN_RESOURCES))
+        built_in = sorted(set(value) & {"CPU", "GPU", "memory", "object_store_memory"})
         if built_in:
             raise ValueError(f"{', '.join(built_in)}: built into Ray, set by cpus_per_worker and gpus_per_worker "
                              "(custom_per_worker is for resources that nodes declare themselves)")
@@ -102,9 +101,7 @@ def pack_resources(resources: ResourcesSection, members: int) -> ResourcesSectio
     GPU (a share of 1 or more stays as given). The pack so reserves the device its members would hold as separate
     trials, and never more than the one device it trains on; it saves them the base model's copies."""
     gpus = resources.gpus_per_worker
-    if 0 < gpus < 1:
-        gpus = min(1.0, gpus * members)
-    return dataclasses.replace(resources, gpus_per_worker=gpus)
+    return dataclasses.replace(resources, gpus_per_worker=min(1.0, gpus * members) if 0 < gpus < 1 else gpus)
 
 
 def runs_in_trial_process(resources) -> bool:
@@ -142,21 +139,14 @@ def trial_demand(resources, driver: dict[str, float] | None = None) -> dict[str,
     return demand
 
 
-def _workers_per_gpu_set(gpus_per_worker: float, gpus: float) -> float:
-    """Workers the GPUs hold: a fraction below 1 never spans two GPUs."""
-    if gpus_per_worker < 1:
-        return math.floor(round(gpus) * math.floor(1 / gpus_per_worker + 1e-9))
-    return math.floor(gpus / gpus_per_worker + 1e-9)
-
-
 def trials_that_fit(resources, cluster: dict[str, float]) -> int:
     """How many trials the resources `cluster` has (e.g. `ray.cluster_resources()`) hold at once."""
-    fits = math.inf
-    for name, amount in trial_demand(resources).items():
-        fits = min(fits, math.floor(cluster.get(name, 0.0) / amount + 1e-9))
-    if resources.gpus_per_worker:
-        fits = min(fits, _workers_per_gpu_set(resources.gpus_per_worker, cluster.get("GPU", 0.0))
-                   // resources.num_workers)
+    fits = min(math.floor(cluster.get(name, 0.0) / amount + 1e-9) for name, amount in trial_demand(resources).items())
+    if per_worker := resources.gpus_per_worker:  # a fraction below 1 never spans two GPUs
+        gpus = cluster.get("GPU", 0.0)
+        workers = (round(gpus) * math.floor(1 / per_worker + 1e-9) if per_worker < 1
+                   else math.floor(gpus / per_worker + 1e-9))
+        fits = min(fits, workers // resources.num_workers)
     return int(fits)
 
 

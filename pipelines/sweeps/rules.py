@@ -13,15 +13,13 @@ from pydantic import AfterValidator
 
 from pipelines.config.schema import model_slug
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
-
-def _safe(pattern: re.Pattern, allowed: str):
+def _safe(pattern: str, allowed: str):
     """A validator for names that become folder names under the storage root: no `/`, no `..`, not empty."""
     def check(value: str) -> str:
-        if not pattern.fullmatch(value) or ".." in value:
-            raise ValueError(f"{value!r} is not allowed: it names a folder under the storage root, so use {allowed}")
+        if not re.fullmatch(pattern, value) or ".." in value:
+            raise ValueError(f"{value!r} is not allowed: it names a folder under the storage root, so use {allowed}, "
+                             "starting with a letter or digit, without '..'")
         return value
     return check
 
@@ -60,15 +58,15 @@ def _distinct_labels(entries: list) -> list:
     return entries
 
 
-_SAFE_NAME_RULE = "1-100 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
-_SAFE_LABEL_RULE = "1-100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'"
 NON_EMPTY = AfterValidator(_non_empty)
 DISTINCT = AfterValidator(_distinct)
 DISTINCT_SLUGS = AfterValidator(_distinct_slugs)
 DISTINCT_LABELS = AfterValidator(_distinct_labels)
-SweepName = Annotated[str, AfterValidator(_safe(_SAFE_NAME, _SAFE_NAME_RULE))]
+SweepName = Annotated[str, AfterValidator(_safe(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}",
+                                                 "1-100 letters, digits, '.', '_' or '-'"))]
 """A sweep name: it becomes the folder <storage_path>/<name>."""
-RowLabel = Annotated[str, AfterValidator(_safe(_SAFE_LABEL, _SAFE_LABEL_RULE))]
+RowLabel = Annotated[str, AfterValidator(_safe(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}",
+                                                "1-100 letters, digits, '.', '_', '+' or '-'"))]
 """A method row label: it becomes part of every trial folder name."""
 
 

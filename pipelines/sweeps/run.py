@@ -21,7 +21,7 @@ from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.provenance import registered_model_name
 from pipelines.services.folder_lock import current_holder, folder_problem, held_folder
-from pipelines.sweeps.config import SweepConfig, Trial, is_pack_point, pack_point, sweep_packs, trial_point, trials
+from pipelines.sweeps.config import SweepConfig, Trial, pack_point, sweep_packs, trial_point, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import (
@@ -54,7 +54,7 @@ def param_space(sweep: SweepConfig) -> dict:
 
 def _trial_name(trial) -> str:
     point = trial.config["point"]
-    if is_pack_point(point):
+    if "members" in point:  # a pack's point (`pack_point`)
         return point["pack"]
     name = Trial(point["task"], point["model"], point["method"], point["seed"], {}).name
     extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])
@@ -110,21 +110,15 @@ def run_sweep(sweep: SweepConfig, tracking_uri: str | None, resume: bool, run_co
                 # one-worker trials run in the trial process: reusing it skips a process start and a model load
                 reuse_actors=runs_in_trial_process(sweep.resources),
                 trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
-            run_config=_run_config(sweep),
+            run_config=tune.RunConfig(  # what Tune prints: `pipelines.sweeps.console`
+                name=sweep.name, storage_path=str(sweep.storage_root()), verbose=0,
+                failure_config=tune.FailureConfig(max_failures=trial_retries(sweep)),
+                callbacks=[*tune_loggers(), trial_lines()]),
         )
     with PendingWatch(resources, pending_timeout(resources, local)) as watch, no_default_loggers():
         grid = tuner.fit()
     watch.raise_if_gave_up()
     return grid
-
-
-def _run_config(sweep: SweepConfig):
-    """Where Tune keeps the sweep, how often it retries a trial, and what it prints (`pipelines.sweeps.console`)."""
-    from ray import tune
-
-    return tune.RunConfig(name=sweep.name, storage_path=str(sweep.storage_root()),
-                          failure_config=tune.FailureConfig(max_failures=trial_retries(sweep)),
-                          verbose=0, callbacks=[*tune_loggers(), trial_lines()])
 
 
 def trial_retries(sweep: SweepConfig) -> int:
@@ -142,10 +136,6 @@ SWEEP_LOCK_FILE = "sweep.lock"
 
 class SweepInUseError(CaptError, RuntimeError):
     """Another driver runs the same sweep (same storage_path and name) now."""
-
-
-RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-"""Set by Ray's job supervisor on a submitted job's entrypoint: the job's runtime_env (its working_dir) as JSON."""
 
 
 def sweep_folder_problems(sweep: SweepConfig) -> list[str]:
@@ -169,8 +159,8 @@ def ray_job_folder_problems(folders: dict[str, str]) -> list[str]:
     """Under `ray job submit --working-dir`, the entrypoint runs in Ray's temporary copy of that folder: a relative
     folder would put the results and the MLflow store there, out of the user's sight (and the closing links would
     name a store the user never opens). Such a sweep is refused before anything starts, with the flags to add."""
-    try:
-        runtime_env = json.loads(os.environ.get(RAY_JOB_ENV) or "{}").get("runtime_env") or {}
+    try:  # set by Ray's job supervisor on a submitted job's entrypoint: its runtime_env (working_dir) as JSON
+        runtime_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
     except (ValueError, AttributeError):
         return []
     if not runtime_env.get("working_dir"):
@@ -189,18 +179,14 @@ def hold_sweep_folder(sweep: SweepConfig) -> contextlib.AbstractContextManager[N
     would restore and write the same Tune experiment and trial folders."""
     if "://" in sweep.storage_path:  # remote storage: no folder here to lock; Tune owns the experiment there
         return contextlib.nullcontext()
-    return held_folder(_sweep_lock(sweep), refusal=lambda holder: _in_use(sweep, holder))
+    return held_folder(sweep.folder() / SWEEP_LOCK_FILE, refusal=lambda holder: _in_use(sweep, holder))
 
 
 def refuse_a_running_sweep(sweep: SweepConfig) -> None:
     """`hold_sweep_folder`'s refusal, checked before Ray or MLflow start and without writing anything (a run that
     then fails to reach them leaves the storage as it was)."""
-    if "://" not in sweep.storage_path and (holder := current_holder(_sweep_lock(sweep))):
+    if "://" not in sweep.storage_path and (holder := current_holder(sweep.folder() / SWEEP_LOCK_FILE)):
         raise _in_use(sweep, holder)
-
-
-def _sweep_lock(sweep: SweepConfig) -> Path:
-    return sweep.folder() / SWEEP_LOCK_FILE
 
 
 def _in_use(sweep: SweepConfig, holder: str) -> SweepInUseError:

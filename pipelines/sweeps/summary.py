@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import logging
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from pipelines.config.schema import model_slug
@@ -135,34 +134,27 @@ def reuse_line(sweep: SweepConfig, rows: list[dict]) -> str | None:
 def write_summary(sweep: SweepConfig, rows: list[dict]) -> str:
     """Write summary.md, summary.csv and README.md into the sweep folder; returns the lines saying where (or why
     not), after `reuse_line`'s when trials were reused."""
-    reuse = reuse_line(sweep, rows)
-    where = _write_files(sweep, rows)
-    return where if reuse is None else f"{reuse}\n{where}"
+    return "\n".join(filter(None, [reuse_line(sweep, rows), _write_files(sweep, rows)]))
 
 
 def _write_files(sweep: SweepConfig, rows: list[dict]) -> str:
     if "://" in sweep.storage_path:  # remote storage: Tune writes there itself, the driver has no file system path
         return f"No summary files: storage_path {sweep.storage_path} is not a local or shared folder."
     folder = sweep.folder()
+    fields = ["task", "model", "method", "select", "seed", "data", *SCORE_COLUMNS, "status", "chosen",
+              *(["pack"] if any(r.get("pack") for r in rows) else [])]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / SUMMARY_MD).write_text(summary_markdown(sweep, rows), encoding="utf-8")
-        _write_csv(folder / SUMMARY_CSV, rows)
+        with (folder / SUMMARY_CSV).open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows({**r, **{c: "" if r[c] is None else round(r[c], 2) for c in SCORE_COLUMNS}} for r in rows)
         (folder / README).write_text(folder_readme(sweep), encoding="utf-8")
     except OSError as err:  # the results are printed and in MLflow: a failed summary must not fail the sweep
         logger.warning("Could not write the sweep summary into %s: %s", folder, err)
         return f"No summary files: {err}"
     return f"Summary: {folder / SUMMARY_MD} and {SUMMARY_CSV}; the folder's layout: {folder / README}"
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    fields = ["task", "model", "method", "select", "seed", "data", *SCORE_COLUMNS, "status", "chosen",
-              *(["pack"] if any(r.get("pack") for r in rows) else [])]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({**r, **{c: "" if r[c] is None else round(r[c], 2) for c in SCORE_COLUMNS}})
 
 
 def folder_readme(sweep: SweepConfig) -> str:

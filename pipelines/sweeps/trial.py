@@ -24,7 +24,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pipelines.config.load import validate_job_config
-from pipelines.sweeps.config import SweepConfig, heap_in_force, is_pack_point, member_report_key, trial_job
+from pipelines.services.ray_connect import environment_values
+from pipelines.sweeps.config import TUNED_HEAP_ENV, SweepConfig, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.trial_process import (
@@ -49,7 +50,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
-    if is_pack_point(params["point"]):  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
+    if "members" in params["point"]:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
         run_pack_trial(params, sweep, tracking_uri, run_context)
         return
     quiet_trial_process()
@@ -69,7 +70,7 @@ def _job_and_tracking(config: SweepConfig, point: dict[str, Any], searched: dict
                       uri: str | None, run_context: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job dict of grid point `point` with `searched` values, and its run's tracking dict in Tune trial `trial`."""
     entry = next(e for e in config.methods if e.key == point["method"])
-    job = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
+    job, _ = trial_job(config, point["task"], point["model"], entry, point["seed"], searched)
     return job, trial_tracking(config, job, point, entry, searched, trial, uri, run_context)
 
 
@@ -166,7 +167,7 @@ def tracked_job(loop_config: dict[str, Any], report_to: Callable[[dict[str, floa
 # nested like every trial's under the sweep's parent run, plus the tag ``pack`` (the pack trial's name), and its
 # result.json. The pack trial has no run of its own: members then read in the UI's runs table exactly as unpacked
 # trials do (one level under the sweep's run, comparable with any trial), and the tag groups them. Tune gets one final
-# report: each member's final figures under ``member<i>.`` (what the summary reads, `packs.member_points`),
+# report: each member's final figures under ``member<i>.`` (what the summary reads, `config.member_points`),
 # ``validation_score`` (the best member's, Tune's metric), counts of members trained and reused.
 
 PACK_TAG = "pack"
@@ -187,7 +188,7 @@ def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: 
     members = [_member(config, member, name, tracking_uri, run_context or {}) for member in point["members"]]
     prepare_trial_process(config.resources.cpus_per_worker)
     info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members],
-            "heap": heap_in_force()}
+            "heap": environment_values(TUNED_HEAP_ENV)}  # the glibc heap settings this process started with
     done = tracked_pack([job for job, _ in members], [RunPlan.from_dict(t) for _, t in members],
                         train_unfinished_members, claim_wait_s=CLAIM_WAIT_S, pack_info=info)
     tune.report(pack_report(done))
@@ -203,10 +204,8 @@ def _member(config: SweepConfig, point: dict[str, Any], pack: str, uri: str | No
 
 def pack_report(done: list) -> dict[str, float]:
     """The pack trial's one Tune report (`done`: each member's `TrackedResult`)."""
-    report: dict[str, float] = {}
-    for index, member in enumerate(done):
-        for key, value in final_report(member.result, member.reused, None).items():
-            report[member_report_key(index, key)] = value
+    report = {f"member{index}.{key}": value for index, member in enumerate(done)  # what `member_points` reads
+              for key, value in final_report(member.result, member.reused, None).items()}
     reused = sum(member.reused for member in done)
     return {"validation_score": max(m.result["metrics"]["best_validation_score"] for m in done),
             "members": float(len(done)), "members_reused": float(reused), "members_trained": float(len(done) - reused),

@@ -47,9 +47,7 @@ def trial_tracking(config: SweepConfig, job: dict, point: dict, entry, searched:
     """The `RunPlan` fields (a plain dict, for Ray) of the run of the grid point `point` in Tune trial `trial`;
     `run_context` (`pipelines.sweeps.trial.run_trial`) adds its tags, the UI's URI and the store's former URIs."""
     job_config, context = validate_job_config(job), run_context or {}
-    run_name = job_run_name(job_config, entry.key)
-    if searched:
-        run_name += "/" + ",".join(f"{k}={v}" for k, v in sorted(searched.items()))
+    run_name = job_run_name(job_config, entry.key) + (f"/{select_label(searched)}" if searched else "")
     return {
         "uri": uri, "experiment": config.experiment_name(), "run_name": run_name, "retry_s": config.tracking.retry_s,
         "system_metrics_interval_s": config.tracking.system_metrics_interval_s,
