@@ -50,12 +50,11 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
     server a registered version's loading snippet names)."""
     from ray import tune
 
-    if "members" in params["point"]:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
-        run_pack_trial(params, sweep, tracking_uri, run_context)
-        return
     quiet_trial_process()
-    config = TypeAdapter(SweepConfig).validate_python(sweep)
-    point = params["point"]
+    config, point = TypeAdapter(SweepConfig).validate_python(sweep), params["point"]
+    if "members" in point:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
+        run_pack_trial(point, config, tracking_uri, run_context)
+        return
     searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
     job, tracking = _job_and_tracking(config, point, searched, tune.get_context().get_trial_name(), tracking_uri,
                                       run_context)
@@ -174,17 +173,15 @@ PACK_TAG = "pack"
 """Run tag of a pack member: the name of the pack (Tune trial) it trained in."""
 
 
-def run_pack_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str | None,
-                   run_context: dict[str, Any] | None = None) -> None:
-    """Tune function trainable of a packed sweep: train the pack in `params["point"]` and report every member."""
+def run_pack_trial(point: dict[str, Any], config: SweepConfig, tracking_uri: str | None,
+                   run_context: dict[str, Any] | None) -> None:
+    """The Tune trial of a packed sweep: train the pack of grid point `point` and report every member."""
     from ray import tune
 
     from pipelines.tracking.jobs import RunPlan, tracked_pack
     from pipelines.training.packed import train_unfinished_members
 
-    quiet_trial_process()
-    config = TypeAdapter(SweepConfig).validate_python(sweep)
-    point, name = params["point"], tune.get_context().get_trial_name()
+    name = tune.get_context().get_trial_name()
     members = [_member(config, member, name, tracking_uri, run_context or {}) for member in point["members"]]
     prepare_trial_process(config.resources.cpus_per_worker)
     info = {"name": point["pack"], "trials": [job.resolved_output_dir().name for job, _ in members],
