@@ -71,7 +71,11 @@ class BaseModelCache:
         key = (name, dtype, num_labels, source_fingerprint(name))
         entry = self._entries.pop(key, None)  # out of the cache while a job holds it
         if entry is None:
-            entry = self._load(name, num_labels, dtype)
+            self.loads += 1
+            loaded = load_model(name, num_labels, dtype)
+            params, head = dict(loaded.model.named_parameters()), {id(p) for p in head_parameters(loaded.model)}
+            entry = _Entry(loaded, weights_fingerprint(loaded.model), {n: p.requires_grad for n, p in params.items()},
+                           {n: p.detach().clone() for n, p in params.items() if id(p) in head})
         else:
             self.hits += 1
             logger.info("Base model %s (%s) from this process's cache: no weights loaded", name, dtype)
@@ -82,20 +86,8 @@ class BaseModelCache:
             logger.warning("The cached base model %s changed during the job: dropped, the next job loads it again",
                            name)
 
-    def clear(self) -> None:
-        """Forget every cached model."""
-        self._entries.clear()
-
     def __len__(self) -> int:
         return len(self._entries)
-
-    def _load(self, name: str, num_labels: int, dtype: str) -> _Entry:
-        self.loads += 1
-        loaded = load_model(name, num_labels, dtype)
-        model = loaded.model
-        head = {n: p.detach().clone() for n, p in _named_head(model).items()}
-        requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
-        return _Entry(loaded, weights_fingerprint(model), requires_grad, head)
 
 
 BASE_MODELS = BaseModelCache()
@@ -116,11 +108,6 @@ def _restored_and_unchanged(entry: _Entry) -> bool:
         param.grad = None
         param.requires_grad_(entry.requires_grad.get(name, param.requires_grad))
     return weights_fingerprint(model) == entry.fingerprint
-
-
-def _named_head(model: nn.Module) -> dict[str, nn.Parameter]:
-    head = {id(p) for p in head_parameters(model)}
-    return {name: p for name, p in model.named_parameters() if id(p) in head}
 
 
 def weights_fingerprint(model: nn.Module) -> str:

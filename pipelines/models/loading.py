@@ -39,34 +39,27 @@ def load_model(name: str, num_labels: int, dtype: str = "float32") -> LoadedMode
     """Load (or build) the base model `name`; encoder-only models get a `num_labels`-way linear head."""
     torch_dtype = getattr(torch, dtype)
     if name in TINY_MODELS:
-        loaded = _tiny(name, num_labels)
+        from capt.tasks import test_tokenizer
+        from pipelines.models import tiny as tiny_models
+
+        family = {"tiny-t5": "t5", "tiny-bert": "encoder"}.get(name, "decoder")
+        tokenizer = test_tokenizer(family)
+        ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "bos_token_id": tokenizer.bos_token_id}
+        with _seeded(_TINY_WEIGHTS_SEED):
+            model = tiny_models.instantiate(name, tiny_models.config(name, len(tokenizer), ids, num_labels))
+        model.config._name_or_path = name
+        loaded = LoadedModel(model.eval(), tokenizer, family)
     elif name in ("minilm", smollm2.NAME):  # a folder of its own package, or the converted GGUF checkpoint
-        loaded = _pretrained(_builtin_folder(name), num_labels)
+        from capt.tasks.tokenizers import minilm_model_path
+
+        folder = minilm_model_path() if name == "minilm" else smollm2.ensure_checkpoint()
+        loaded = _pretrained(str(folder), num_labels)
         loaded.model.config._name_or_path = name
     else:
         loaded = _pretrained(name, num_labels)
     loaded.model.to(torch_dtype)
     return loaded
-
-
-def _tiny(name: str, num_labels: int) -> LoadedModel:
-    from capt.tasks import test_tokenizer
-    from pipelines.models import tiny as tiny_models
-
-    family = {"tiny-t5": "t5", "tiny-bert": "encoder"}.get(name, "decoder")
-    tokenizer = test_tokenizer(family)
-    with _seeded(_TINY_WEIGHTS_SEED):
-        model = tiny_models.build(name, tokenizer, num_labels)
-    model.config._name_or_path = name
-    return LoadedModel(model.eval(), tokenizer, family)
-
-
-def _builtin_folder(name: str) -> str:
-    if name == "minilm":
-        from capt.tasks.tokenizers import minilm_model_path
-
-        return str(minilm_model_path())
-    return str(smollm2.ensure_checkpoint())
 
 
 def _pretrained(name: str, num_labels: int) -> LoadedModel:

@@ -33,9 +33,12 @@ def model_name_problems(name: str) -> list[str]:
     if not _HUB_ID.match(name):
         return [f"model.name={name!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), an existing "
                 "directory, or a hub id like 'google-t5/t5-base'"]
-    if os.environ.get("HF_HUB_OFFLINE") == "1" and not _in_hub_cache(name):
-        return [f"model.name={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1 (built-in "
-                f"offline models: {', '.join(BUILTIN_MODELS)})"]
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return [f"model.name={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE=1 (built-in "
+                    f"offline models: {', '.join(BUILTIN_MODELS)})"]
     return []
 
 
@@ -74,7 +77,14 @@ def _shape_or_problem(name: str) -> ModelShape | str:
     from pipelines.models.smollm2 import ModelSourceError
 
     try:
-        return _shape_from_fields(name, read_config_fields(name))
+        from capt.arch import spec_for_model_type, supported_model_types
+
+        fields = read_config_fields(name)
+        model_type = fields.get("model_type")
+        if (spec := spec_for_model_type(model_type)) is None:  # a problem when `capt` cannot host its model type
+            return (f"model.name={name!r} has model_type={model_type!r}; supported model types: "
+                    f"{', '.join(supported_model_types())}")
+        return ModelShape(model_type, spec.family, spec, spec.layers_in_config(fields), spec.position_limit(fields))
     except ModelSourceError as err:
         return str(err)
     except ImportError as err:
@@ -86,18 +96,6 @@ def _shape_or_problem(name: str) -> ModelShape | str:
                 "set HF_TOKEN")
 
 
-def _shape_from_fields(name: str, fields: dict[str, Any]) -> ModelShape | str:
-    """The shape of model `name` from its config.json `fields`; a problem when `capt` cannot host its model type."""
-    from capt.arch import spec_for_model_type, supported_model_types
-
-    model_type = fields.get("model_type")
-    spec = spec_for_model_type(model_type)
-    if spec is None:
-        return (f"model.name={name!r} has model_type={model_type!r}; supported model types: "
-                f"{', '.join(supported_model_types())}")
-    return ModelShape(model_type, spec.family, spec, spec.layers_in_config(fields), spec.position_limit(fields))
-
-
 def read_config_fields(name: str) -> dict[str, Any]:
     """The fields of model `name`'s config.json, read as JSON (no torch, no transformers): built for tiny models,
     from the converted checkpoint or GGUF metadata for smollm2-135m, from the folder of minilm or of a local model,
@@ -107,19 +105,24 @@ def read_config_fields(name: str) -> dict[str, Any]:
         from pipelines.models import tiny as tiny_models
 
         return tiny_models.config_fields(name, *_tiny_vocabulary())
-    if name == "minilm":
-        from capt.tasks.tokenizers import minilm_model_path
-
-        return _json_fields(Path(minilm_model_path()) / "config.json")
     if name == "smollm2-135m":
         from pipelines.models import smollm2
 
         return smollm2.read_config_fields()
-    return _json_fields(_config_json_path(name))
+    path = _config_json_path(name)
+    fields = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path} holds a {type(fields).__name__}, not a JSON object")
+    return fields
 
 
 def _config_json_path(name: str) -> Path:
-    """config.json of a local model folder, or of hub id `name` in the cache (downloaded first when missing)."""
+    """config.json of minilm's or a local model's folder, or of hub id `name` in the cache (downloaded first when
+    missing)."""
+    if name == "minilm":
+        from capt.tasks.tokenizers import minilm_model_path
+
+        return Path(minilm_model_path()) / "config.json"
     from huggingface_hub import hf_hub_download
 
     if Path(name).expanduser().exists():
@@ -132,13 +135,6 @@ def _config_json_path(name: str) -> Path:
         return Path(hf_hub_download(name, "config.json"))
 
 
-def _json_fields(path: Path) -> dict[str, Any]:
-    fields = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(fields, dict):
-        raise ValueError(f"{path} holds a {type(fields).__name__}, not a JSON object")
-    return fields
-
-
 def _tiny_vocabulary() -> tuple[int, dict[str, int]]:
     """Vocabulary size and special-token ids of the tiny models' test tokenizer (what a job on them uses)."""
     from capt.tasks.tokenizers import SPECIAL_TOKENS, TEST_VOCAB_SIZE
@@ -149,33 +145,16 @@ def _tiny_vocabulary() -> tuple[int, dict[str, int]]:
 
 
 def read_model_config(name: str):
-    """The transformers config of `name`: built for tiny models, from the cache or a local folder for the
-    rest, and from the hub (config.json only) when it is not cached and HF_HUB_OFFLINE is not set."""
-    from transformers import AutoConfig
-
+    """The transformers config of `name`, from the config.json `read_config_fields` reads (the GGUF file's own
+    metadata for smollm2-135m without a converted checkpoint)."""
     if name in TINY_MODELS:
         from pipelines.models import tiny as tiny_models
 
         return tiny_models.config(name, *_tiny_vocabulary())
-    if name == "minilm":
-        from capt.tasks.tokenizers import minilm_model_path
-
-        return AutoConfig.from_pretrained(minilm_model_path())
     if name == "smollm2-135m":
         from pipelines.models import smollm2
 
         return smollm2.read_config()
-    try:
-        return AutoConfig.from_pretrained(name, local_files_only=True)
-    except OSError:
-        if Path(name).expanduser().exists() or os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise
-        return AutoConfig.from_pretrained(name)
+    from transformers import AutoConfig
 
-
-def _in_hub_cache(name: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(name, "config.json"), str)
-
-
+    return AutoConfig.from_pretrained(_config_json_path(name).parent)

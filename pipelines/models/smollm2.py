@@ -99,23 +99,19 @@ def read_config_fields() -> dict[str, Any]:
     config.json when there is one (verified), else the fields the GGUF file's metadata gives (about 3 s)."""
     if (checkpoint_dir() / MANIFEST).is_file():
         return json.loads((verified(checkpoint_dir(), CONFIG_FILES) / "config.json").read_text(encoding="utf-8"))
+    # from the GGUF metadata: `model_type`, depth and position limit under the config.json names transformers gives
+    # them when it loads the file (`transformers.integrations.ggml.GGUF_CONFIG_MAPPING`): what validation reads
     source = gguf_path()
     try:
-        return _gguf_config_fields(source)
+        from gguf import GGUFReader
+
+        fields = GGUFReader(source).fields
+        architecture = str(fields["general.architecture"].contents())
+        return {"model_type": architecture,
+                "num_hidden_layers": int(fields[f"{architecture}.block_count"].contents()),
+                "max_position_embeddings": int(fields[f"{architecture}.context_length"].contents())}
     except Exception as err:  # as in _write_checkpoint
         raise _unreadable(source, err) from err
-
-
-def _gguf_config_fields(source: Path) -> dict[str, Any]:
-    """`model_type`, depth and position limit from GGUF metadata, under the config.json names transformers gives
-    them when it loads the file (`transformers.integrations.ggml.GGUF_CONFIG_MAPPING`): what validation reads."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(source).fields
-    architecture = str(fields["general.architecture"].contents())
-    return {"model_type": architecture,
-            "num_hidden_layers": int(fields[f"{architecture}.block_count"].contents()),
-            "max_position_embeddings": int(fields[f"{architecture}.context_length"].contents())}
 
 
 def ensure_checkpoint() -> Path:

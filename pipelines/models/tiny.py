@@ -19,14 +19,6 @@ HEADS = 4
 """Attention heads of every tiny model (the key/value width is hidden / HEADS)."""
 _MODEL_CLASSES = {"tiny-t5": "T5ForConditionalGeneration", "tiny-llama": "LlamaForCausalLM",
                   "tiny-qwen2": "Qwen2ForCausalLM", "tiny-bert": "BertForSequenceClassification"}
-_MODEL_TYPES = {"tiny-t5": "t5", "tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-bert": "bert"}
-
-
-def build(name: str, tokenizer: Any, num_labels: int) -> nn.Module:
-    """The tiny model `name` ("tiny-t5", "tiny-llama", "tiny-qwen2", "tiny-bert") for `tokenizer`'s vocabulary."""
-    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "bos_token_id": tokenizer.bos_token_id}
-    return instantiate(name, config(name, len(tokenizer), ids, num_labels))
 
 
 def instantiate(name: str, model_config: PretrainedConfig) -> nn.Module:
@@ -53,33 +45,20 @@ def config_fields(name: str, vocab_size: int, ids: dict[str, int | None], num_la
     `hidden` sets the width (feed-forward 2 x hidden), `layers` the depth; `changes` set any other field
     of the transformers config (the tests' smaller position limit or larger initialiser scale).
     """
-    width = {"hidden": hidden, "ffn": 2 * hidden, "layers": layers, "vocab_size": vocab_size}
     if name == "tiny-t5":
-        fields = _t5_fields(width, ids)
+        fields = {"model_type": "t5", "vocab_size": vocab_size, "d_model": hidden, "d_kv": hidden // HEADS,
+                  "d_ff": 2 * hidden, "num_layers": layers, "num_heads": HEADS, "dropout_rate": 0.0,
+                  "decoder_start_token_id": ids["pad_token_id"], "pad_token_id": ids["pad_token_id"],
+                  "eos_token_id": ids["eos_token_id"]}
     elif name in ("tiny-llama", "tiny-qwen2"):
-        fields = _decoder_fields(width, ids)
+        fields = {"model_type": name.removeprefix("tiny-"), "vocab_size": vocab_size, "hidden_size": hidden,
+                  "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": HEADS,
+                  "num_key_value_heads": 2, "max_position_embeddings": 1024, **ids}
     elif name == "tiny-bert":
-        fields = _bert_fields(width, ids, num_labels)
+        fields = {"model_type": "bert", "vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
+                  "num_attention_heads": HEADS, "intermediate_size": 2 * hidden, "max_position_embeddings": 1024,
+                  "num_labels": num_labels, "pad_token_id": ids["pad_token_id"], "hidden_dropout_prob": 0.0,
+                  "attention_probs_dropout_prob": 0.0}
     else:
         raise ValueError(f"Unknown tiny model {name!r}; allowed: {', '.join(_MODEL_CLASSES)}.")
-    return {"model_type": _MODEL_TYPES[name], **fields, **changes}
-
-
-def _t5_fields(width: dict[str, int], ids: dict[str, int | None]) -> dict[str, Any]:
-    return {"vocab_size": width["vocab_size"], "d_model": width["hidden"], "d_kv": width["hidden"] // HEADS,
-            "d_ff": width["ffn"], "num_layers": width["layers"], "num_heads": HEADS, "dropout_rate": 0.0,
-            "decoder_start_token_id": ids["pad_token_id"], "pad_token_id": ids["pad_token_id"],
-            "eos_token_id": ids["eos_token_id"]}
-
-
-def _decoder_fields(width: dict[str, int], ids: dict[str, int | None]) -> dict[str, Any]:
-    return {"vocab_size": width["vocab_size"], "hidden_size": width["hidden"], "intermediate_size": width["ffn"],
-            "num_hidden_layers": width["layers"], "num_attention_heads": HEADS, "num_key_value_heads": 2,
-            "max_position_embeddings": 1024, **ids}
-
-
-def _bert_fields(width: dict[str, int], ids: dict[str, int | None], num_labels: int) -> dict[str, Any]:
-    return {"vocab_size": width["vocab_size"], "hidden_size": width["hidden"], "num_hidden_layers": width["layers"],
-            "num_attention_heads": HEADS, "intermediate_size": width["ffn"], "max_position_embeddings": 1024,
-            "num_labels": num_labels, "pad_token_id": ids["pad_token_id"], "hidden_dropout_prob": 0.0,
-            "attention_probs_dropout_prob": 0.0}
+    return {**fields, **changes}
