@@ -7,16 +7,7 @@ that stopping one never touches another MLflow or Ray on the same machine."""
 from __future__ import annotations
 
 from pipelines.services.mlflow_server import LocalMlflowServer
-from pipelines.services.probe import (
-    LOCALHOST,
-    ServiceError,
-    check_reachable,
-    free_port,
-    http_status,
-    log_tail,
-    port_is_free,
-    stop_process_group,
-)
+from pipelines.services.probe import LOCALHOST, ServiceError, check_reachable, free_port, http_status, port_is_free
 
-__all__ = ["LOCALHOST", "LocalMlflowServer", "ServiceError", "check_reachable", "free_port",
-           "http_status", "log_tail", "port_is_free", "stop_process_group"]
+__all__ = ["LOCALHOST", "LocalMlflowServer", "ServiceError", "check_reachable", "free_port", "http_status",
+           "port_is_free"]

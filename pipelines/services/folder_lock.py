@@ -25,11 +25,6 @@ from pathlib import Path
 
 from capt.errors import CaptError
 
-RETRY_INTERVAL_S = 0.5
-"""How often a waiting claim tries the lock again."""
-COMMAND_CHARS = 240
-"""Most characters of the holder's command line kept in the lock file (a sweep's overrides can be many)."""
-
 
 class FolderInUse(Exception):
     """Raised inside `held_folder` when another process holds the lock; `holder` describes it."""
@@ -53,9 +48,8 @@ def held_folder(lock_file: Path, wait_s: float = 0.0,
         deadline = time.monotonic() + wait_s
         while not _try_lock(fd):
             if time.monotonic() >= deadline:
-                holder = lock_holder(lock_file)
-                raise (refusal or FolderInUse)(holder) from None
-            time.sleep(RETRY_INTERVAL_S)
+                raise (refusal or FolderInUse)(lock_holder(lock_file)) from None
+            time.sleep(0.5)  # how often a waiting claim tries the lock again
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": own_command()}
         os.ftruncate(fd, 0)
@@ -117,9 +111,10 @@ def lock_holder(lock_file: Path) -> str:
     return said + (f", running `{command}`" if isinstance(command, str) and command else "")
 
 
-def own_command(limit: int = COMMAND_CHARS) -> str:
+def own_command(limit: int = 240) -> str:
     """This process's command line as a user would type it (`python -m pipelines.serve ...`), cut to `limit`
-    characters: a pid alone does not tell a user which of their commands holds a folder, nor whether to stop it."""
+    characters (a sweep's overrides can be many): a pid alone does not tell a user which of their commands holds a
+    folder, nor whether to stop it."""
     import psutil
 
     try:
@@ -132,14 +127,10 @@ def own_command(limit: int = COMMAND_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# Checks of a folder before anything is written to it
-#
-# Folders the pipeline writes into, checked before anything is written: a job's output folder, a sweep's storage
-# folder, a local MLflow store.
-#
-# Each check names the key, the path as resolved (relative paths are taken against the current directory), and
-# why it cannot be used: a file where a folder should be, a folder that cannot be created or written, a virtual
-# file system, or (for a job's folder) a non-empty folder that holds no job, which the job would write into.
+# Checks of a folder before anything is written to it. Each names the key, the path as resolved (relative paths
+# are taken against the current directory), and why it cannot be used: a file where a folder should be, a folder
+# that cannot be created or written, a virtual file system, or (for a job's folder) a non-empty folder that holds no
+# job, which the job would write into.
 
 VIRTUAL_ROOTS = (Path("/proc"), Path("/sys"))
 """Kernel file systems: writable-looking, but nothing written there is kept."""

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 from urllib.parse import urlsplit
 
@@ -49,9 +48,7 @@ class ManagedService:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -114,15 +111,6 @@ class LocalMlflowServer(ManagedService):
         """True while the server process started by :meth:`start` is alive."""
         return self._proc is not None and self._proc.poll() is None
 
-    def command(self) -> list[str]:
-        """The ``mlflow server`` command line."""
-        return [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{self.db_path}",
-            "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
-            "--host", self.host, "--port", str(self.port), "--workers", "1",
-        ] + (["--app-name", "basic-auth"] if self.basic_auth else [])  # fmt: skip
-
     def _auth_env(self) -> dict[str, str]:
         """Environment of the basic-auth app: its config (no access without a grant) and its admin."""
         if self.basic_auth is None:
@@ -153,8 +141,14 @@ class LocalMlflowServer(ManagedService):
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self._auth_env()}
         self._log = self.log_path.open("ab")
+        command = [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.db_path}",
+            "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
+            "--host", self.host, "--port", str(self.port), "--workers", "1",
+        ] + (["--app-name", "basic-auth"] if self.basic_auth else [])  # fmt: skip
         self._proc = subprocess.Popen(
-            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
             cwd=self.root_dir, start_new_session=True,
         )  # fmt: skip
         logger.info("starting MLflow server at %s (log %s)", self.uri, self.log_path)
@@ -237,15 +231,6 @@ class LocalMlflowServer(ManagedService):
         )
 
 
-def serving_address(store: str | os.PathLike[str]) -> str | None:
-    """The address of the `LocalMlflowServer` that serves `store` now (it holds the store's lock; the last address
-    recorded is its own), or None when none does."""
-    if current_holder(Path(store) / STORE_LOCK_FILE) is None:
-        return None
-    recorded = recorded_addresses(store)
-    return recorded[-1] if recorded else None
-
-
 def recorded_addresses(store: str | os.PathLike[str]) -> list[str]:
     """Every address a `LocalMlflowServer` served `store` at, oldest first ([] when none was recorded)."""
     try:
@@ -267,7 +252,6 @@ def mlflow_answers(uri: str, timeout: float = 2.0) -> bool:
 # ``error_code``), or refuses it with 401/403 when authentication is on.
 
 API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
-_AUTH_REQUIRED = (401, 403)
 
 
 def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
@@ -282,7 +266,11 @@ def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
         return
     base = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl().rstrip("/")
     status, content_type, body, _ = http_get(base + API_PROBE, timeout, body_bytes=65536)
-    if status in _AUTH_REQUIRED or _is_mlflow_answer(body):
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if status in (401, 403) or (isinstance(data, dict) and ("experiment" in data or "error_code" in data)):
         return
     answer = f"HTTP {status}" + (f" ({content_type})" if content_type else "") if status else "no answer"
     raise ServiceError(
@@ -290,13 +278,6 @@ def check_mlflow_server(uri: str, what: str, timeout: float = 5.0) -> None:
         "MLflow answers with JSON. Check the port (another service listens there?) and, if MLflow is served "
         "under a path prefix, include the prefix in the URI.")
 
-
-def _is_mlflow_answer(body: bytes) -> bool:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and ("experiment" in data or "error_code" in data)
 
 
 def credentials_in_uri(uri: str) -> str | None:
@@ -343,8 +324,10 @@ def tracking_store(given: str | None, flag: str = "--tracking-uri", check: bool 
             f"No tracking store found: no {flag}, no MLFLOW_TRACKING_URI, and no local store at {store}/mlflow.db "
             "(where `make demo` and local sweeps write, taken against the current directory). Run `make demo` first "
             f"or run this from the folder it ran in, or pass {flag} http://HOST:PORT (or set MLFLOW_TRACKING_URI).")
-    running = serving_address(store)
-    if running is not None:  # a sweep serves it now: its server holds the store, and a second one would be refused
+    # a local MLflow server that serves it now holds its lock, and the last address recorded is its own: a sweep's
+    # server, say (a second one would be refused)
+    running = (recorded_addresses(store) or [None])[-1] if current_holder(store / STORE_LOCK_FILE) is not None else None
+    if running is not None:
         check_mlflow_server(running, f"the local MLflow server already running on {store}")
         yield TrackingStore(running, f"the local store {store} (served at {running} by the local MLflow server "
                                      "already running on it)")

@@ -25,8 +25,6 @@ class ServiceError(RuntimeError):
     """A local service could not be started or reached; the message says what to do."""
 
 
-_LISTEN_PORTS = (20000, 32767)  # above Ray's worker ports (10002-19999), below Linux's ephemeral range
-_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _PORT_DRAW = random.SystemRandom()  # not the global generator: training seeds it, so processes would agree
 
 
@@ -37,9 +35,9 @@ def listen_port_range() -> tuple[int, int]:
     or to a Ray daemon asking for any port, so a port picked that way can be gone by the time a
     server binds it seconds later. Ports outside the ephemeral range are only taken by listeners.
     """
-    low, high = _LISTEN_PORTS
+    low, high = 20000, 32767  # above Ray's worker ports (10002-19999), below Linux's ephemeral range
     try:
-        ephemeral_low = int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = 49152  # IANA's dynamic range (macOS, Windows)
     return low, max(low + 1000, min(high, ephemeral_low - 1))

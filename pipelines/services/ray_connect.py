@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pipelines.services.private import RAY_LOOPBACK_ENV
-from pipelines.services.probe import LOCALHOST, free_port
+from pipelines.services.probe import LOCALHOST, ServiceError, check_reachable, free_port
 
 logger = logging.getLogger("pipelines.sweep")
 
@@ -42,8 +42,6 @@ def ray_cluster(num_cpus: int | None, worker_env: Mapping[str, str] | None = Non
     process of this driver's job starts with `worker_env` (settings, never credentials: see above), and with
     `node_env`, which a local Ray also gives every process of its own (its system actors too); on a cluster it
     reaches the actors this job creates (Serve's controller and proxies, when this job starts Serve)."""
-    from pipelines.services.probe import ServiceError, check_reachable
-
     fix = "Check `ray status`, start a head with `ray start --head`, or unset RAY_ADDRESS to run on a local Ray."
     address = os.environ.get("RAY_ADDRESS")
     if address:  # ray.init waits minutes for an address where nothing listens
@@ -103,7 +101,10 @@ def _local_ray(num_cpus: int | None, worker_env: dict[str, str], node_env: dict[
         port = free_port(LOCALHOST)
         with environ(RAY_AUTH_MODE="token", RAY_API_SERVER_ADDRESS=f"http://{LOCALHOST}:{port}", **RAY_LOOPBACK_ENV,
                      **node_env):
-            _warn_if_ray_was_imported_too_early()
+            constants = sys.modules.get("ray._private.ray_constants")  # Ray reads RAY_LOOPBACK_ENV when it is imported
+            if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
+                logger.warning("Ray was imported before the sweep set %s: its node address will not be 127.0.0.1 and "
+                               "its daemons will listen on every interface (token-protected).", RAY_LOOPBACK_ENV)
             if not _init_local_ray(num_cpus, port, temp_dir, worker_env, last=attempt == PORT_ATTEMPTS):
                 continue
             logger.info("%s", _what_is_in_force(port, token_file, temp_dir))
@@ -136,39 +137,25 @@ def _init_local_ray(num_cpus: int | None, port: int, temp_dir: Path, worker_env:
             raise
         logger.warning("Port %d was taken while the local Ray started; starting it again on another port", port)
         ray.shutdown()
-        started = [c for c in psutil.Process().children(recursive=True) if c.pid not in before and _is_ray(c)]
+        started = []  # Ray's processes (its GCS server, its Python daemons), not another service's
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # it ended meanwhile
+                if child.pid not in before and (child.name() == "gcs_server" or "/ray/" in " ".join(child.cmdline())):
+                    started.append(child)
         for child in started:  # a failed ray.init leaves its GCS server running
             child.kill()
         psutil.wait_procs(started, timeout=10)
         return False
 
 
-def _is_ray(process) -> bool:
-    """Whether `process` (psutil) is one of Ray's (its GCS server, its Python daemons), not another service's."""
-    import psutil
-
-    try:
-        return process.name() == "gcs_server" or "/ray/" in " ".join(process.cmdline())
-    except psutil.Error:  # it ended meanwhile
-        return False
-
-
-def _warn_if_ray_was_imported_too_early() -> None:
-    """Ray reads RAY_LOOPBACK_ENV when it is imported: say so when that happened before it was set."""
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
-        logger.warning("Ray was imported before the sweep set %s: its node address will not be 127.0.0.1 and "
-                       "its daemons will listen on every interface (token-protected).", RAY_LOOPBACK_ENV)
-
-
 def _what_is_in_force(port: int, token_file: Path | None, temp_dir: Path) -> str:
     """One line for the log: auth, where the dashboard listens, which ports (if any) are open beyond 127.0.0.1 once Ray
     has started (what starts later, such as a Serve replica's gRPC server, is listed by the command that starts it)."""
-    from pipelines.services.private import listening_sockets, open_to_the_network
+    from pipelines.services.private import is_loopback, listening_sockets
 
     token = f"the token is in {token_file} (mode 600)" if token_file else "the token comes from RAY_AUTH_TOKEN"
     listening = listening_sockets(os.getpid())
-    exposed = open_to_the_network(os.getpid())
+    exposed = [entry for entry in listening if not is_loopback(entry[0])]
     reach = ("no port listens beyond 127.0.0.1" if not exposed else "listening on all interfaces: "
              + ", ".join(f"{name} {ip}:{p}" for ip, p, name in exposed))
     return (f"Local Ray: token auth on ({token}; `ray get-auth-token` prints it); dashboard and job API on "

@@ -57,32 +57,23 @@ def reap_on_death() -> Iterator[None]:
 
 
 def watch(token: str, commands: BinaryIO) -> list[int]:
-    """Wait for "done" (a normal end: nothing to do) or the end of `commands` (the driver died: reap)."""
+    """Wait for "done" (a normal end: nothing to do) or the end of `commands` (the driver died: reap): SIGTERM the
+    live processes whose environment carries `token`, SIGKILL those that outlive `GRACE_S`; their pids."""
     if commands.readline() == _DONE:
         return []
-    return reap(marked(token))
-
-
-def marked(token: str) -> list[psutil.Process]:
-    """The live processes whose environment carries `token`."""
-    found = []
+    marked = []
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             if process.pid != os.getpid() and process.environ().get(REAP_ENV) == token:
-                found.append(process)
-    return found
-
-
-def reap(processes: list[psutil.Process]) -> list[int]:
-    """SIGTERM `processes`, SIGKILL those that outlive `GRACE_S`; their pids."""
-    for process in processes:
+                marked.append(process)
+    for process in marked:
         with contextlib.suppress(psutil.Error):
             process.terminate()
-    _, left = psutil.wait_procs(processes, timeout=GRACE_S)
+    _, left = psutil.wait_procs(marked, timeout=GRACE_S)
     for process in left:
         with contextlib.suppress(psutil.Error):
             process.kill()
-    return [process.pid for process in processes]
+    return [process.pid for process in marked]
 
 
 if __name__ == "__main__":
