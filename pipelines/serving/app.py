@@ -37,9 +37,6 @@ from pipelines.serving.source import RegistrySource, ServeError, check_finite
 
 logger = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN_LIMIT = 8
-"""Default characters per text field: this many per token of the capsule's max_length (`ServeSettings`)."""
-
 
 class CapsuleServer:
     """One replica: the base model once, every capsule in one bank, an alias poller in a thread. Serve runs it
@@ -48,10 +45,10 @@ class CapsuleServer:
     def __init__(self, settings: dict[str, Any], capsules: Iterable[ServedCapsule] | None = None) -> None:
         self._stop = threading.Event()
         self.settings = ServeSettings.from_args(settings)
-        self.source: RegistrySource | None = None
-        if capsules is None:  # the registry's versions, each fetched as the bank reads it; capsules given are served
-            self.source = RegistrySource(self.settings.tracking_uri, self.settings.model, self.settings.alias,
-                                         tempfile.mkdtemp(prefix="capt-serve-"))
+        # the registry's versions, each fetched as the bank reads it; capsules given are served
+        self.source = None if capsules is not None else RegistrySource(
+            self.settings.tracking_uri, self.settings.model, self.settings.alias,
+            tempfile.mkdtemp(prefix="capt-serve-"))
         try:
             if self.source is not None:
                 versions = self.source.check(self.settings.tasks)
@@ -107,8 +104,9 @@ class CapsuleServer:
         return self._catalog[1]
 
     def max_chars(self, name: str) -> int:
-        """Most characters per string in a row for capsule `name`."""
-        return self.settings.max_text_chars or CHARS_PER_TOKEN_LIMIT * self.engine.max_length(name)
+        """Most characters per string in a row for capsule `name`: by default 8 per token of its max_length
+        (`ServeSettings.max_text_chars`)."""
+        return self.settings.max_text_chars or 8 * int(self.engine.served(name).collator.max_length)
 
     def examples(self, name: str, rows: list[dict[str, Any]]) -> list[Any]:
         """Validated examples (the registry pyfunc's checks; CaptError names the row and field)."""

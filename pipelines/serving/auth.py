@@ -48,8 +48,17 @@ def digest(token: str) -> str:
 
 
 def find_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
-    """The token from `token_file`, else from CAPT_SERVE_TOKEN, else a new one in ``generated_dir``."""
-    return given_token(token_file) or new_token(generated_dir, port)
+    """The token from `token_file`, else from CAPT_SERVE_TOKEN, else a new random one in
+    ``generated_dir/serve-<port>.token``, created mode 600 (a new token every start)."""
+    if given := given_token(token_file):
+        return given
+    path = generated_dir / f"serve-{port}.token"
+    path.unlink(missing_ok=True)  # O_EXCL below refuses a file or link planted meanwhile
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(handle, "w", encoding="utf-8") as sink:
+        sink.write(token + "\n")
+    return Token(digest(token), f"in {path} (mode 600, generated now)", generated=path)
 
 
 def given_token(token_file: str | None) -> Token | None:
@@ -69,17 +78,6 @@ def given_token(token_file: str | None) -> Token | None:
     if os.environ.get(TOKEN_ENV):
         return Token(digest(_checked(os.environ[TOKEN_ENV].strip(), TOKEN_ENV)), f"in ${TOKEN_ENV}")
     return None
-
-
-def new_token(directory: Path, port: int) -> Token:
-    """A new random token in ``directory/serve-<port>.token``, created mode 600 (a new token every start)."""
-    path = directory / f"serve-{port}.token"
-    path.unlink(missing_ok=True)  # O_EXCL below refuses a file or link planted meanwhile
-    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(handle, "w", encoding="utf-8") as sink:
-        sink.write(token + "\n")
-    return Token(digest(token), f"in {path} (mode 600, generated now)", generated=path)
 
 
 def _checked(token: str, where: str) -> str:

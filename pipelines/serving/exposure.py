@@ -33,7 +33,6 @@ LOOPBACK = "loopback only"
 RAY_TOKEN = "Ray token"
 SERVE_TOKEN = "serve bearer token"
 OPEN = "NOTHING: open to anyone who reaches it"
-_RAY_DAEMONS = ("gcs_server", "raylet")
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def _process_labels(root_pid: int) -> dict[int, tuple[str, bool]]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         joined = " ".join(command)
-        is_ray = name in _RAY_DAEMONS or joined.startswith("ray::") or f"{os.sep}ray{os.sep}" in joined
+        is_ray = name in ("gcs_server", "raylet") or joined.startswith("ray::") or f"{os.sep}ray{os.sep}" in joined
         labels[process.pid] = ("this driver" if process.pid == root_pid else process_label(name, command), is_ray)
     return labels
 
@@ -110,13 +109,11 @@ def process_label(name: str, command: list[str]) -> str:
 
 def describe(listeners: list[Listener], remote_cluster: bool) -> str:
     """The logged list: every port, those beyond loopback first, each with its guard."""
-    beyond = [item for item in listeners if not is_loopback(item.ip)]
-    local = [item for item in listeners if is_loopback(item.ip)]
-    parts = [f"beyond loopback: {', '.join(map(str, beyond)) if beyond else 'none'}",
-             f"on loopback: {', '.join(map(str, local)) if local else 'none'}"]
+    beyond = ", ".join(str(item) for item in listeners if not is_loopback(item.ip)) or "none"
+    local = ", ".join(str(item) for item in listeners if is_loopback(item.ip)) or "none"
     where = ("this machine's processes only; the cluster's nodes: infra/serve.yaml" if remote_cluster else
              "this driver and its local Ray")
-    return f"listening ({where}): " + "; ".join(parts)
+    return f"listening ({where}): beyond loopback: {beyond}; on loopback: {local}"
 
 
 H11_ONLY = Path(__file__).resolve().parent / "h11_only"
@@ -137,8 +134,7 @@ def head_limit_problem(host: str, port: int, timeout_s: float = 5.0) -> str | No
     """None when the proxy at host:port ends a request head of `PROBE_HEADER_BYTES` before the head does (a 400, or
     the connection closed); else what it did, and the fix."""
     target = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    outcome = head_flood(target, port, PROBE_HEADER_BYTES, timeout_s)
-    if outcome != "read on":
+    if head_flood(target, port, PROBE_HEADER_BYTES, timeout_s) != "read on":
         return None
     return (f"Serve's HTTP proxy at {target}:{port} kept reading a request head of {PROBE_HEADER_BYTES:,} bytes: "
             "its uvicorn parses with httptools, which holds headers of any size in memory before the token is "

@@ -66,12 +66,8 @@ class ServeSettings:
         try:
             return cls(**args)
         except (ValidationError, TypeError) as err:
-            raise PipelineConfigError(f"Serve settings: {_problems(err)}. Allowed keys: "
-                                 f"{', '.join(cls.__dataclass_fields__)}.") from err
-
-
-def _problems(err: Exception) -> str:
-    if isinstance(err, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']} (given {e.get('input')!r})"
-                         for e in err.errors())
-    return str(err)
+            problems = str(err) if isinstance(err, TypeError) else "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']} (given {e.get('input')!r})"
+                for e in err.errors())
+            raise PipelineConfigError(f"Serve settings: {problems}. Allowed keys: "
+                                      f"{', '.join(cls.__dataclass_fields__)}.") from err

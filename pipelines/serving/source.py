@@ -62,8 +62,7 @@ class RegistrySource:
         """The version at the alias of every task; ServeError naming what is missing and how to fix it."""
         if not tasks:
             raise ServeError("--tasks: no task given; name tasks (--tasks rte,cb) or pass --all.")
-        unknown = [t for t in tasks if t not in TASK_NAMES]
-        if unknown:
+        if unknown := [t for t in tasks if t not in TASK_NAMES]:
             raise ServeError(f"--tasks: unknown task(s) {', '.join(map(repr, unknown))}; "
                              f"tasks: {', '.join(TASK_NAMES)}.")
         registered = self.registered_tasks()
@@ -84,21 +83,18 @@ class RegistrySource:
                                  f"{self.uri}. Promote one first: python -m pipelines.promote --model {self.model} "
                                  f"--task {task}.")
             versions[task] = version
-        self._check_one_base(versions)
-        return versions
-
-    def check_alias(self, task: str) -> int | None:
-        """The version the alias names in the task's registered model (None: no such alias)."""
-        return alias_version(self.uri, self.name(task), self.alias)
-
-    def _check_one_base(self, versions: dict[str, int]) -> None:
-        """The versions were trained on one base model (two hub ids can share a slug); the replica also checks
-        every capsule's fingerprint against the base model it loads."""
+        # one base model (two hub ids can share a slug); the replica also checks every capsule's fingerprint against
+        # the base model it loads
         bases = self.base_models(versions)
         if len(set(bases.values()) - {None}) > 1:
             listed = ", ".join(f"{self.name(t)}@{self.alias} on {b!r}" for t, b in bases.items())
             raise ServeError(f"--model {self.model!r}: the capsules to serve were trained on different base models "
                              f"({listed}); one server holds one base model. Serve them separately.")
+        return versions
+
+    def check_alias(self, task: str) -> int | None:
+        """The version the alias names in the task's registered model (None: no such alias)."""
+        return alias_version(self.uri, self.name(task), self.alias)
 
     def base_models(self, versions: dict[str, int]) -> dict[str, str | None]:
         """{task: the base model its version was trained on, as the version's tags say (None: not tagged)}."""
