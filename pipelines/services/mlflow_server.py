@@ -111,6 +111,15 @@ class LocalMlflowServer(ManagedService):
         """True while the server process started by :meth:`start` is alive."""
         return self._proc is not None and self._proc.poll() is None
 
+    def command(self) -> list[str]:
+        """The ``mlflow server`` command line (the tests start a failing one in its place)."""
+        return [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.db_path}",
+            "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
+            "--host", self.host, "--port", str(self.port), "--workers", "1",
+        ] + (["--app-name", "basic-auth"] if self.basic_auth else [])  # fmt: skip
+
     def _auth_env(self) -> dict[str, str]:
         """Environment of the basic-auth app: its config (no access without a grant) and its admin."""
         if self.basic_auth is None:
@@ -141,14 +150,8 @@ class LocalMlflowServer(ManagedService):
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self._auth_env()}
         self._log = self.log_path.open("ab")
-        command = [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{self.db_path}",
-            "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir),
-            "--host", self.host, "--port", str(self.port), "--workers", "1",
-        ] + (["--app-name", "basic-auth"] if self.basic_auth else [])  # fmt: skip
         self._proc = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
             cwd=self.root_dir, start_new_session=True,
         )  # fmt: skip
         logger.info("starting MLflow server at %s (log %s)", self.uri, self.log_path)
