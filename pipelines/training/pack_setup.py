@@ -189,19 +189,12 @@ def _member(index: int, config, model: PackedCapsules, loaded: LoadedModel) -> M
     collator = job_collator(config, loaded, model.num_slots)
     sampler = EpochSampler(len(splits.train), config.seed)
     loader = train_loader(config, splits, collator, sampler=sampler)
-    optimizer = new_optimizer(config.optim.name, _groups(config, model, index), config.optim.lr)
+    # the groups as `pipelines.adapted.parameter_groups` orders them: its capsule at optim.lr, then its head (if any)
+    optim, params = config.optim, model.member_parameters(index)
+    groups = [{"params": [p for n, p in params.items() if n.startswith(prefix)], "lr": lr,
+               "weight_decay": optim.weight_decay} for prefix, lr in (("capsule.", optim.lr), ("head.", optim.head_lr))]
+    optimizer = new_optimizer(optim.name, [g for g in groups if g["params"]], optim.lr)
     total_steps, budget, cut = step_budget(config, len(loader))
     logger.log(logging.WARNING if cut else logging.INFO, "pack member %d (%s): %s", index, config.task.name, budget)
     scheduler = make_schedule(config, optimizer, total_steps, [])
     return Member(index, config, splits, collator, sampler, loader, optimizer, scheduler, total_steps)
-
-
-def _groups(config, model: PackedCapsules, index: int) -> list[dict[str, Any]]:
-    """The member's optimiser groups, as `pipelines.adapted.parameter_groups` orders them: its capsule at
-    `optim.lr`, then its head (if any) at `optim.head_lr`."""
-    optim, params = config.optim, model.member_parameters(index)
-    capsule = [p for n, p in params.items() if n.startswith("capsule.")]
-    head = [p for n, p in params.items() if n.startswith("head.")]
-    groups = [{"params": capsule, "lr": optim.lr, "weight_decay": optim.weight_decay},
-              {"params": head, "lr": optim.head_lr, "weight_decay": optim.weight_decay}]
-    return [g for g in groups if g["params"]]

@@ -74,28 +74,25 @@ def train_members(configs: list, reports: Mapping[int, Report] | None = None,
                   pack_info: Mapping[str, Any] | None = None,
                   options: PackOptions | None = None) -> list[dict[str, Any]]:
     """Train `configs` (resolved, `train.resume` off) as one pack and write each member's artifact and result.json in
-    its output_dir; returns the results (result.json's content), in order. `pack_info` goes into each result as
-    ``pack`` (e.g. the sweep's pack name and members)."""
+    its output_dir, in a single job's format; returns the results (result.json's content), in order. `pack_info` goes
+    into each result as ``pack`` (e.g. the sweep's pack name and members)."""
     options = options or PackOptions()
     with claimed_member_folders(configs, keep_checkpoints=options.checkpoints):
         pack = build_pack(configs, options)
         started = time.perf_counter()
         packed = fit_pack(pack, reports)
         wall = time.perf_counter() - started
-        return [write_member_result(pack, member, out, wall, pack_info)
-                for member, out in zip(pack.members, packed, strict=True)]
-
-
-def write_member_result(pack: Pack, member: Member, packed: Mapping[str, Any], wall_s: float,
-                        pack_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Member's result in a single job's format (`packed` is `fit_pack`'s result for it), sealed and written."""
-    result = result_record(member, pack.spec.family, member.loop, packed["metrics"], member.best,
-                           member.stopped_early, wall_s, None, pack.accelerator.device, 1, True,
-                           packed["artifact_dir"])
-    result["pack"] = {"members": len(pack.members), "index": member.index, **(pack_info or {})}
-    seal_result(result, packed["artifact_dir"])
-    write_atomically(Path(member.config.resolved_output_dir()) / RESULT_FILE, json.dumps(result, indent=2, default=str))
-    return result
+        results = []
+        for member, out in zip(pack.members, packed, strict=True):
+            result = result_record(member, pack.spec.family, member.loop, out["metrics"], member.best,
+                                   member.stopped_early, wall, None, pack.accelerator.device, 1, True,
+                                   out["artifact_dir"])
+            result["pack"] = {"members": len(pack.members), "index": member.index, **(pack_info or {})}
+            seal_result(result, out["artifact_dir"])
+            write_atomically(member.config.resolved_output_dir() / RESULT_FILE,
+                             json.dumps(result, indent=2, default=str))
+            results.append(result)
+        return results
 
 
 def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[dict[str, Any]]:
@@ -106,22 +103,17 @@ def fit_pack(pack: Pack, reports: Mapping[int, Report] | None = None) -> list[di
         resumed = [m.index for m in pack.members if restore_member(pack, m)]
         if resumed:
             logger.info("pack members %s continue from their checkpoints", resumed)
-    _score_untrained(pack)
-    schedules = {m.index: schedule(m.loop, m.config.train, m.total_steps, partial(_epoch_batches, m))
-                 for m in pack.members if not m.stopped_early}  # a restored member whose patience ran out is done
-    drive(schedules, partial(_pack_step, pack), lambda indices: _validate(pack, [pack.members[i] for i in indices]))
-    return _finish(pack)
-
-
-def _score_untrained(pack: Pack) -> None:
-    """With `train.score_untrained`, a member's test score before its first step, as a single job takes it
-    (`pipelines.training.loop.fit`): the reference its training has to beat (kept in its loop, so a resumed member
-    keeps it too)."""
+    # with `train.score_untrained`, a member's test score before its first step, as a single job takes it
+    # (`pipelines.training.loop.fit`): kept in its loop, so a resumed member keeps it too
     wanted = [m for m in pack.members if m.loop.wants_untrained_score(m.config.train)]
     scores = evaluate_members(pack, {m.index: m.splits.test for m in wanted})
     for member in wanted:
         member.loop.untrained_score = scores[member.index]["score"]
     pack.model.train(pack.options.dropout)
+    schedules = {m.index: schedule(m.loop, m.config.train, m.total_steps, partial(_epoch_batches, m))
+                 for m in pack.members if not m.stopped_early}  # a restored member whose patience ran out is done
+    drive(schedules, partial(_pack_step, pack), lambda indices: _validate(pack, [pack.members[i] for i in indices]))
+    return _finish(pack)
 
 
 def _epoch_batches(member: Member, epoch: int, consumed: int) -> Iterator[dict]:
@@ -146,7 +138,14 @@ def _pack_step(pack: Pack, pending: dict[int, dict]) -> dict[int, bool]:
         bad = [i for i, value in zip(order, values, strict=True) if not math.isfinite(value)]
         raise PackDivergedError(f"The training loss of pack member(s) {bad} became non-finite: lower their optim.lr.")
     for index, value in zip(order, values, strict=True):
-        _optimizer_step(pack.members[index], pack, value)
+        member = pack.members[index]
+        if clip := member.config.optim.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(list(pack.model.member_parameters(index).values()), clip)
+        member.optimizer.step()
+        member.scheduler.step()
+        member.optimizer.zero_grad()
+        member.loop.add_loss(value)
+        member.losses.append(value)
     return dict.fromkeys(order, True)
 
 
@@ -157,40 +156,25 @@ def _merged(pack: Pack, batches: Mapping[int, dict]) -> tuple[dict[str, torch.Te
     return {k: v.to(pack.accelerator.device) for k, v in merged.items()}, rows
 
 
-def _optimizer_step(member: Member, pack: Pack, loss: float) -> None:
-    clip = member.config.optim.max_grad_norm
-    if clip:
-        torch.nn.utils.clip_grad_norm_(list(pack.model.member_parameters(member.index).values()), clip)
-    member.optimizer.step()
-    member.scheduler.step()
-    member.optimizer.zero_grad()
-    member.loop.add_loss(loss)
-    member.losses.append(loss)
-
-
 def _validate(pack: Pack, members: list[Member]) -> dict[int, bool]:
     """Score the members' validation splits together and keep each one's best state; per member, whether its
     patience ran out (it stops)."""
     scores = evaluate_members(pack, {m.index: m.splits.validation for m in members})
     pack.model.train(pack.options.dropout)
-    return {m.index: _record_validation(pack, m, scores[m.index]) for m in members}
-
-
-def _record_validation(pack: Pack, member: Member, metrics: dict[str, float]) -> bool:
-    """Member `member`'s validation record from `metrics`; True when its patience ran out."""
-    record, improved = member.loop.record_validation(metrics)
-    if improved:
-        member.best = member_state(pack, member)
-    member.stopped_early = member.loop.out_of_patience(member.config.train.patience)
-    # reported before it is checkpointed, as a single job does (`pipelines.training.loop`)
-    if (report := pack.reports.get(member.index)) is not None:
-        report(dict(record))
-    if pack.options.checkpoints:
-        save_member(pack, member)
-    if member.stopped_early:
-        logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name,
-                    member.loop.step)
-    return member.stopped_early
+    for member in members:
+        record, improved = member.loop.record_validation(scores[member.index])
+        if improved:
+            member.best = member_state(pack, member)
+        member.stopped_early = member.loop.out_of_patience(member.config.train.patience)
+        # reported before it is checkpointed, as a single job does (`pipelines.training.loop`)
+        if (report := pack.reports.get(member.index)) is not None:
+            report(dict(record))
+        if pack.options.checkpoints:
+            save_member(pack, member)
+        if member.stopped_early:
+            logger.info("pack member %d (%s) stops early at step %d", member.index, member.config.task.name,
+                        member.loop.step)
+    return {m.index: m.stopped_early for m in members}
 
 
 def _finish(pack: Pack) -> list[dict[str, Any]]:
@@ -200,21 +184,20 @@ def _finish(pack: Pack) -> list[dict[str, Any]]:
     for member in pack.members:
         copy_into(pack.model.member_parameters(member.index), member.best)
     tests = evaluate_members(pack, {m.index: m.splits.test for m in pack.members})
-    return [_result(pack, m, tests[m.index], finals[m.index]) for m in pack.members]
-
-
-def _result(pack: Pack, member: Member, test: dict[str, float], final: dict[str, torch.Tensor]) -> dict[str, Any]:
-    config, loop = member.config, member.loop
-    metrics = final_scores(loop, test)
-    artifact = save_member_artifact(pack, member, metrics) if pack.options.write_artifacts else None
-    return {
-        "member": member.index, "task": config.task.name, "model": config.model.name,
-        "method": config.method.name, "seed": config.seed,
-        "metrics": metrics, "artifact_dir": None if artifact is None else str(artifact),
-        "history": loop.history, "losses": member.losses, "steps": loop.step, "epochs": loop.epoch,
-        "best_step": loop.best_step, "stopped_early": member.stopped_early, "total_steps": member.total_steps,
-        "best_state": member.best, "final_state": final, "config": config.to_dict(),
-    }
+    results = []
+    for member in pack.members:
+        config, loop = member.config, member.loop
+        metrics = final_scores(loop, tests[member.index])
+        artifact = save_member_artifact(pack, member, metrics) if pack.options.write_artifacts else None
+        results.append({
+            "member": member.index, "task": config.task.name, "model": config.model.name,
+            "method": config.method.name, "seed": config.seed,
+            "metrics": metrics, "artifact_dir": None if artifact is None else str(artifact),
+            "history": loop.history, "losses": member.losses, "steps": loop.step, "epochs": loop.epoch,
+            "best_step": loop.best_step, "stopped_early": member.stopped_early, "total_steps": member.total_steps,
+            "best_state": member.best, "final_state": finals[member.index], "config": config.to_dict(),
+        })
+    return results
 
 
 # Packed evaluation: the members that score at the same point (a validation, the untrained or the final test) share
@@ -233,8 +216,8 @@ def evaluate_members(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> d
         together = {}
     metrics = {i: evaluate_alone(pack, pack.members[i], examples)
                for i, examples in requests.items() if i not in together}
-    if together:
-        metrics.update(_evaluate_together(pack, together))
+    predictions = _predict_together(pack, together) if together else {}
+    metrics.update({i: metrics_of(examples, predictions[i]) for i, examples in together.items()})
     return {i: metrics[i] for i in requests}
 
 
@@ -245,35 +228,22 @@ def evaluate_alone(pack: Pack, member: Member, examples: Sequence[Example]) -> d
                     cfg.train.eval_mode, cfg.train.eval_batch_size, cfg.model.max_new_tokens, pack.loaded.tokenizer)
 
 
-def _evaluate_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, dict[str, float]]:
-    predictions = predict_together(pack, requests)
-    return {i: metrics_of(examples, predictions[i]) for i, examples in requests.items()}
-
-
 @torch.no_grad()
-def predict_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, list[int]]:
+def _predict_together(pack: Pack, requests: Mapping[int, Sequence[Example]]) -> dict[int, list[int]]:
     """Each member i's label predictions for `requests[i]`: batch n of each member (its own
     `train.eval_batch_size`) merged into one forward, for every n."""
     pack.model.eval()
-    chunks = {i: _chunks(examples, pack.members[i].config.train.eval_batch_size) for i, examples in requests.items()}
+    sizes = {i: pack.members[i].config.train.eval_batch_size for i in requests}
+    chunks = {i: [list(examples[start:start + sizes[i]]) for start in range(0, len(examples), sizes[i])]
+              for i, examples in requests.items()}
     predictions: dict[int, list[int]] = {i: [] for i in requests}
     for n in range(max(len(member_chunks) for member_chunks in chunks.values())):
-        present = [i for i in requests if n < len(chunks[i])]
-        for i, found in _predict_merged(pack, {i: chunks[i][n] for i in present}).items():
-            predictions[i] += found
+        present = {i: chunks[i][n] for i in requests if n < len(chunks[i])}
+        scores = member_scores(pack, present)
+        for i, chunk in present.items():
+            predictions[i] += (scores[i].argmax(-1).tolist() if pack.spec.classifier_head
+                               else rank_classify(scores[i].view(len(chunk), -1)))
     return predictions
-
-
-def _chunks(examples: Sequence[Example], size: int) -> list[list[Example]]:
-    return [list(examples[start:start + size]) for start in range(0, len(examples), size)]
-
-
-def _predict_merged(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, list[int]]:
-    """Each member's label predictions for its chunk of examples, from one merged forward."""
-    scores = member_scores(pack, chunks)
-    if pack.spec.classifier_head:
-        return {i: member_logits.argmax(-1).tolist() for i, member_logits in scores.items()}
-    return {i: rank_classify(scores[i].view(len(chunk), -1)) for i, chunk in chunks.items()}
 
 
 def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, torch.Tensor]:
@@ -281,10 +251,8 @@ def member_scores(pack: Pack, chunks: Mapping[int, list[Example]]) -> dict[int, 
     (N_i, C_i) (encoder classifiers), or its candidates' summed log-likelihoods (N_i * C_i,) for rank
     classification, each through its own capsule."""
     order = list(chunks)
-    if pack.spec.classifier_head:
-        batch, rows = _merged(pack, {i: pack.members[i].collator(chunks[i]) for i in order})
-    else:
-        batch, rows = _merged(pack, {i: pack.members[i].collator.candidate_batch(chunks[i]) for i in order})
+    batch, rows = _merged(pack, {i: (pack.members[i].collator if pack.spec.classifier_head
+                                     else pack.members[i].collator.candidate_batch)(chunks[i]) for i in order})
     if pack.spec.classifier_head:
         logits = pack.model.member_logits(batch, rows)
         return {i: logits[i].float().cpu() for i in order}
@@ -343,7 +311,7 @@ def claimed_member_folders(configs: list, keep_checkpoints: bool = False) -> Ite
         for config in configs:
             stack.enter_context(claim_job_folder(with_resume(config, True) if keep_checkpoints else config))
             if keep_checkpoints:
-                _remove_replaced(Path(config.resolved_output_dir()))
+                remove_paths([config.resolved_output_dir() / name for name in REPLACED_OUTPUTS])
         yield
 
 
@@ -361,17 +329,8 @@ def with_resume(config, resume: bool):
     return validate_job_config({**data, "train": {**data["train"], "resume": resume}})
 
 
-def _remove_replaced(folder: Path) -> None:
-    remove_paths([folder / name for name in REPLACED_OUTPUTS])
-
-
 CHECKPOINT = Path("checkpoints") / "pack_member.pt"
 """A member's checkpoint, under its output_dir."""
-
-
-def checkpoint_path(member: Member) -> Path:
-    """Where `member`'s checkpoint lives."""
-    return Path(member.config.resolved_output_dir()) / CHECKPOINT
 
 
 def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
@@ -381,7 +340,7 @@ def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
 
 def save_member(pack: Pack, member: Member) -> None:
     """Write `member`'s state now (after one of its validations), replacing its previous checkpoint atomically."""
-    path = checkpoint_path(member)
+    path = member.config.resolved_output_dir() / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"params": member_state(pack, member), "best": member.best, "optimizer": member.optimizer.state_dict(),
              "scheduler": member.scheduler.state_dict(), "loop": member.loop.to_json(), "losses": member.losses,
@@ -391,7 +350,7 @@ def save_member(pack: Pack, member: Member) -> None:
 
 def restore_member(pack: Pack, member: Member) -> bool:
     """Load `member`'s checkpoint into it, if it has one; True when it did."""
-    path = checkpoint_path(member)
+    path = member.config.resolved_output_dir() / CHECKPOINT
     if not path.is_file():
         return False
     state = torch.load(path, map_location="cpu", weights_only=True)
