@@ -69,14 +69,10 @@ class LoopState:
         self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1
         self.log_sum, self.log_count = self.log_sum + loss, self.log_count + 1
 
-    def mean_loss(self) -> float:
-        """Mean training loss since the last validation."""
-        return self.loss_sum / max(1, self.loss_count)
-
     def record_validation(self, metrics: dict[str, float]) -> tuple[dict[str, Any], bool]:
         """Add the validation record of `metrics` at this step: (the record, whether its score is a new best). Its
         ``train_loss`` covers the steps since the last record; patience counts the validations without a new best."""
-        record = {"step": self.step, "epoch": self.epoch, "train_loss": self.mean_loss(),
+        record = {"step": self.step, "epoch": self.epoch, "train_loss": self.loss_sum / max(1, self.loss_count),
                   **{f"validation_{k}": v for k, v in metrics.items()}}
         self.loss_sum, self.loss_count = 0.0, 0
         self.history.append(record)
@@ -109,7 +105,6 @@ class LoopState:
 
 
 def cpu_copies(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A CPU copy of each tensor of `params`, by name."""
     return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in params.items()}
 
 
@@ -121,7 +116,6 @@ def copy_into(params: Mapping[str, nn.Parameter], state: Mapping[str, torch.Tens
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of every parameter that requires grad, by name."""
     return cpu_copies({n: p for n, p in model.named_parameters() if p.requires_grad})
 
 
@@ -134,44 +128,32 @@ def restore_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def install_hooks(accelerator) -> None:
-    """Make `save_state`/`load_state` store only the trainable weights of each prepared model."""
+    """Make `save_state`/`load_state` store only the trainable weights of each prepared model, and what a
+    multi-phase method's phases have set (`capt.phases`)."""
 
     def save_hook(models: list, weights: list, output_dir: str) -> None:
         if accelerator.is_main_process:  # the ranks hold the same weights; one writer per file
-            for index, model in enumerate(models):
-                path = Path(output_dir) / TRAINABLE_FILE.format(index=index)
-                save_file(trainable_state(accelerator.unwrap_model(model)), str(path))
-                _save_phase_state(accelerator.unwrap_model(model), Path(output_dir) / PHASE_FILE.format(index=index))
+            for index, model in enumerate(map(accelerator.unwrap_model, models)):
+                save_file(trainable_state(model), str(Path(output_dir) / TRAINABLE_FILE.format(index=index)))
+                if phase_state := model.phase_state():  # none for a one-phase method
+                    save_file(phase_state, str(Path(output_dir) / PHASE_FILE.format(index=index)))
         weights.clear()  # Accelerate then skips writing the full model weights
 
     def load_hook(models: list, input_dir: str) -> None:
-        for index, model in enumerate(models):
-            state = load_file(str(Path(input_dir) / TRAINABLE_FILE.format(index=index)))
-            restore_trainable(accelerator.unwrap_model(model), state)
-            _load_phase_state(accelerator.unwrap_model(model), Path(input_dir) / PHASE_FILE.format(index=index))
+        for index, model in enumerate(map(accelerator.unwrap_model, models)):
+            restore_trainable(model, load_file(str(Path(input_dir) / TRAINABLE_FILE.format(index=index))))
+            path = Path(input_dir) / PHASE_FILE.format(index=index)
+            if not model.phase_state():
+                continue
+            if not path.is_file():  # a multi-phase method's missing file is a damaged checkpoint
+                raise DamagedCheckpointError(
+                    f"Cannot resume from {path.parent}: {path.name} is missing, so the method's training phase state "
+                    f"(e.g. XPrompt's pruning masks) is lost. {_restart_hint(path.parent)}")
+            model.load_phase_state(load_file(str(path)))
         models.clear()  # Accelerate then skips loading full model weights
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
-
-
-def _save_phase_state(model: nn.Module, path: Path) -> None:
-    """Write what a multi-phase method's phases have set (`capt.phases`); nothing for a one-phase method."""
-    state = model.phase_state() if hasattr(model, "phase_state") else {}
-    if state:
-        save_file(state, str(path))
-
-
-def _load_phase_state(model: nn.Module, path: Path) -> None:
-    """Restore the phase state `_save_phase_state` wrote; a multi-phase method's missing file is a damaged
-    checkpoint."""
-    if not hasattr(model, "phase_state") or not model.phase_state():
-        return
-    if not path.is_file():
-        raise DamagedCheckpointError(
-            f"Cannot resume from {path.parent}: {path.name} is missing, so the method's training phase state (e.g. "
-            f"XPrompt's pruning masks) is lost. {_restart_hint(path.parent)}")
-    model.load_phase_state(load_file(str(path)))
 
 
 def save_checkpoint(accelerator, directory: Path, loop: LoopState, best: dict[str, torch.Tensor] | None) -> None:
@@ -203,7 +185,11 @@ def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, 
     Every file the job wrote must be there: a missing one raises `DamagedCheckpointError` rather than
     resuming with fresh optimiser state or taking the current weights for the best ones.
     """
-    for name in required_files(accelerator):
+    numbered = {"optimizer": len(accelerator._optimizers), "scheduler": len(accelerator._schedulers)}
+    required = [LOOP_FILE, BEST_FILE, *(TRAINABLE_FILE.format(index=i) for i in range(len(accelerator._models))),
+                *(f"{kind}{'' if i == 0 else f'_{i}'}.bin" for kind, count in numbered.items() for i in range(count)),
+                f"random_states_{accelerator.process_index}.pkl"]
+    for name in required:
         if not (directory / name).is_file():
             raise DamagedCheckpointError(
                 f"Cannot resume from {directory}: {name} is missing, so the checkpoint is incomplete (a damaged or "
@@ -220,15 +206,6 @@ def load_checkpoint(accelerator, directory: Path) -> tuple[LoopState, dict[str, 
 def _restart_hint(directory: Path) -> str:
     return (f"Restart this job from step 0: delete {directory} and run it again, or run it with "
             f"train.resume=false (which replaces this job's old outputs).")
-
-
-def required_files(accelerator) -> list[str]:
-    """The files `save_checkpoint` writes that this process needs to resume (Accelerate's names)."""
-    optimizers = [f"optimizer{'' if i == 0 else f'_{i}'}.bin" for i in range(len(accelerator._optimizers))]
-    schedulers = [f"scheduler{'' if i == 0 else f'_{i}'}.bin" for i in range(len(accelerator._schedulers))]
-    trainables = [TRAINABLE_FILE.format(index=i) for i in range(len(accelerator._models))]
-    return [LOOP_FILE, BEST_FILE, *trainables, *optimizers, *schedulers,
-            f"random_states_{accelerator.process_index}.pkl"]
 
 
 def rng_restored_once_started(batches: Iterable[T], cpu_rng_state: torch.Tensor) -> Iterator[T]:

@@ -23,7 +23,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -99,30 +98,26 @@ def drive(schedules: Mapping[int, Schedule], step: Callable[[dict[int, Any]], di
           validate: Callable[[list[int]], dict[int, bool]]) -> None:
     """Run `schedules` (member index -> schedule) to their ends. `step(batches)` takes one batch per member still
     training and returns, per member, whether it completed an optimiser step; `validate(indices)` validates those
-    members and returns, per member, whether its patience ran out."""
-    batches = _next_batches(schedules, dict.fromkeys(schedules), validate)
-    while batches:
-        batches = _next_batches(schedules, step(batches), validate)
-
-
-def _next_batches(schedules: Mapping[int, Schedule], replies: dict[int, Any],
-                  validate: Callable[[list[int]], dict[int, bool]]) -> dict[int, Any]:
-    """Each replied member's next batch; those that validate first are validated together, those whose schedule
-    ended are left out."""
-    batches: dict[int, Any] = {}
-    while replies:
-        asking = []
-        for index, reply in replies.items():
-            try:
-                item = schedules[index].send(reply)
-            except StopIteration:
-                continue
-            if item is VALIDATE:
-                asking.append(index)
-            else:
-                batches[index] = item
-        replies = validate(asking) if asking else {}
-    return batches
+    members and returns, per member, whether its patience ran out. Each round, the members that validate before
+    their next batch are validated together; a member whose schedule ended is left out."""
+    replies: dict[int, Any] = dict.fromkeys(schedules)
+    while True:
+        batches: dict[int, Any] = {}
+        while replies:
+            asking = []
+            for index, reply in replies.items():
+                try:
+                    item = schedules[index].send(reply)
+                except StopIteration:
+                    continue
+                if item is VALIDATE:
+                    asking.append(index)
+                else:
+                    batches[index] = item
+            replies = validate(asking) if asking else {}
+        if not batches:
+            return
+        replies = step(batches)
 
 
 def training_loss(spec, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -131,14 +126,6 @@ def training_loss(spec, logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     if spec.classifier_head:
         return torch.nn.functional.cross_entropy(logits.float(), labels)
     return per_example_nll(logits, labels, shift=spec.shifts_labels).mean()
-
-
-@dataclass
-class _Meter:
-    """Throughput of this process's run (not part of the resumable state)."""
-
-    tokens: int = 0
-    started: float = 0.0
 
 
 def run(config: JobConfig, report: Report | None = None, base_models: BaseModelCache | None = None,
@@ -178,38 +165,34 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
 def fit(job: Job, report: Report | None = None, log: Log | None = None,
         progress_every_s: float = 0.1) -> dict[str, Any]:
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
-    config = job.config
-    loop, best, resumed_rng = _start_or_resume(job)
+    config, latest = job.config, job.output_dir / "checkpoints" / "latest"
+    job.accelerator.wait_for_everyone()  # the main process has claimed the folder: every rank sees the same state
+    if config.train.resume and latest.is_dir():
+        loop, best = load_checkpoint(job.accelerator, latest)
+        logger.info("Resumed from %s at step %d", latest, loop.step)
+        resumed_rng = torch.get_rng_state()  # as the checkpoint restored it
+    else:
+        loop, best, resumed_rng = LoopState(), trainable_state(job.accelerator.unwrap_model(job.model)), None
     if loop.wants_untrained_score(config.train):
         loop.untrained_score = _evaluate(job, job.splits.test)["score"]  # the reference training has to beat
         job.model.train()
-    meter = _Meter(started=time.perf_counter())
+    started = time.perf_counter()
     # closed on an error too, ending its line, so that the entry point's error paragraph starts a line of its own
     with tqdm(total=job.total_steps, initial=loop.step, disable=not job.accelerator.is_local_main_process,
               desc=f"{config.task.name}/{config.method.name}", mininterval=progress_every_s) as progress:
-        stopped_early = _train(job, loop, meter, progress, best, (report, log), resumed_rng)
+        stopped_early, tokens = _train(job, loop, progress, best, (report, log), resumed_rng)
         curve_point_if_due(job, loop, log, final=True)  # the steps after the last full window
-    return _finish(job, loop, meter, best, stopped_early)
+    return _finish(job, loop, best, stopped_early, started, tokens)
 
 
-def _start_or_resume(job: Job) -> tuple[LoopState, dict, torch.Tensor | None]:
-    """(loop, best weights, torch's CPU random state as the checkpoint restored it; None when starting afresh)."""
-    latest = job.output_dir / "checkpoints" / "latest"
-    job.accelerator.wait_for_everyone()  # the main process has claimed the folder: every rank sees the same state
-    if job.config.train.resume and latest.is_dir():
-        loop, best = load_checkpoint(job.accelerator, latest)
-        logger.info("Resumed from %s at step %d", latest, loop.step)
-        return loop, best, torch.get_rng_state()
-    return LoopState(), trainable_state(job.accelerator.unwrap_model(job.model)), None
-
-
-def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callbacks: tuple,
-           resumed_rng: torch.Tensor | None = None) -> bool:
-    """The job's schedule, driven alone; True when early stopping ended it. `best` is updated in place. `resumed_rng`:
-    the random state of the checkpoint resumed from, set again once the resumed epoch's batches start. A method
-    without training (no optimiser, no steps) only validates."""
+def _train(job: Job, loop: LoopState, progress, best: dict, callbacks: tuple,
+           resumed_rng: torch.Tensor | None = None) -> tuple[bool, int]:
+    """The job's schedule, driven alone: (whether early stopping ended it, the tokens trained on: this process's
+    times the processes). `best` is updated in place. `resumed_rng`: the random state of the checkpoint resumed from,
+    set again once the resumed epoch's batches start. A method without training (no optimiser, no steps) only
+    validates."""
     report, log = callbacks
-    stopped_early = False
+    stopped_early, tokens = False, 0
 
     def epoch_batches(epoch: int, consumed: int) -> Iterable:
         nonlocal resumed_rng
@@ -223,10 +206,11 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callb
         progress.update(1)
         if point := curve_point_if_due(job, loop, log):
             progress.set_postfix(loss=f"{point['train_loss']:.4g}", refresh=False)
-        begin_phase_if_due(job, loop, best, partial(_batch_loss, job))
+        begin_phase_if_due(job, loop, best)
 
     def step(batches: dict[int, dict]) -> dict[int, bool]:
-        _train_step(job, batches[0], loop, meter)
+        nonlocal tokens
+        tokens += _train_step(job, batches[0], loop)
         return {0: job.accelerator.sync_gradients}
 
     def validate(indices: list[int]) -> dict[int, bool]:
@@ -237,10 +221,11 @@ def _train(job: Job, loop: LoopState, meter: _Meter, progress, best: dict, callb
     checkpoint = partial(save_checkpoint, job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
     drive({0: schedule(loop, job.config.train, job.total_steps, epoch_batches, after_step, checkpoint)},
           step, validate)
-    return stopped_early
+    return stopped_early, tokens
 
 
-def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
+def _train_step(job: Job, batch: dict, loop: LoopState) -> int:
+    """One micro-batch forward and backward (an optimiser step once the accumulation completes); its tokens."""
     accelerator = job.accelerator
     with accelerator.accumulate(job.model):
         loss = _batch_loss(job, job.model, batch)
@@ -255,7 +240,7 @@ def _train_step(job: Job, batch: dict, loop: LoopState, meter: _Meter) -> None:
         job.scheduler.step()
         job.optimizer.zero_grad()
     loop.add_loss(loss.item())
-    meter.tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+    return int(batch["attention_mask"].sum()) * accelerator.num_processes
 
 
 def _batch_loss(job: Job, model, batch: dict) -> torch.Tensor:
@@ -277,7 +262,8 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
     if job.config.train.checkpoint_every_steps is None:
         save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
     job.model.train()
-    return loop.out_of_patience(job.config.train.patience) and in_final_phase(job, loop.step)
+    # early stopping only in the method's final phase
+    return loop.out_of_patience(job.config.train.patience) and all(loop.step >= b for b in phase_boundaries(job))
 
 
 def _evaluate(job: Job, examples) -> dict[str, float]:
@@ -286,15 +272,16 @@ def _evaluate(job: Job, examples) -> dict[str, float]:
                     cfg.train.eval_batch_size, cfg.model.max_new_tokens, job.tokenizer)
 
 
-def _finish(job: Job, loop: LoopState, meter: _Meter, best: dict, stopped_early: bool) -> dict[str, Any]:
+def _finish(job: Job, loop: LoopState, best: dict, stopped_early: bool, started: float,
+            tokens: int) -> dict[str, Any]:
     """Test at the best checkpoint, write the artifact and result.json (rank 0), return the result."""
     accelerator = job.accelerator
     in_sync = ranks_in_sync(job.accelerator, job.trainable)
     restore_trainable(accelerator.unwrap_model(job.model), best)
     test = _evaluate(job, job.splits.test)
-    wall = time.perf_counter() - meter.started
+    wall = time.perf_counter() - started
     result = result_record(job, job.spec.family, loop, final_scores(loop, test), best, stopped_early, wall,
-                           meter.tokens / max(wall, 1e-9), accelerator.device, accelerator.num_processes, in_sync,
+                           tokens / max(wall, 1e-9), accelerator.device, accelerator.num_processes, in_sync,
                            str(job.output_dir / "artifact"))
     if accelerator.is_main_process:
         save_artifact(accelerator.unwrap_model(job.model), job.base_model, job.config.method.name,
@@ -317,20 +304,14 @@ def curve_point_if_due(job, loop: LoopState, log: Log | None, final: bool = Fals
     every = job.config.train.log_every_steps
     if loop.log_count == 0 or (not final and loop.step % every):
         return None
-    point = {"step": loop.step, "train_loss": loop.log_sum / loop.log_count, **learning_rates(job.optimizer)}
+    groups = job.optimizer.param_groups if job.optimizer is not None else []  # each group's scheduled rate
+    point = {"step": loop.step, "train_loss": loop.log_sum / loop.log_count,
+             **{("train_lr" if i == 0 else f"train_lr_{i}"): float(group["lr"]) for i, group in enumerate(groups)}}
     loop.log_sum, loop.log_count = 0.0, 0
     loop.curve.append(point)
     if log is not None:
         log(dict(point))
     return point
-
-
-def learning_rates(optimizer: Any) -> dict[str, float]:
-    """The scheduled learning rate of each optimiser group: ``train_lr`` for the first, ``train_lr_<i>`` after it."""
-    if optimizer is None:
-        return {}
-    rates = [float(group["lr"]) for group in optimizer.param_groups]
-    return {("train_lr" if i == 0 else f"train_lr_{i}"): lr for i, lr in enumerate(rates)}
 
 
 # A method's phases (`capt.phases`). At a boundary the method changes itself (`begin_phase`, e.g. XPrompt prunes its
@@ -348,21 +329,24 @@ def phase_boundaries(job) -> list[int]:
     return list(job.accelerator.unwrap_model(job.model).training_phases(job.total_steps))
 
 
-def in_final_phase(job, step: int) -> bool:
-    """Whether `step` lies in the method's last phase (always, for a one-phase method)."""
-    return all(step >= boundary for boundary in phase_boundaries(job))
-
-
-def begin_phase_if_due(job, loop: LoopState, best: dict, batch_loss: Callable[[Any, dict], torch.Tensor]) -> None:
-    """At a boundary step: let the method begin its next phase, clear the optimiser state, restart the best state.
-    `batch_loss(model, batch)`: the training loss of one collated batch."""
+def begin_phase_if_due(job, loop: LoopState, best: dict) -> None:
+    """At a boundary step: let the method begin its next phase, clear the optimiser state, restart the best state."""
     boundaries = phase_boundaries(job)
     if loop.step not in boundaries:
         return
     index = boundaries.index(loop.step) + 1
     model = job.accelerator.unwrap_model(job.model)
+
+    def training_losses() -> Iterator[torch.Tensor]:
+        # successive training batches in a fixed order, the same on every rank (no sharding, no shuffle)
+        from accelerate.utils import send_to_device
+
+        for batch in torch.utils.data.DataLoader(job.splits.train, batch_size=job.config.train.batch_size,
+                                                 shuffle=False, collate_fn=job.collator):
+            yield _batch_loss(job, model, send_to_device(batch, job.accelerator.device))
+
     model.eval()  # scores without dropout: every rank computes the same ones on the same batches
-    model.begin_phase(index, lambda: _training_losses(job, model, batch_loss))
+    model.begin_phase(index, training_losses)
     model.train()
     job.optimizer.optimizer.state.clear()
     loop.best_score, loop.best_step, loop.bad_evals = -math.inf, loop.step, 0
@@ -370,13 +354,3 @@ def begin_phase_if_due(job, loop: LoopState, best: dict, batch_loss: Callable[[A
     best.update(trainable_state(model))
     logger.info("%s: phase %d of %d begins after step %d (optimiser state cleared)", job.config.method.name,
                 index + 1, len(boundaries) + 1, loop.step)
-
-
-def _training_losses(job, model, batch_loss: Callable[[Any, dict], torch.Tensor]) -> Iterator[torch.Tensor]:
-    """The loss of successive training batches in a fixed order, the same on every rank (no sharding, no shuffle)."""
-    from accelerate.utils import send_to_device
-
-    loader = torch.utils.data.DataLoader(job.splits.train, batch_size=job.config.train.batch_size,
-                                         shuffle=False, collate_fn=job.collator)
-    for batch in loader:
-        yield batch_loss(model, send_to_device(batch, job.accelerator.device))

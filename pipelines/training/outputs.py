@@ -89,7 +89,9 @@ def finished_result(config: JobConfig) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     artifact = Path(result.get("artifact_dir", output_dir / "artifact"))
-    if _result_hash(result) != config_hash(config) or not artifact.is_dir() or not any(artifact.iterdir()):
+    recorded = result["config_hash"] if "config_hash" in result else (
+        config_hash(result["config"]) if isinstance(result.get("config"), dict) else None)
+    if recorded != config_hash(config) or not artifact.is_dir() or not any(artifact.iterdir()):
         return None
     try:
         verify_result(result, output_dir / RESULT_FILE)
@@ -145,7 +147,12 @@ def _make_room(folder: Path, config: JobConfig) -> None:
     if same and config.train.resume:
         return
     if not same and not config.train.overwrite:
-        raise JobFolderError(_other_config_message(folder, present, recorded, config))
+        names = ", ".join(p.name for p in present)
+        what = (f"outputs ({names}) whose config is not recorded" if recorded is None else
+                f"the outputs ({names}) of another config, which differs in {config_diff(recorded, config)}")
+        raise JobFolderError(
+            f"output_dir={folder} holds {what}; outputs are never reused or replaced for another config. Give this "
+            "job a new output_dir, or set train.overwrite=true to delete that folder's outputs and train afresh.")
     _remove_outputs(folder, present)
 
 
@@ -156,7 +163,6 @@ def _remove_outputs(folder: Path, present: list[Path]) -> None:
 
 
 def remove_paths(paths: list[Path]) -> None:
-    """Delete each of `paths` that exists, folders with their content."""
     for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
@@ -176,23 +182,6 @@ def _recorded_config(folder: Path) -> dict[str, Any] | None:
             if isinstance(config, dict):
                 return hashed_config(config)
     return None
-
-
-def _result_hash(result: dict[str, Any]) -> str | None:
-    if "config_hash" in result:
-        return result["config_hash"]
-    return config_hash(result["config"]) if isinstance(result.get("config"), dict) else None
-
-
-def _other_config_message(folder: Path, present: list[Path], recorded: dict | None, config: JobConfig) -> str:
-    names = ", ".join(p.name for p in present)
-    if recorded is None:
-        what = f"outputs ({names}) whose config is not recorded"
-    else:
-        what = f"the outputs ({names}) of another config, which differs in {config_diff(recorded, config)}"
-    return (f"output_dir={folder} holds {what}; outputs are never reused or replaced for another config. "
-            f"Give this job a new output_dir, or set train.overwrite=true to delete that folder's outputs "
-            f"and train afresh.")
 
 
 def config_diff(old: Mapping[str, Any], new: JobConfig | Mapping[str, Any], limit: int = 8) -> str:

@@ -68,17 +68,13 @@ class LaunchMismatchError(CaptError, RuntimeError):
     """A launcher started several processes, but Accelerate joined them into fewer (each would train alone)."""
 
 
-LAUNCHER_WORLD_SIZE = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-"""Environment variables in which torchrun / accelerate launch (the first two) and MPI say how many processes
-they started, in order of precedence."""
-
-
 def check_launch(num_processes: int, distributed_type: str) -> None:
     """Stop every process when the launcher's world size differs from the processes Accelerate joined.
 
     Otherwise each process trains alone as rank 0 of 1 and they overwrite each other's outputs, silently.
     """
-    started = next((int(value) for name in LAUNCHER_WORLD_SIZE
+    # where torchrun / accelerate launch (the first two) and MPI say how many processes they started, by precedence
+    started = next((int(value) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
                     if (value := os.environ.get(name, "").strip()).isdigit()), None)
     if started is None or started == num_processes:
         return
@@ -116,14 +112,18 @@ def build_job(config: JobConfig, loaded: LoadedModel | None = None) -> Job:
     collator = job_collator(config, loaded, sequence_overhead(config.method.name, config.method.options))
     loader = train_loader(config, splits, collator, shuffle=True)
     install_hooks(accelerator)
-    optimizer = make_optimizer(config, model, loaded.model)
-    if optimizer is None:  # a training-free method (the instance-only capsule): evaluate only
-        total_steps, scheduler = 0, None
+    optim = config.optim
+    groups = parameter_groups(model, loaded.model, optim.lr, optim.head_lr, optim.weight_decay)
+    if not groups:  # nothing trainable (the training-free instance-only capsule on a generative model): evaluate only
+        total_steps, optimizer, scheduler = 0, None, None
         model, loader = accelerator.prepare(model, loader)
     else:
+        optimizer = new_optimizer(optim.name, groups, groups[0]["lr"])  # Adafactor (the paper's, fixed lr) or AdamW
         total_steps, budget, cut = step_budget(config, len(loader))
         logger.log(logging.WARNING if cut else logging.INFO, "%s/%s: %s", config.task.name, config.method.name, budget)
-        scheduler = make_schedule(config, optimizer, total_steps, _schedule_restarts(model, total_steps))
+        # each phase runs the schedule afresh when the method asks for it
+        restarts = list(model.training_phases(total_steps)) if model.phases_restart_schedule() else []
+        scheduler = make_schedule(config, optimizer, total_steps, restarts)
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
     output_dir = config.resolved_output_dir()
@@ -165,18 +165,6 @@ def _check_batch(config: JobConfig, processes: int) -> None:
                              f"{processes} processes (allowed: a multiple of {processes}).")
 
 
-def make_optimizer(config: JobConfig, adapted: nn.Module, base: nn.Module) -> torch.optim.Optimizer | None:
-    """Adafactor (the paper's, fixed lr) or AdamW over the method's parameters and any classifier head.
-
-    None when nothing is trainable (the training-free instance-only capsule on a generative model).
-    """
-    optim = require_resolved(config, "make_optimizer").optim
-    groups = parameter_groups(adapted, base, optim.lr, optim.head_lr, optim.weight_decay)
-    if not groups:
-        return None
-    return new_optimizer(optim.name, groups, groups[0]["lr"])
-
-
 def new_optimizer(name: str, params: list, lr: float) -> torch.optim.Optimizer:
     """`name` ("adafactor": the paper's fixed-lr Adafactor, or AdamW) over `params` (tensors or groups;
     `lr` is the default for groups that name none)."""
@@ -201,32 +189,22 @@ def step_budget(config: JobConfig, batches_per_epoch: int) -> tuple[int, str, bo
     return total, f"training {total} steps: max_steps={train.max_steps}, before {epochs} is reached", False
 
 
-def _schedule_restarts(model, total_steps: int) -> list[int]:
-    """Steps at which the schedule starts afresh: the method's phase boundaries when its phases restart it."""
-    if hasattr(model, "phases_restart_schedule") and model.phases_restart_schedule():
-        return list(model.training_phases(total_steps))
-    return []
-
-
 def make_schedule(config: JobConfig, optimizer, total_steps: int, restarts: list[int]):
     """Warm-up then linear decay to 0 (or constant), over the whole job, or over each segment between `restarts`."""
     from torch.optim.lr_scheduler import LambdaLR
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
-    if restarts:
-        return LambdaLR(optimizer, _segment_factors(config, [0, *restarts, total_steps]))
-    warmup = warmup_steps(config, total_steps)
-    if config.optim.schedule == "constant":
-        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
-    return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
-
-
-def _segment_factors(config: JobConfig, edges: list[int]):
-    """The lr factor at a step: the schedule of a fresh run as long as the segment [start, end) holding the step
-    (the same warm-up ratio and shape as the whole-job schedule, on the segment's own steps)."""
     constant = config.optim.schedule == "constant"
+    if not restarts:
+        warmup = warmup_steps(config, total_steps)
+        if constant:
+            return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+        return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    edges = [0, *restarts, total_steps]
 
     def factor(step: int) -> float:
+        # the schedule of a fresh run as long as the segment [start, end) holding the step (the same warm-up ratio
+        # and shape as the whole-job schedule, on the segment's own steps)
         start, end = next((a, b) for a, b in zip(edges, edges[1:], strict=False) if step < b or b == edges[-1])
         local, length = step - start, end - start
         warmup = warmup_steps(config, length)
@@ -234,7 +212,7 @@ def _segment_factors(config: JobConfig, edges: list[int]):
             return local / max(1, warmup)
         return 1.0 if constant else max(0.0, (length - local) / max(1, length - warmup))
 
-    return factor
+    return LambdaLR(optimizer, factor)
 
 
 # --- Which jobs can share one pack (a sweep checks its grid with these before any pack trains) ------------------------
@@ -247,36 +225,27 @@ def pack_problems(configs: list[JobConfig]) -> list[str]:
     """Why these jobs cannot share one pack (empty when they can); each problem names the member and its reason."""
     if not configs:
         return ["a pack needs at least one member"]
-    problems, first = [], configs[0]
+    problems = []
+    packs = [bool(getattr(get_method(c.method.name).model_class, "packs_capsules", False)) for c in configs]
     for i, config in enumerate(configs):
         for key in SHARED_KEYS:
             section, name = key.split(".")
-            mine, theirs = getattr(getattr(config, section), name), getattr(getattr(first, section), name)
+            mine, theirs = getattr(getattr(config, section), name), getattr(getattr(configs[0], section), name)
             if mine != theirs:
                 problems.append(f"member {i}: {key}={mine!r} differs from member 0's {theirs!r}: members share one "
                                 "base model")
-        problems += _member_problems(i, config)
-    slots = {build_method_config(c.method.name, c.method.options).num_slots for c in configs
-             if _packs(c.method.name)}
+        if not packs[i]:
+            problems.append(f"member {i}: method {config.method.name!r} does not pack: only CaPT and its ablations "
+                            "(method 'capt' with any options) train a capsule per row on a frozen, shared base model")
+        if config.train.grad_accum_steps != 1:
+            problems.append(f"member {i}: train.grad_accum_steps={config.train.grad_accum_steps}: a pack steps every "
+                            "member on each batch (allowed: 1)")
+        if config.train.resume:
+            problems.append(f"member {i}: train.resume=true is not supported in a pack (allowed: false; a pack "
+                            "continues its members from its own checkpoints, PackOptions.checkpoints)")
+    slots = {build_method_config(c.method.name, c.method.options).num_slots
+             for c, packs_capsules in zip(configs, packs, strict=True) if packs_capsules}
     if len(slots) > 1:
         problems.append(f"members' capsules occupy different numbers of slots {sorted(slots)} (capsule length, "
                         "prepend fusion): capsules sharing one model must occupy the same number of slots")
-    return problems
-
-
-def _packs(method: str) -> bool:
-    return bool(getattr(get_method(method).model_class, "packs_capsules", False))
-
-
-def _member_problems(i: int, config: JobConfig) -> list[str]:
-    problems = []
-    if not _packs(config.method.name):
-        problems.append(f"member {i}: method {config.method.name!r} does not pack: only CaPT and its ablations "
-                        "(method 'capt' with any options) train a capsule per row on a frozen, shared base model")
-    if config.train.grad_accum_steps != 1:
-        problems.append(f"member {i}: train.grad_accum_steps={config.train.grad_accum_steps}: a pack steps every "
-                        "member on each batch (allowed: 1)")
-    if config.train.resume:
-        problems.append(f"member {i}: train.resume=true is not supported in a pack (allowed: false; a pack continues "
-                        "its members from its own checkpoints, PackOptions.checkpoints)")
     return problems
