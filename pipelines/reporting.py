@@ -11,7 +11,6 @@ runs left out and their scores.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -33,8 +32,6 @@ UNTRAINED = " (untrained)"
 """Suffix of a method's untrained row."""
 LEVEL_METRICS = {"majority": "test_majority_score", "chance": "test_chance_score", "untrained": "test_untrained_score"}
 """Frame column -> the run metric it is read from (all on the test split)."""
-LEVELS_METRIC = "test_score"
-"""The reported metric the levels are comparable with (task scores on the test split)."""
 GENERATED = "generated"
 """Run tag ``data`` of a run on data the project generated (`capt.tasks.generated`)."""
 LEVELS_NOTE = (f"Reference rows, measured by every job on its own test split: *{MAJORITY}*: always predicting the "
@@ -76,13 +73,6 @@ def row_order(methods: Iterable[str], preferred: Iterable[str]) -> list[str]:
     return rows + sorted(methods - set(rows))  # an untrained row whose method has no result of its own
 
 
-def generated_tasks(part: pd.DataFrame) -> list[str]:
-    """Tasks of `part` with at least one run on generated data (run tag ``data``)."""
-    if "data" not in part:
-        return []
-    return sorted(set(part.loc[part["data"] == GENERATED, "task"]))
-
-
 def column_label(column: str, table: pd.DataFrame) -> str:
     """A table or chart column as shown: its label in the table's ``attrs["labels"]`` (the SuperGLUE average of a
     partial task set says how many tasks it covers), a task marked when its data was generated."""
@@ -111,7 +101,11 @@ def plot(tables: Mapping[str, pd.DataFrame], metric: str, path: str | os.PathLik
     for ax, (model, table) in zip(axes[:, 0], tables.items(), strict=True):
         columns = list(table.columns.get_level_values(0).unique())
         _bars(ax, table, columns)
-        _levels(ax, table, columns)
+        for level, style in _LEVEL_STYLE.items():  # drawn where the table has it, across each task's bars
+            spans = [(j, y) for j, c in enumerate(columns)
+                     if level in table.index and not math.isnan(y := table.loc[level, (c, "mean")])]
+            for k, (j, y) in enumerate(spans):
+                ax.hlines(y, j - _HALF_GROUP, j + _HALF_GROUP, linewidth=1.2, label=level if k == 0 else None, **style)
         ax.set_xticks(range(len(columns)), [column_label(c, table) for c in columns])
         ax.set_ylabel(metric)
         ax.set_title(model)
@@ -139,19 +133,7 @@ def _bars(ax, table: pd.DataFrame, columns: list[str]) -> None:
         ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in means], fontsize=6, padding=1)
 
 
-def _levels(ax, table: pd.DataFrame, columns: list[str]) -> None:
-    for level, style in _LEVEL_STYLE.items():
-        if level not in table.index:
-            continue
-        spans = [(j, table.loc[level, (c, "mean")]) for j, c in enumerate(columns)]
-        spans = [(j, y) for j, y in spans if not math.isnan(y)]
-        for k, (j, y) in enumerate(spans):
-            ax.hlines(y, j - _HALF_GROUP, j + _HALF_GROUP, linewidth=1.2, label=level if k == 0 else None, **style)
-
-
 # The tables
-
-logger = logging.getLogger(__name__)
 
 AVERAGE = "SuperGLUE avg"
 """Column of the paper's average over the six SuperGLUE tasks (CSQA is reported beside them, never in it)."""
@@ -188,7 +170,8 @@ def run_frame(runs: Iterable[Mapping[str, Any]], metric: str, sweep: str | None 
             continue
         if sweep is not None and tags.get("sweep") != sweep:
             continue
-        levels = {column: float(metrics.get(name, math.nan)) if metric == LEVELS_METRIC else math.nan
+        # the levels are test-split task scores: comparable with the test score only
+        levels = {column: float(metrics.get(name, math.nan)) if metric == "test_score" else math.nan
                   for column, name in LEVEL_METRICS.items()}
         rows.append({**{k: tags[k] for k in _KEYS}, "value": float(metrics[metric]), "run_id": run.get("run_id"),
                      "run_name": run.get("run_name") or run.get("run_id") or "", "select": tags.get(SELECT_TAG, ""),
@@ -241,24 +224,18 @@ def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         chosen = part.groupby(["method", "task"])["select"].first()
         for task in tasks:
             table[(task, "select")] = [chosen.get((method, task), "") for method in methods]
-        means = table.xs("mean", axis=1, level=1)[[t for t in tasks if t in SUPERGLUE_TASKS]]
+        superglue = [t for t in tasks if t in SUPERGLUE_TASKS]
+        means = table.xs("mean", axis=1, level=1)[superglue]
         table[(AVERAGE, "mean")] = means.mean(axis=1, skipna=True)
         table[(AVERAGE, "std")] = float("nan")
         table[(AVERAGE, "n")] = means.notna().sum(axis=1)  # SuperGLUE tasks covered
         table[(AVERAGE, "select")] = ""
-        order = [*(t for t in tasks if t in SUPERGLUE_TASKS), AVERAGE,
-                 *(t for t in tasks if t not in SUPERGLUE_TASKS)]
-        tables[str(model)] = table[order]
-        tables[str(model)].attrs.update(generated=generated_tasks(part), labels=_average_label(tasks), kept=kept)
+        tables[str(model)] = table[[*superglue, AVERAGE, *(t for t in tasks if t not in SUPERGLUE_TASKS)]]
+        labels = ({AVERAGE: f"{AVERAGE} ({len(superglue)} of {len(SUPERGLUE_TASKS)} tasks)"}
+                  if len(superglue) < len(SUPERGLUE_TASKS) else {})  # the header says how many it averages
+        generated = sorted(set(part.loc[part["data"] == GENERATED, "task"])) if "data" in part else []
+        tables[str(model)].attrs.update(generated=generated, labels=labels, kept=kept)
     return tables
-
-
-def _average_label(tasks: Iterable[str]) -> dict[str, str]:
-    """The average's header when the table lacks some SuperGLUE tasks: how many of the six it averages."""
-    covered = sum(t in SUPERGLUE_TASKS for t in tasks)
-    if covered == len(SUPERGLUE_TASKS):
-        return {}
-    return {AVERAGE: f"{AVERAGE} ({covered} of {len(SUPERGLUE_TASKS)} tasks)"}
 
 
 def format_cell(mean: float, std: float) -> str:

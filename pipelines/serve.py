@@ -138,8 +138,9 @@ def _log_listeners(port: int, serve_token: bool) -> None:
                        "for Ray's)", len(open_ports), ", ".join(open_ports))
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    """A parser of a number of `kind` above 0; ValueError saying what is wrong with the text."""
+def _positive(kind: type, bound: Callable[[Any, str], str | None] | None = None) -> Callable[[str], Any]:
+    """A parser of a number of `kind` above 0 and within `bound` (which says what is wrong with a value beyond it,
+    else None); ValueError saying what is wrong with the text."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -147,26 +148,17 @@ def _positive(kind: type) -> Callable[[str], Any]:
             raise ValueError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not value > 0 or value != value or value == float("inf"):
             raise ValueError(f"{text!r} must be {'an integer' if kind is int else 'a finite number'} above 0")
+        if bound is not None and (problem := bound(value, text)):
+            raise ValueError(problem)
         return value
     return parse
 
 
-def _port(text: str) -> int:
-    value = _positive(int)(text)
-    if value > 65535:
-        raise ValueError(f"{text!r} is not a TCP port (1-65535)")
-    return value
-
-
-def _body_bytes(text: str) -> int:
-    value = _positive(int)(text)
-    if value < 1024:
-        raise ValueError(f"{value} is below 1024 bytes, too small for one request")
-    return value
-
-
 NUMBERS: dict[str, Callable[[str], Any]] = {
-    "port": _port, "poll_s": _positive(float), "max_rows": _positive(int), "max_body_bytes": _body_bytes,
+    "port": _positive(int, lambda value, text: f"{text!r} is not a TCP port (1-65535)" if value > 65535 else None),
+    "poll_s": _positive(float), "max_rows": _positive(int),
+    "max_body_bytes": _positive(int, lambda value, _: f"{value} is below 1024 bytes, too small for one request"
+                                if value < 1024 else None),
     "max_chars": _positive(int), "max_batch": _positive(int), "replicas": _positive(int), "num_cpus": _positive(int)}
 """The numeric options and their checks: parsed after argparse, so that one refusal names every bad value."""
 
@@ -195,8 +187,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see {self.prog} --help.\n")
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line; numbers are checked by `command_line_problems`, before any service starts."""
+def main(argv: list[str] | None = None) -> int:
+    """CLI; exit 0 after a clean shutdown, 2 for bad input or an unreachable service. Numbers are checked by
+    `command_line_problems`, before any service starts."""
     p = _Parser(prog="python -m pipelines.serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="base model name or slug (google-t5/t5-base, t5-base)")
     which = p.add_mutually_exclusive_group(required=True)
@@ -219,12 +212,6 @@ def parser() -> argparse.ArgumentParser:
     auth.add_argument("--token-file", default=None,
                       help="file holding the bearer token (default: CAPT_SERVE_TOKEN, else a new 0600 file)")
     auth.add_argument("--no-auth", action="store_true", help="serve without a bearer token (says so at start)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI; exit 0 after a clean shutdown, 2 for bad input or an unreachable service."""
-    p = parser()
     add_debug_flag(p)
     args = p.parse_args(argv)
     if problems := command_line_problems(args):
@@ -240,14 +227,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve_from_cli(args: argparse.Namespace) -> int:
     from pipelines.services import port_is_free
+    from pipelines.services.mlflow_server import tracking_store
     from pipelines.services.private import private_temp_dir
+    from pipelines.services.ray_connect import ray_cluster
+    from pipelines.serving.source import check_capsules
 
     if args.host in ("127.0.0.1", "localhost") and not port_is_free(args.host, args.port):
         raise ServeError(f"--port {args.port}: something already listens on {args.host}:{args.port}; "
                          "pick another port.")
     token = None if args.no_auth else cli_token(args.token_file, private_temp_dir("capt-serve"), args.port)
     try:
-        return _serve_with_token(args, token)
+        with tracking_store(args.tracking_uri, check=True) as store:
+            print(f"Tracking store: {store.origin}", file=sys.stderr)
+            source = RegistrySource(store.uri, args.model, args.alias, root=".")
+            tasks = chosen_tasks(source, args.tasks, args.all)
+            versions = source.check(tasks)
+            refuse_unservable(source, versions)
+            check_capsules(source, versions)  # every capsule fetched and verified before Ray starts
+            settings = ServeSettings.from_args({
+                "model": args.model, "tasks": tasks, "tracking_uri": store.uri, "alias": args.alias,
+                "all_tasks": args.all, "poll_s": args.poll_s, "max_rows_per_request": args.max_rows,
+                "max_batch_requests": args.max_batch, "max_body_bytes": args.max_body_bytes,
+                "max_text_chars": args.max_chars, "num_replicas": args.replicas, "auth": token is not None,
+                "token_sha256": token.sha256 if token else None})
+            with ray_cluster(args.num_cpus, node_env=node_env()):
+                serve_until_stopped(settings, args.host, args.port, token)
+        return 0
     finally:
         if token is not None:
             token.forget()  # a generated token lives as long as this serve, a refused start included
@@ -260,31 +265,6 @@ def cli_token(token_file: str | None, generated_dir: Path, port: int) -> Token:
     token = find_token(token_file, generated_dir, port)
     os.environ.pop(TOKEN_ENV, None)
     return token
-
-
-def _serve_with_token(args: argparse.Namespace, token) -> int:
-    from pipelines.services.mlflow_server import tracking_store
-    from pipelines.services.ray_connect import ray_cluster
-    from pipelines.serving.source import check_capsules
-
-    with tracking_store(args.tracking_uri, check=True) as store:
-        uri = store.uri
-        print(f"Tracking store: {store.origin}", file=sys.stderr)
-        source = RegistrySource(uri, args.model, args.alias, root=".")
-        tasks = chosen_tasks(source, args.tasks, args.all)
-        versions = source.check(tasks)
-        refuse_unservable(source, versions)
-        check_capsules(source, versions)  # every capsule fetched and verified before Ray starts
-        settings = ServeSettings.from_args({
-            "model": args.model, "tasks": tasks, "tracking_uri": uri, "alias": args.alias, "all_tasks": args.all,
-            "poll_s": args.poll_s,
-            "max_rows_per_request": args.max_rows, "max_batch_requests": args.max_batch,
-            "max_body_bytes": args.max_body_bytes, "max_text_chars": args.max_chars,
-            "num_replicas": args.replicas, "auth": token is not None,
-            "token_sha256": token.sha256 if token else None})
-        with ray_cluster(args.num_cpus, node_env=node_env()):
-            serve_until_stopped(settings, args.host, args.port, token)
-    return 0
 
 
 if __name__ == "__main__":
