@@ -188,34 +188,25 @@ def predict(model: nn.Module, examples: Sequence[Example], collator, spec: ArchS
         if spec.classifier_head:
             predictions += model(**_to(collator(chunk), device)).logits.argmax(-1).tolist()
         elif mode == "rank":
-            predictions += _rank_predictions(model, collator.candidate_batch(chunk), spec, device, len(chunk))
+            batch = collator.candidate_batch(chunk)
+            inputs, labels = _to(batch, device), batch["labels"].to(device)
+            # An encoder-decoder's labels build its decoder inputs; a causal LM scores its own input sequence.
+            logits = model(**inputs, labels=labels).logits if spec.encoder_decoder else model(**inputs).logits
+            scores = sequence_log_likelihood(logits, labels, shift=spec.shifts_labels)  # (N*C,)
+            predictions += rank_classify(scores.view(len(chunk), -1))
         else:
-            predictions += _generated_predictions(model, collator.generation_batch(chunk), chunk, spec,
-                                                  max_new_tokens, tokenizer, device)
+            inputs = _to(collator.generation_batch(chunk), device)
+            generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                       pad_token_id=tokenizer.pad_token_id)
+            if spec.generation_echoes_prompt:
+                generated = generated[:, inputs["input_ids"].shape[1]:]  # keep the new tokens only
+            predictions += texts_to_labels(chunk[0].task, tokenizer.batch_decode(generated, skip_special_tokens=True),
+                                           chunk)
     return predictions
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in model_inputs(batch).items()}
-
-
-def _rank_predictions(model, batch, spec: ArchSpec, device, count) -> list[int]:
-    inputs = _to(batch, device)
-    labels = batch["labels"].to(device)
-    # An encoder-decoder's labels build its decoder inputs; a causal LM scores its own input sequence.
-    logits = model(**inputs, labels=labels).logits if spec.encoder_decoder else model(**inputs).logits
-    scores = sequence_log_likelihood(logits, labels, shift=spec.shifts_labels)  # (N*C,)
-    return rank_classify(scores.view(count, -1))
-
-
-def _generated_predictions(model, batch, examples, spec: ArchSpec, max_new_tokens, tokenizer, device) -> list[int]:
-    inputs = _to(batch, device)
-    generated = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                               pad_token_id=tokenizer.pad_token_id)
-    if spec.generation_echoes_prompt:
-        generated = generated[:, inputs["input_ids"].shape[1]:]  # keep the new tokens only
-    texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-    return texts_to_labels(examples[0].task, texts, examples)
 
 
 def evaluate(accelerator, model, examples: Sequence[Example], collator, spec: ArchSpec, mode: str,

@@ -47,29 +47,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _prepared(task: str, row: Mapping[str, Any], position: int) -> dict[str, Any]:
-    """A copy of `row` with a positional id and, when unlabelled, a placeholder label (never used)."""
-    spec = tasks.get(task)
-    out = {key: _plain(value) for key, value in row.items()}
-    out.pop("generated", None)
-    out[_ID_KEY.get(task, "idx")] = position
-    if task == "multirc":
-        for question in (out.get("passage") or {}).get("questions", []) or []:
-            for answer in question.get("answers", []) or []:
-                answer.setdefault("label", 0)
-    else:
-        key = _LABEL_KEY.get(task, "label")
-        if out.get(key) is None:
-            out[key] = spec.label_names[0]
-    return out
-
-
 def validated_examples(task: str, rows: Sequence[Mapping[str, Any]]) -> list[tasks.Example]:
     """Raw rows of `task` as examples, checked as training data is; the error names the row and field.
 
-    The one input check of every way a capsule answers (the registry pyfunc, the Serve app).
+    The one input check of every way a capsule answers (the registry pyfunc, the Serve app). Each row is checked as a
+    copy with a positional id and, when unlabelled, a placeholder label (never used).
     """
-    numbered = [(i + 1, _prepared(task, row, i)) for i, row in enumerate(rows)]
+    numbered = []
+    for position, row in enumerate(rows):
+        spec = tasks.get(task)
+        out = {key: _plain(value) for key, value in row.items()}
+        out.pop("generated", None)
+        out[_ID_KEY.get(task, "idx")] = position
+        if task == "multirc":
+            for question in (out.get("passage") or {}).get("questions", []) or []:
+                for answer in question.get("answers", []) or []:
+                    answer.setdefault("label", 0)
+        elif out.get(_LABEL_KEY.get(task, "label")) is None:
+            out[_LABEL_KEY.get(task, "label")] = spec.label_names[0]
+        numbered.append((position + 1, out))
     return examples_from_rows(task, "predict", numbered, source="model input")
 
 

@@ -27,16 +27,14 @@ the task, capsule and artifact errors derive from), services that cannot be reac
 which the pre-flight checks raise for an impossible combination of settings."""
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-"""The log line of every entry point."""
 QUIET_LOGGERS = ("accelerate.checkpointing", "accelerate.accelerator")
 """Loggers kept at WARNING: Accelerate says at INFO where each file of every checkpoint goes (five lines per save,
 dozens in a short job); its warnings and errors still show."""
 
 
 def configure_logging() -> None:
-    """The logging of every entry point: INFO on stderr in `LOG_FORMAT`, `QUIET_LOGGERS` at WARNING."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    """The logging of every entry point: INFO on stderr, one format, `QUIET_LOGGERS` at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_accelerate()
 
 

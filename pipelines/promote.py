@@ -32,7 +32,6 @@ from pipelines.tracking.promotion import (
     CHAMPION,
     SELECTION_METRIC,
     STAGES,
-    Promotion,
     PromotionError,
     PromotionRefused,
     check_arguments,
@@ -74,16 +73,12 @@ def _promote_from_cli(args: argparse.Namespace) -> int:
     except PromotionRefused as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(promotion_summary(done))
-    return 0
-
-
-def promotion_summary(done: Promotion) -> str:
-    """What `promote` changed, one line per change, or that it changed nothing."""
     chosen = f"version {done.champion} has the best {done.metric} ({done.value:.4g})"
     if not done.changes:
-        return f"{done.name}: no change: {chosen} and is already {CHAMPION}."
-    return "\n".join([f"{done.name}: {chosen}. Changed:", *(f"  - {change}" for change in done.changes)])
+        print(f"{done.name}: no change: {chosen} and is already {CHAMPION}.")
+    else:  # one line per change
+        print("\n".join([f"{done.name}: {chosen}. Changed:", *(f"  - {change}" for change in done.changes)]))
+    return 0
 
 
 if __name__ == "__main__":

@@ -63,7 +63,11 @@ def check_provenance(artifact_dir: str | os.PathLike[str], result: Mapping[str, 
                             f"{registered_model_name(model_slug(model), task)!r}, not under {registered_name!r}")
     for name, keys in (("method.json", ("task", "method")), ("capsule.json", ("task",)),
                        ("adapter.json", ("method",))):
-        recorded = _json(Path(artifact_dir) / name)
+        try:  # no such file: nothing recorded (the structural checks name a bad one)
+            recorded = json.loads((Path(artifact_dir) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = {}
+        recorded = recorded if isinstance(recorded, dict) else {}
         for key in keys:
             value, expected = recorded.get(key), {"task": task, "method": method}[key]
             if value is not None and expected is not None and value != expected:
@@ -72,15 +76,6 @@ def check_provenance(artifact_dir: str | os.PathLike[str], result: Mapping[str, 
         raise ProvenanceError(f"{label} is refused: what it records does not match where it is loaded "
                               f"({'; '.join(problems)}). A capsule is only loaded or served as the (base model, "
                               "task, method) it was trained for; register it under its own name, or retrain it.")
-
-
-def _json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; empty when there is no such file (the structural checks name a bad one)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def verify_version(capsule_dir: str | os.PathLike[str], result: Mapping[str, Any], name: str, version: int,

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep_from_cli(args: argparse.Namespace) -> int:
     sweep = load_sweep_config(args.config, args.overrides, more_checks=sweep_folder_problems)  # folders checked too
-    logger.info("Sweep folder: %s", sweep.storage_root() / sweep.name)
+    logger.info("Sweep folder: %s", sweep.folder())
     if note := ignored_data_dir_note(sweep):
         logger.warning(note)
     try:
@@ -89,7 +89,7 @@ def _run_and_report(sweep: SweepConfig, args: argparse.Namespace, stop: StopRequ
         if stop.signum is not None and uri:
             from pipelines.tracking.sweep_run import end_stopped_runs
 
-            ended = end_stopped_runs(sweep.storage_root() / sweep.name / "jobs", uri, endpoint.moved_from)
+            ended = end_stopped_runs(sweep.folder() / "jobs", uri, endpoint.moved_from)
             logger.info("Ended the runs of the stopped trials as KILLED: %s", ", ".join(ended) or "none")
             parent.stop()
         stop.raise_if_stopped()
@@ -146,7 +146,7 @@ def _describe_tracking(sweep: SweepConfig, config_file: str, uri: str | None) ->
 
 def _print_where_to_look(sweep: SweepConfig, uri: str | None, champions: list[str], experiment_id: str | None,
                          sweep_run_id: str | None) -> None:
-    print(f"Trial outputs: {sweep.storage_root() / sweep.name / 'jobs'}")
+    print(f"Trial outputs: {sweep.folder() / 'jobs'}")
     if uri is None:
         return
     ui = _ui_uri(sweep, uri)
