@@ -481,15 +481,26 @@ def trial_point(trial: Trial) -> dict[str, Any]:
 
 
 def pack_point(plan: PackPlan) -> dict[str, Any]:
-    """A pack as Tune's grid holds it: its name and its members' points (only a pack's point has "members")."""
+    """A pack as Tune's grid holds it: its name and its members' points."""
     return {"pack": plan.name, "members": [trial_point(t) for t in plan.members]}
+
+
+def is_pack_point(point: dict[str, Any]) -> bool:
+    """Whether a Tune grid point is a pack's (`pack_point`) rather than one trial's (`trial_point`)."""
+    return "members" in point
+
+
+def member_report_key(index: int, metric: str) -> str:
+    """The key of member `index`'s `metric` in its pack trial's Tune report (`trial.pack_report` writes it,
+    `member_points` reads it)."""
+    return f"member{index}.{metric}"
 
 
 def member_points(point: dict[str, Any], metrics: dict[str, Any]) -> list[tuple[dict, dict, str]]:
     """(trial point, its metrics, its pack name) of each trial of a Tune result: one for a plain trial (no pack:
-    ""), each member of a pack with the metrics its pack reported for it (`member<i>.<metric>`, `trial.pack_report`)."""
-    if "members" not in point:
+    ""), each member of a pack with the metrics its pack reported for it (`member_report_key`)."""
+    if not is_pack_point(point):
         return [(point, metrics, "")]
-    return [(member, {key.removeprefix(f"member{i}."): value for key, value in metrics.items()
-                      if key.startswith(f"member{i}.")}, point["pack"])
+    return [(member, {key.removeprefix(member_report_key(i, "")): value for key, value in metrics.items()
+                      if key.startswith(member_report_key(i, ""))}, point["pack"])
             for i, member in enumerate(point["members"])]

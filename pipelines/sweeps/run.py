@@ -21,7 +21,7 @@ from pipelines.config.schema import model_slug
 from pipelines.config.sources import PipelineConfigError
 from pipelines.provenance import registered_model_name
 from pipelines.services.folder_lock import current_holder, folder_problem, held_folder
-from pipelines.sweeps.config import SweepConfig, Trial, pack_point, sweep_packs, trial_point, trials
+from pipelines.sweeps.config import SweepConfig, Trial, is_pack_point, pack_point, sweep_packs, trial_point, trials
 from pipelines.sweeps.console import no_default_loggers, trial_lines, tune_loggers
 from pipelines.sweeps.pending import PendingWatch, pending_timeout
 from pipelines.sweeps.resources import (
@@ -54,7 +54,7 @@ def param_space(sweep: SweepConfig) -> dict:
 
 def _trial_name(trial) -> str:
     point = trial.config["point"]
-    if "members" in point:  # a pack's point (`pack_point`)
+    if is_pack_point(point):
         return point["pack"]
     name = Trial(point["task"], point["model"], point["method"], point["seed"], {}).name
     extra = sorted([*point.get("select", {}).items(), *((k, v) for k, v in trial.config.items() if k != "point")])

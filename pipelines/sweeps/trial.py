@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 
 from pipelines.config.load import validate_job_config
 from pipelines.services.ray_connect import environment_values
-from pipelines.sweeps.config import TUNED_HEAP_ENV, SweepConfig, trial_job
+from pipelines.sweeps.config import TUNED_HEAP_ENV, SweepConfig, is_pack_point, member_report_key, trial_job
 from pipelines.sweeps.console import quiet_trial_process
 from pipelines.sweeps.resources import runs_in_trial_process, worker_bundle
 from pipelines.sweeps.trial_process import (
@@ -52,7 +52,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any], tracking_uri: str |
 
     quiet_trial_process()
     config, point = TypeAdapter(SweepConfig).validate_python(sweep), params["point"]
-    if "members" in point:  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
+    if is_pack_point(point):  # a packed sweep's point (kept by Tune for --resume whatever `pack:` says now)
         run_pack_trial(point, config, tracking_uri, run_context)
         return
     searched = {**point.get("select", {}), **{k: v for k, v in params.items() if k != "point"}}
@@ -201,7 +201,7 @@ def _member(config: SweepConfig, point: dict[str, Any], pack: str, uri: str | No
 
 def pack_report(done: list) -> dict[str, float]:
     """The pack trial's one Tune report (`done`: each member's `TrackedResult`)."""
-    report = {f"member{index}.{key}": value for index, member in enumerate(done)  # what `member_points` reads
+    report = {member_report_key(index, key): value for index, member in enumerate(done)
               for key, value in final_report(member.result, member.reused, None).items()}
     reused = sum(member.reused for member in done)
     return {"validation_score": max(m.result["metrics"]["best_validation_score"] for m in done),
