@@ -333,6 +333,11 @@ CHECKPOINT = Path("checkpoints") / "pack_member.pt"
 """A member's checkpoint, under its output_dir."""
 
 
+def checkpoint_path(member: Member) -> Path:
+    """Where `member`'s checkpoint lives (`save_member` writes it, `restore_member` reads it)."""
+    return member.config.resolved_output_dir() / CHECKPOINT
+
+
 def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
     """A CPU copy of `member`'s trainable tensors now (capsule, head)."""
     return cpu_copies(pack.model.member_parameters(member.index))
@@ -340,7 +345,7 @@ def member_state(pack: Pack, member: Member) -> dict[str, torch.Tensor]:
 
 def save_member(pack: Pack, member: Member) -> None:
     """Write `member`'s state now (after one of its validations), replacing its previous checkpoint atomically."""
-    path = member.config.resolved_output_dir() / CHECKPOINT
+    path = checkpoint_path(member)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"params": member_state(pack, member), "best": member.best, "optimizer": member.optimizer.state_dict(),
              "scheduler": member.scheduler.state_dict(), "loop": member.loop.to_json(), "losses": member.losses,
@@ -350,7 +355,7 @@ def save_member(pack: Pack, member: Member) -> None:
 
 def restore_member(pack: Pack, member: Member) -> bool:
     """Load `member`'s checkpoint into it, if it has one; True when it did."""
-    path = member.config.resolved_output_dir() / CHECKPOINT
+    path = checkpoint_path(member)
     if not path.is_file():
         return False
     state = torch.load(path, map_location="cpu", weights_only=True)
