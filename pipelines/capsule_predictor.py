@@ -53,18 +53,19 @@ def validated_examples(task: str, rows: Sequence[Mapping[str, Any]]) -> list[tas
     The one input check of every way a capsule answers (the registry pyfunc, the Serve app). Each row is checked as a
     copy with a positional id and, when unlabelled, a placeholder label (never used).
     """
+    id_key, label_key = _ID_KEY.get(task, "idx"), _LABEL_KEY.get(task, "label")
+    placeholder = tasks.get(task).label_names[0]
     numbered = []
     for position, row in enumerate(rows):
-        spec = tasks.get(task)
         out = {key: _plain(value) for key, value in row.items()}
         out.pop("generated", None)
-        out[_ID_KEY.get(task, "idx")] = position
+        out[id_key] = position
         if task == "multirc":
             for question in (out.get("passage") or {}).get("questions", []) or []:
                 for answer in question.get("answers", []) or []:
                     answer.setdefault("label", 0)
-        elif out.get(_LABEL_KEY.get(task, "label")) is None:
-            out[_LABEL_KEY.get(task, "label")] = spec.label_names[0]
+        elif out.get(label_key) is None:
+            out[label_key] = placeholder
         numbered.append((position + 1, out))
     return examples_from_rows(task, "predict", numbered, source="model input")
 
