@@ -1,5 +1,5 @@
-"""Chaos during a sweep, against a calm run of the same sweep (untracked). The process of a one-worker trial (it
-runs its job in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its
+"""Chaos during a sweep, against a calm run of the same jobs (each alone, untracked). The process of a one-worker
+trial (it runs its job in the Tune trial process) is SIGKILLed twice mid-training (Tune retries it each time, from its
 checkpoint) while the MLflow server is stopped and restarted; a second sweep on the same storage is started and
 refused; the driver is stopped by SIGTERM and resumed, then SIGKILLed and resumed again. The sweep must end with the
 capsules of the calm run, bit for bit, one MLflow run per trial and one registry version per capsule, no trial
@@ -154,10 +154,10 @@ def _kill_trial(sweep: Sweep, job_dir: Path, after_step: int) -> int:
     return step
 
 
-def _outcome(sweep: Sweep) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (task, seed): the result.json and the capsule tensors of every finished trial."""
+def _outcome(jobs: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (task, seed): the result.json and the capsule tensors of every finished trial in the sweep's `jobs`."""
     outcome = {}
-    for result_file in sweep.jobs.glob("*/result.json"):
+    for result_file in jobs.glob("*/result.json"):
         result = json.loads(result_file.read_text())
         artifact = Path(result["artifact_dir"])
         tensors = {f.name: load_file(str(f)) for f in sorted(artifact.glob("*.safetensors"))}
@@ -201,17 +201,24 @@ def _tune_failures(storage: Path) -> list[int]:
     return sorted(json.loads(run_metadata)["num_failures"] for _, run_metadata in trials)
 
 
-def _calm_run(storage: Path, server: LocalMlflowServer, env: dict[str, str]) -> tuple[float, dict]:
-    """The sweep undisturbed and untracked: its capsules are the reference, which the tracked chaos run must match.
-    `server` is the chaos run's (booting meanwhile): the command names it, this run never calls it."""
-    sweep = Sweep(storage, server, env)
+def _calm_run(storage: Path) -> tuple[float, dict]:
+    """The sweep's jobs undisturbed and untracked, each run alone in this process on one torch thread (a trial
+    process's, `OMP_NUM_THREADS=1`): their capsules are the reference, which the tracked chaos run must match."""
+    import torch
+
+    from pipelines.config.load import validate_job_config
+    from pipelines.sweeps.config import load_sweep_config, trials
+    from pipelines.training.loop import run
+
+    started, threads = time.monotonic(), torch.get_num_threads()
+    sweep = load_sweep_config(ROOT / SWEEP[1], [*SWEEP[2:], f"storage_path={storage}", "tracking.enabled=false"])
+    torch.set_num_threads(1)
     try:
-        sweep.start("tracking.enabled=false")
-        wall = sweep.finish()
-        outcome = _outcome(sweep)
+        for trial in trials(sweep):
+            run(validate_job_config(trial.job))
     finally:
-        sweep.stop_driver()
-    return wall, outcome
+        torch.set_num_threads(threads)
+    return time.monotonic() - started, _outcome(storage / NAME / "jobs")
 
 
 def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], dashboard_url: str,
@@ -237,7 +244,7 @@ def _chaos_run(storage: Path, server: LocalMlflowServer, env: dict[str, str], da
         sweep.start("--resume")
         wall = sweep.finish()
         sweep.outage_felt = _spooled_during_outage(ray_temp_dir, job_dir)
-        outcome = _outcome(sweep)
+        outcome = _outcome(sweep.jobs)
         _assert_tracked_once(server, outcome)
     finally:
         sweep.stop_driver()
@@ -338,13 +345,13 @@ def test_trial_and_driver_kills_and_an_mlflow_restart_leave_the_capsules_of_a_ca
     env = _env(ray_head)
     chaos_server = LocalMlflowServer(tmp_path / "mlflow-chaos").start(wait=False)  # boots during the calm run
     try:
-        calm_wall, calm = _calm_run(tmp_path / "calm", chaos_server, env)
+        calm_wall, calm = _calm_run(tmp_path / "calm")
     except BaseException:
         chaos_server.stop()  # otherwise the chaos run stops it
         raise
     sweep, chaos_wall, chaos = _chaos_run(tmp_path / "chaos", chaos_server, env, ray_head.dashboard_url,
                                           ray_head.temp_dir)
-    print(f"\ncalm sweep {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s (three drivers); kills: {sweep.killed}")
+    print(f"\ncalm jobs {calm_wall:.1f} s, chaos sweep {chaos_wall:.1f} s (three drivers); kills: {sweep.killed}")
     assert len(sweep.killed) == 2 and sweep.killed[0]["pid"] != sweep.killed[1]["pid"]
     assert sweep.outage_felt, "the retried trial spooled its MLflow calls while the server was down"
     assert _tune_failures(sweep.storage) == [0, 2], "Tune retried the killed trial twice"
