@@ -138,9 +138,8 @@ def _log_listeners(port: int, serve_token: bool) -> None:
                        "for Ray's)", len(open_ports), ", ".join(open_ports))
 
 
-def _positive(kind: type, bound: Callable[[Any, str], str | None] | None = None) -> Callable[[str], Any]:
-    """A parser of a number of `kind` above 0 and within `bound` (which says what is wrong with a value beyond it,
-    else None); ValueError saying what is wrong with the text."""
+def _positive(kind: type) -> Callable[[str], Any]:
+    """A parser of a number of `kind` above 0; ValueError saying what is wrong with the text."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -148,17 +147,26 @@ def _positive(kind: type, bound: Callable[[Any, str], str | None] | None = None)
             raise ValueError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not value > 0 or value != value or value == float("inf"):
             raise ValueError(f"{text!r} must be {'an integer' if kind is int else 'a finite number'} above 0")
-        if bound is not None and (problem := bound(value, text)):
-            raise ValueError(problem)
         return value
     return parse
 
 
+def _port(text: str) -> int:
+    value = _positive(int)(text)
+    if value > 65535:
+        raise ValueError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def _body_bytes(text: str) -> int:
+    value = _positive(int)(text)
+    if value < 1024:
+        raise ValueError(f"{value} is below 1024 bytes, too small for one request")
+    return value
+
+
 NUMBERS: dict[str, Callable[[str], Any]] = {
-    "port": _positive(int, lambda value, text: f"{text!r} is not a TCP port (1-65535)" if value > 65535 else None),
-    "poll_s": _positive(float), "max_rows": _positive(int),
-    "max_body_bytes": _positive(int, lambda value, _: f"{value} is below 1024 bytes, too small for one request"
-                                if value < 1024 else None),
+    "port": _port, "poll_s": _positive(float), "max_rows": _positive(int), "max_body_bytes": _body_bytes,
     "max_chars": _positive(int), "max_batch": _positive(int), "replicas": _positive(int), "num_cpus": _positive(int)}
 """The numeric options and their checks: parsed after argparse, so that one refusal names every bad value."""
 

@@ -329,8 +329,9 @@ def tracking_store(given: str | None, flag: str = "--tracking-uri", check: bool 
             f"or run this from the folder it ran in, or pass {flag} http://HOST:PORT (or set MLFLOW_TRACKING_URI).")
     # a local MLflow server that serves it now holds its lock, and the last address recorded is its own: a sweep's
     # server, say (a second one would be refused)
-    running = (recorded_addresses(store) or [None])[-1] if current_holder(store / STORE_LOCK_FILE) is not None else None
-    if running is not None:
+    recorded = recorded_addresses(store) if current_holder(store / STORE_LOCK_FILE) is not None else []
+    if recorded:
+        running = recorded[-1]
         check_mlflow_server(running, f"the local MLflow server already running on {store}")
         yield TrackingStore(running, f"the local store {store} (served at {running} by the local MLflow server "
                                      "already running on it)")

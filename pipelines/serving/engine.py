@@ -61,10 +61,9 @@ class CapsuleEngine:
             loaded = load_model(self.base_name, task_spec(first.task).num_labels,
                                 first.result["config"]["model"]["dtype"])
         self.tokenizer = loaded.tokenizer
-        self.pad_id = self.tokenizer.pad_token_id
+        pad_id = self.tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else self.tokenizer.eos_token_id
         """The padding token of the base model's tokenizer (EOS where it has none)."""
-        if self.pad_id is None:
-            self.pad_id = self.tokenizer.eos_token_id
         self._collators: dict[tuple, Collator] = {}
         self.records: list[ServedRecord] = []
         """Each capsule's registry identity and serving settings, by its index in the bank."""

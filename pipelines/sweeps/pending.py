@@ -23,7 +23,9 @@ _STATES = {"INFEASIBLE": "no node of the cluster has these resources (an autosca
 def pending_timeout(resources, local: bool) -> float | None:
     """`resources.pending_timeout_s` resolved: its default for where the sweep runs; None waits forever."""
     value = resources.pending_timeout_s
-    return (LOCAL_PENDING_TIMEOUT_S if local else None) if value is None else value or None
+    if value is None:
+        return LOCAL_PENDING_TIMEOUT_S if local else None
+    return value or None  # 0: no timeout
 
 
 class PendingWatch:
