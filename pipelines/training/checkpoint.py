@@ -25,6 +25,9 @@ TRAINABLE_FILE = "trainable_{index}.safetensors"
 LOOP_FILE = "loop_state.json"
 BEST_FILE = "best_trainable.safetensors"
 PHASE_FILE = "phase_state_{index}.safetensors"
+LATEST_CHECKPOINT = Path("checkpoints") / "latest"
+"""Where a job keeps its resumable checkpoint, under its output_dir: the loop writes and resumes it, a full disk's
+message names it."""
 T = TypeVar("T")
 _END = object()
 

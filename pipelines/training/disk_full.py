@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from capt.errors import CaptError
+from pipelines.training.checkpoint import LATEST_CHECKPOINT, LOOP_FILE
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """The errnos of a write that found no room."""
@@ -63,8 +64,8 @@ def no_space_reported(folder: Path) -> Iterator[None]:
     except Exception as err:
         if isinstance(err, NoSpaceError) or not is_no_space(err, folder):
             raise
-        latest = folder / "checkpoints" / "latest"
-        kept = (f"the last complete checkpoint, {latest}, is kept" if (latest / "loop_state.json").is_file()
+        latest = folder / LATEST_CHECKPOINT
+        kept = (f"the last complete checkpoint, {latest}, is kept" if (latest / LOOP_FILE).is_file()
                 else "no checkpoint was complete yet")
         raise NoSpaceError(
             f"No space left on the device of output_dir={folder} (the job stopped writing: "

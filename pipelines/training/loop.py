@@ -35,6 +35,7 @@ from pipelines.adapted import evaluate, model_inputs, per_example_nll, save_arti
 from pipelines.config.schema import JobConfig, require_resolved
 from pipelines.models.cache import BaseModelCache
 from pipelines.training.checkpoint import (
+    LATEST_CHECKPOINT,
     LoopState,
     load_checkpoint,
     restore_trainable,
@@ -165,7 +166,7 @@ def run(config: JobConfig, report: Report | None = None, base_models: BaseModelC
 def fit(job: Job, report: Report | None = None, log: Log | None = None,
         progress_every_s: float = 0.1) -> dict[str, Any]:
     """Train a built job to the end; the model keeps the best-validation weights afterwards."""
-    config, latest = job.config, job.output_dir / "checkpoints" / "latest"
+    config, latest = job.config, job.output_dir / LATEST_CHECKPOINT
     job.accelerator.wait_for_everyone()  # the main process has claimed the folder: every rank sees the same state
     if config.train.resume and latest.is_dir():
         loop, best = load_checkpoint(job.accelerator, latest)
@@ -218,7 +219,7 @@ def _train(job: Job, loop: LoopState, progress, best: dict, callbacks: tuple,
         stopped_early = _validate(job, loop, best, report)
         return {0: stopped_early}
 
-    checkpoint = partial(save_checkpoint, job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
+    checkpoint = partial(save_checkpoint, job.accelerator, job.output_dir / LATEST_CHECKPOINT, loop, best)
     drive({0: schedule(loop, job.config.train, job.total_steps, epoch_batches, after_step, checkpoint)},
           step, validate)
     return stopped_early, tokens
@@ -260,7 +261,7 @@ def _validate(job: Job, loop: LoopState, best: dict, report: Report | None) -> b
     if report is not None:
         report(dict(record))
     if job.config.train.checkpoint_every_steps is None:
-        save_checkpoint(job.accelerator, job.output_dir / "checkpoints" / "latest", loop, best)
+        save_checkpoint(job.accelerator, job.output_dir / LATEST_CHECKPOINT, loop, best)
     job.model.train()
     # early stopping only in the method's final phase
     return loop.out_of_patience(job.config.train.patience) and all(loop.step >= b for b in phase_boundaries(job))
